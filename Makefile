@@ -1,0 +1,88 @@
+# Two commands on a fresh machine: `make test` (the CPU tier) and `make demo` (every capstone at
+# the size this hardware allows). Both create .venv and install everything first.
+#
+# On a machine that already has the packages (a GPU runner's image, say), point PYTHON at its
+# interpreter and set-up is skipped:  make gpu-test PYTHON=python3
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV       ?= .venv
+VENV_PY    := $(VENV)/bin/python
+PYTHON     ?= $(VENV_PY)
+BOOTSTRAP  ?= python3
+STAMP      := $(VENV)/.installed
+EXTRAS     ?= dev
+PYTEST_ARGS ?=
+
+# torch: a machine with an NVIDIA driver takes the usual PyPI build (CUDA); a machine without one
+# takes the release the CPU tier is tested on. Override with e.g. `make setup TORCH_SPEC=torch==2.9.1`.
+HAS_NVIDIA := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ifeq ($(HAS_NVIDIA),1)
+TORCH_SPEC ?= torch>=2.6
+else
+TORCH_SPEC ?= torch==2.13.0
+endif
+
+# Set-up runs only when PYTHON is the project's own virtual environment.
+ifeq ($(PYTHON),$(VENV_PY))
+SETUP := setup
+else
+SETUP :=
+endif
+
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: help setup test gpu-test demo project01 project02 project03 apple lint format fork clean readme
+
+help:  ## list the targets
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: $(STAMP)  ## create .venv and install the project with its dev tools (fast when done)
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV_PY) || $(BOOTSTRAP) -m venv $(VENV)
+	$(VENV_PY) -m pip install -q --upgrade pip
+	$(VENV_PY) -m pip install -q "$(TORCH_SPEC)"
+	$(VENV_PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+test: $(SETUP)  ## the CPU tier: every test that needs no GPU
+	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+gpu-test: $(SETUP)  ## the GPU tier (on a CUDA machine)
+	$(PYTHON) -m pytest -m gpu $(PYTEST_ARGS)
+
+demo: $(SETUP)  ## every capstone at the size this hardware allows; writes reports/
+	$(PYTHON) -m scripts.demo
+
+project01: $(SETUP)  ## build, test, benchmark and profile the CUDA kernels (needs a GPU)
+	$(PYTHON) -m scripts.demo --only project01
+
+project02: $(SETUP)  ## FSDP strong-scaling benchmark (GPUs, or 2 gloo processes on CPU)
+	$(PYTHON) -m scripts.demo --only project02
+
+project03: $(SETUP)  ## fault-tolerant training under injected failures
+	$(PYTHON) -m scripts.demo --only project03
+
+apple: $(SETUP)  ## the on-device track, in its own environment (.venv-apple)
+	$(PYTHON) -m scripts.demo --only apple
+
+lint: $(SETUP)  ## ruff
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+format: $(SETUP)  ## ruff format + autofix
+	$(PYTHON) -m ruff format .
+	$(PYTHON) -m ruff check --fix .
+
+readme: $(SETUP)  ## refresh the README result tables from reports/
+	$(PYTHON) -m scripts.refresh_readme
+
+fork: $(SETUP)  ## make fork PROJECT=project01_cuda_kernel DEST=../my-kernels
+	@test -n "$(PROJECT)" -a -n "$(DEST)" || { echo "usage: make fork PROJECT=<project folder> DEST=<new directory>"; exit 2; }
+	$(PYTHON) -m scripts.fork_project $(PROJECT) $(DEST)
+
+clean:  ## remove build outputs (keeps .venv and reports/)
+	rm -rf .build .pytest_cache .ruff_cache .scratch
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

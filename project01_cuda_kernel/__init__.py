@@ -1,0 +1,30 @@
+"""project01: CUDA C++ kernels for PyTorch: a matmul optimisation ladder and FlashAttention.
+
+Public API (inputs on a CUDA device; see the project README):
+
+- `matmul(a, b, *, kernel="auto")`: (M, K) @ (K, N) with a kernel of the ladder `GEMM_KERNELS`.
+- `flash_attention(q, k, v, *, causal=False, softmax_scale=None)`: fused attention, (B, H, S, D),
+  forward and backward kernels.
+
+Importing this package needs no GPU and no compiler; extensions are built on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+_LAZY = {
+    "matmul": ".gemm",
+    "GEMM_KERNELS": ".gemm",
+    "flash_attention": ".attention",
+}
+
+__all__ = ["GEMM_KERNELS", "flash_attention", "matmul", "CudaUnavailableError"]
+
+from ._build import CudaUnavailableError  # noqa: E402
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

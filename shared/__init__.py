@@ -1,0 +1,15 @@
+"""The library every capstone draws on.
+
+- `shared.hardware`: GPU spec table (peak TFLOP/s per dtype, bandwidth, memory, prices; sourced
+  and dated) and detection of the current GPU.
+- `shared.timing`: one timing interface for GPU (events / do_bench, L2 flush) and CPU
+  (torch.utils.benchmark).
+- `shared.flops`: FLOP and byte counts; `shared.roofline`: roofline position and MFU.
+- `shared.cost`: cost per token and per run, on-demand vs spot.
+- `shared.results`: environment capture, atomic JSON result files, Markdown tables.
+- `shared.charts`: matplotlib charts readable in a README.
+- `shared.model`: the Llama-style reference transformer with presets (`tiny`, `125m`, `1b`).
+- `shared.data`: a deterministic, resumable synthetic token stream sharded by rank.
+- `shared.distributed`: process-group set-up from torchrun variables, rank-aware logging.
+- `shared.parallelize`: FSDP2 / activation checkpointing / torch.compile applied from outside.
+"""
