@@ -1,0 +1,216 @@
+"""The reference transformer: Llama-style (RMSNorm, RoPE, SwiGLU, causal attention).
+
+A plain `nn.Module` with no parallelism inside: FSDP, activation checkpointing and
+`torch.compile` are applied from outside (`shared.parallelize`). The attention function is
+injectable, so project01's fused kernel can replace SDPA in a training check.
+
+Presets (parameter counts with untied embeddings, vocab 32,000):
+- `tiny`: a few hundred thousand parameters, for CPU tests.
+- `125m`: 134 M.
+- `1b`: 1.11 B (d 2048, 18 layers, 16 heads of 128, SwiGLU hidden 6144).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# attn_fn(q, k, v, causal=True) -> out, all (B, H, S, D)
+AttentionFn = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    dim: int = 2048
+    n_layers: int = 18
+    n_heads: int = 16
+    vocab_size: int = 32_000
+    ffn_hidden: int = 6144
+    max_seq_len: int = 2048
+    norm_eps: float = 1e-5
+    rope_theta: float = 10_000.0
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "n_layers", "n_heads", "vocab_size", "ffn_hidden", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelArgs.{name} must be positive, got {getattr(self, name)}")
+        if self.dim % self.n_heads:
+            raise ValueError(
+                f"ModelArgs.dim ({self.dim}) must be divisible by n_heads ({self.n_heads})"
+            )
+        if (self.dim // self.n_heads) % 2:
+            raise ValueError(f"head dim {self.dim // self.n_heads} must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> ModelArgs:
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; expected one of {sorted(PRESETS)}")
+        return replace(PRESETS[name], **overrides)
+
+    def num_params(self) -> int:
+        """Parameter count computed from the shapes (matches Transformer.num_params())."""
+        d, h, v, L = self.dim, self.ffn_hidden, self.vocab_size, self.n_layers
+        per_block = 4 * d * d + 3 * d * h + 2 * d  # attention, SwiGLU, two RMSNorm weights
+        return L * per_block + 2 * v * d + d  # embedding, output head, final norm
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, ModelArgs] = {
+    "tiny": ModelArgs(
+        dim=64, n_layers=2, n_heads=4, vocab_size=256, ffn_hidden=192, max_seq_len=64
+    ),
+    "125m": ModelArgs(
+        dim=768, n_layers=12, n_heads=12, vocab_size=32_000, ffn_hidden=2048, max_seq_len=2048
+    ),
+    "1b": ModelArgs(
+        dim=2048, n_layers=18, n_heads=16, vocab_size=32_000, ffn_hidden=6144, max_seq_len=2048
+    ),
+}
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 whatever the input dtype, as Llama does.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float, device=None):
+    """cos, sin tables (S, D/2) in float32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    t = torch.arange(seq_len, device=device).float()
+    freqs = torch.outer(t, inv_freq)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (B, H, S, D) by position; pairs are (x[..., :D/2], x[..., D/2:])."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    cos, sin = cos[None, None], sin[None, None]  # (1, 1, S, D/2)
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads, self.head_dim = args.n_heads, args.head_dim
+        self.wqkv = nn.Linear(args.dim, 3 * args.dim, bias=False)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False)
+
+    def forward(self, x, cos, sin, attn_fn: AttentionFn) -> torch.Tensor:
+        B, S, _ = x.shape
+        qkv = self.wqkv(x).view(B, S, 3, self.n_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, S, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attn_fn(q, k, v, causal=True)  # (B, H, S, D)
+        return self.wo(out.transpose(1, 2).reshape(B, S, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.ffn_hidden, bias=False)  # gate
+        self.w3 = nn.Linear(args.dim, args.ffn_hidden, bias=False)  # up
+        self.w2 = nn.Linear(args.ffn_hidden, args.dim, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(self, x, cos, sin, attn_fn: AttentionFn) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, attn_fn)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, attn_fn: AttentionFn | None = None) -> None:
+        super().__init__()
+        self.args = args
+        self.attn_fn = attn_fn or sdpa_attention
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # A ModuleList indexed by position: FSDP and checkpoint keys stay stable.
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        # Not parameters, not in the state dict: recomputed on construction.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, S) int64 -> logits (B, S, vocab)."""
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
+        S = tokens.shape[1]
+        if S > self.args.max_seq_len:
+            raise ValueError(f"sequence length {S} exceeds max_seq_len {self.args.max_seq_len}")
+        cos, sin = self.rope_cos[:S], self.rope_sin[:S]
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, cos, sin, self.attn_fn)
+        return self.output(self.norm(h))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Deterministic init: normal(0, 0.02), output projections scaled by 1/sqrt(2 L)."""
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+        std = 0.02
+        out_std = std / math.sqrt(2 * self.args.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:  # RMSNorm weights
+                p.fill_(1.0)
+                continue
+            s = out_std if name.endswith(("wo.weight", "w2.weight")) else std
+            # Draw on the CPU so the result does not depend on the device or its RNG.
+            p.copy_(torch.empty(p.shape).normal_(0.0, s, generator=gen))
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+
+def build_model(
+    preset_or_args: str | ModelArgs, *, seed: int = 0, attn_fn: AttentionFn | None = None
+) -> Transformer:
+    args = (
+        ModelArgs.from_preset(preset_or_args)
+        if isinstance(preset_or_args, str)
+        else preset_or_args
+    )
+    model = Transformer(args, attn_fn=attn_fn)
+    model.init_weights(seed)
+    return model
