@@ -207,9 +207,7 @@ def build_model(
     preset_or_args: str | ModelArgs, *, seed: int = 0, attn_fn: AttentionFn | None = None
 ) -> Transformer:
     args = (
-        ModelArgs.from_preset(preset_or_args)
-        if isinstance(preset_or_args, str)
-        else preset_or_args
+        ModelArgs.from_preset(preset_or_args) if isinstance(preset_or_args, str) else preset_or_args
     )
     model = Transformer(args, attn_fn=attn_fn)
     model.init_weights(seed)

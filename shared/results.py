@@ -1,0 +1,257 @@
+"""Result files: JSON records that always carry the environment they were measured in.
+
+A record is `{"name", "project", "environment", "config", "baseline", "results"}`, written
+atomically (temporary file in the same folder, fsync, rename, fsync of the folder), so a crash
+never leaves a half-written file that looks whole. Markdown tables for reports, and the README
+refresh between markers, read these records.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+REPORTS_DIR = REPO_ROOT / "reports"
+SCHEMA_VERSION = 1
+
+
+# --- atomic writes ---------------------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` so that readers see the old file or the whole new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _json_default(obj):
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if isinstance(obj, (Path, set, tuple)):
+        return str(obj) if isinstance(obj, Path) else list(obj)
+    return str(obj)
+
+
+def _finite(obj):
+    """JSON has no NaN/inf: write them as null so every reader can parse the file."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> Path:
+    text = json.dumps(_finite(json.loads(json.dumps(obj, default=_json_default))), indent=2)
+    return atomic_write_text(path, text + "\n")
+
+
+# --- environment -----------------------------------------------------------------------------
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else v
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML library, no driver, no GPU: all mean "no driver to report"
+        return None
+
+
+def environment() -> dict:
+    """Where a result was measured: GPU, driver, CUDA, torch, Python, host, date, git commit."""
+    import torch
+
+    env = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cpu_count": os.cpu_count(),
+        "gpu": None,
+        "gpu_count": 0,
+        "compute_capability": None,
+        "driver": None,
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": None,
+    }
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    env["git_dirty"] = None if status is None else bool(status)
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+        env["gpu_count"] = torch.cuda.device_count()
+        env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        env["driver"] = _nvidia_driver()
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    return env
+
+
+# --- result records --------------------------------------------------------------------------
+
+
+def save_result(
+    project: str,
+    name: str,
+    results,
+    *,
+    baseline=None,
+    config: dict | None = None,
+    reports_dir: str | os.PathLike | None = None,
+    env: dict | None = None,
+) -> Path:
+    """Write reports/<project>/<name>.json with the environment and the baseline of the run."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"result name must be a plain file stem, got {name!r}")
+    root = Path(reports_dir) if reports_dir is not None else REPORTS_DIR
+    record = {
+        "schema": SCHEMA_VERSION,
+        "project": project,
+        "name": name,
+        "environment": env if env is not None else environment(),
+        "config": config or {},
+        "baseline": baseline,
+        "results": results,
+    }
+    return atomic_write_json(root / project / f"{name}.json", record)
+
+
+def load_result(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no result file at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    missing = {"environment", "results"} - set(record)
+    if missing:
+        raise ValueError(f"{path} is not a result record: missing {sorted(missing)}")
+    return record
+
+
+def environment_line(env: dict) -> str:
+    """One line naming where a result came from, for report captions."""
+    gpu = env.get("gpu") or f"CPU ({env.get('cpu_count')} cores)"
+    commit = (env.get("git_commit") or "unknown")[:10]
+    dirty = "+dirty" if env.get("git_dirty") else ""
+    return (
+        f"{gpu}, driver {env.get('driver') or 'n/a'}, torch {env.get('torch')}, "
+        f"CUDA {env.get('cuda') or 'n/a'}, Python {env.get('python')}, "
+        f"{(env.get('date') or '')[:10]}, commit {commit}{dirty}"
+    )
+
+
+# --- Markdown --------------------------------------------------------------------------------
+
+
+def _fmt(v, floatfmt: str) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "n/a"
+        return format(v, floatfmt)
+    return str(v).replace("|", "\\|")
+
+
+def markdown_table(
+    rows: Iterable[dict],
+    columns: Sequence[str] | None = None,
+    *,
+    headers: Sequence[str] | None = None,
+    floatfmt: str = ",.3g",
+) -> str:
+    """A GitHub Markdown table of `rows` (dicts); numbers right-aligned."""
+    rows = list(rows)
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    if headers is not None and len(headers) != len(columns):
+        raise ValueError(f"{len(headers)} headers for {len(columns)} columns")
+    headers = list(headers or columns)
+    numeric = [
+        all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows) and rows
+        for c in columns
+    ]
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "| " + " | ".join("---:" if n else "---" for n in numeric) + " |",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c), floatfmt) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def replace_between_markers(text: str, marker: str, content: str) -> str:
+    """Replace what stands between `<!-- marker -->` and `<!-- /marker -->` with `content`."""
+    start, end = f"<!-- {marker} -->", f"<!-- /{marker} -->"
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < 0 or j < i:
+        raise ValueError(f"markers {start} ... {end} not found (in that order)")
+    return text[: i + len(start)] + "\n" + content.strip("\n") + "\n" + text[j:]
