@@ -235,9 +235,12 @@ def markdown_table(
     if headers is not None and len(headers) != len(columns):
         raise ValueError(f"{len(headers)} headers for {len(columns)} columns")
     headers = list(headers or columns)
+
+    def is_number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
     numeric = [
-        all(isinstance(r.get(c), (int, float)) or r.get(c) is None for r in rows) and rows
-        for c in columns
+        bool(rows) and all(is_number(r.get(c)) or r.get(c) is None for r in rows) for c in columns
     ]
     lines = [
         "| " + " | ".join(headers) + " |",

@@ -133,12 +133,20 @@ def _benchmark_cuda_events(
 
 
 def _benchmark_cpu(fn: Callable[[], object], *, min_run_time_s: float) -> Timing:
+    """Blocks of calls timed by torch.utils.benchmark (which handles threads and warm-up);
+    each block lasts at least 1 ms, and at least 10 blocks are timed for a median and spread."""
     from torch.utils.benchmark import Timer
 
     timer = Timer(stmt="fn()", globals={"fn": fn})
-    m = timer.blocked_autorange(min_run_time=min_run_time_s)
-    # Each entry of m.times is the per-call time of one block of calls, in seconds.
-    return summarize([t * 1e3 for t in m.times], "torch.utils.benchmark")
+    number = 1
+    while True:
+        per_call = timer.timeit(number).mean  # seconds; also warms up
+        if per_call * number >= 1e-3 or number >= 10**6:
+            break
+        number *= 10
+    reps = int(min(1000, max(10, min_run_time_s / (per_call * number))))
+    times_ms = [timer.timeit(number).mean * 1e3 for _ in range(reps)]
+    return summarize(times_ms, "torch.utils.benchmark")
 
 
 class CudaTimer:

@@ -1,0 +1,39 @@
+"""Run under torchrun by test_distributed.py: a few FSDP2 steps of the tiny model on gloo.
+
+Writes the final full parameters (rank 0) to the path in argv[1].
+"""
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from shared.data import SyntheticTokens
+from shared.distributed import cleanup, get_logger, init_distributed
+from shared.model import build_model
+from shared.parallelize import ParallelConfig, parallelize
+
+
+def main(out_path: str, steps: int = 3) -> None:
+    info = init_distributed(backend="gloo", timeout_s=120, device="cpu")
+    log = get_logger("fsdp_worker", all_ranks=True)
+    log.info("world %d backend %s", info.world_size, info.backend)
+    torch.manual_seed(0)
+    model = build_model("tiny", seed=0)
+    parallelize(model, ParallelConfig(param_dtype="float32", reduce_dtype="float32"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    data = SyntheticTokens(256, 32, 8, seed=0, rank=info.rank, world_size=info.world_size)
+    for _ in range(steps):
+        x, y = data.next_batch()
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    if info.is_main:
+        torch.save(full, out_path)
+    cleanup()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,150 @@
+import math
+
+import pytest
+import torch
+
+from shared.data import SyntheticTokens
+from shared.model import ModelArgs, Transformer, apply_rope, build_model, rope_tables
+
+
+@pytest.mark.parametrize(
+    "preset, expected",
+    [
+        # tiny by hand: 2 x (4*64^2 + 3*64*192 + 2*64) + 2*256*64 + 64 = 139,584
+        ("tiny", 139_584),
+        # 12 x (4*768^2 + 3*768*2048 + 2*768) + 2*32000*768 + 768
+        ("125m", 134_105_856),
+        # 18 x (4*2048^2 + 3*2048*6144 + 2*2048) + 2*32000*2048 + 2048
+        ("1b", 1_112_614_912),
+    ],
+)
+def test_parameter_counts(preset, expected):
+    args = ModelArgs.from_preset(preset)
+    assert args.num_params() == expected
+    with torch.device("meta"):  # no memory for the 1b weights
+        model = Transformer(args)
+    assert model.num_params() == expected
+
+
+def test_bad_configs_are_clear():
+    with pytest.raises(ValueError, match="unknown model preset 'huge'"):
+        ModelArgs.from_preset("huge")
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        ModelArgs(dim=100, n_heads=3)
+    with pytest.raises(ValueError, match="n_layers must be positive"):
+        ModelArgs.from_preset("tiny", n_layers=0)
+    model = build_model("tiny")
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch, seq"):
+        model(torch.zeros(65, dtype=torch.long))
+
+
+def test_forward_shape_init_and_determinism():
+    a, b = build_model("tiny", seed=3), build_model("tiny", seed=3)
+    tokens = torch.randint(0, 256, (2, 16))
+    out = a(tokens)
+    assert out.shape == (2, 16, 256)
+    assert torch.equal(out, b(tokens))
+    # untrained logits are close to uniform: loss near ln(256)
+    loss = torch.nn.functional.cross_entropy(out.flatten(0, 1), tokens.flatten())
+    assert abs(loss.item() - math.log(256)) < 0.3
+    assert not torch.equal(build_model("tiny", seed=4).output.weight, a.output.weight)
+
+
+def test_causality_future_tokens_do_not_change_the_past():
+    model = build_model("tiny", seed=0)
+    x = torch.randint(0, 256, (1, 20))
+    y = x.clone()
+    y[0, 12:] = torch.randint(0, 256, (8,))
+    torch.testing.assert_close(model(x)[0, :12], model(y)[0, :12])
+    assert not torch.allclose(model(x)[0, 12:], model(y)[0, 12:])
+
+
+def test_rope_is_a_rotation_that_encodes_relative_position():
+    cos, sin = rope_tables(8, 32, 10_000.0)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+
+    # the same vectors placed at positions (i, j): the score depends on i - j only
+    def score(i, j):
+        qi = apply_rope(q, cos[i : i + 1], sin[i : i + 1])
+        kj = apply_rope(k, cos[j : j + 1], sin[j : j + 1])
+        return (qi * kj).sum().item()
+
+    assert score(5, 2) == pytest.approx(score(13, 10), abs=1e-5)
+    rotated = apply_rope(q, cos[7:8], sin[7:8])
+    assert rotated.norm().item() == pytest.approx(q.norm().item(), rel=1e-6)
+
+
+def test_attention_function_is_injectable():
+    calls = []
+
+    def attn(q, k, v, causal=True):
+        calls.append((q.shape, causal))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    model = build_model("tiny", seed=0, attn_fn=attn)
+    ref = build_model("tiny", seed=0)
+    x = torch.randint(0, 256, (2, 10))
+    torch.testing.assert_close(model(x), ref(x))
+    assert calls == [((2, 4, 10, 16), True)] * 2  # one call per layer, (B, H, S, D)
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def test_stream_is_deterministic_and_resumable():
+    a = SyntheticTokens(256, 32, 8, seed=1)
+    first = [a.next_batch() for _ in range(3)]
+    b = SyntheticTokens(256, 32, 8, seed=1)
+    b.load_state_dict({**a.state_dict(), "step": 2})
+    torch.testing.assert_close(b.next_batch(), first[2])
+    c = SyntheticTokens(256, 32, 8, seed=2)
+    assert not torch.equal(c.next_batch()[0], first[0][0])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_global_batch_is_the_same_for_any_world_size(world):
+    full_x, full_y = SyntheticTokens(256, 16, 8, seed=0).batch_at(5)
+    parts = [SyntheticTokens(256, 16, 8, seed=0, rank=r, world_size=world).batch_at(5)
+             for r in range(world)]  # fmt: skip
+    torch.testing.assert_close(torch.cat([p[0] for p in parts]), full_x)
+    torch.testing.assert_close(torch.cat([p[1] for p in parts]), full_y)
+    assert parts[0][0].shape == (8 // world, 16)
+
+
+def test_targets_follow_the_successor_table():
+    d = SyntheticTokens(64, 32, 4, seed=0)
+    x, y = d.next_batch()
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are inputs shifted by one
+    succ = torch.from_numpy(d._successors)
+    allowed = (succ[x] == y.unsqueeze(-1)).any(-1)
+    assert bool(allowed.all())
+    assert 0.8 < d.entropy < 1.0 < d.uniform_loss
+
+
+def test_bad_stream_configs_are_clear():
+    with pytest.raises(ValueError, match="multiple of the world size"):
+        SyntheticTokens(256, 16, 6, world_size=4)
+    with pytest.raises(ValueError, match="not in a world"):
+        SyntheticTokens(256, 16, 8, rank=2, world_size=2)
+    d = SyntheticTokens(256, 16, 8, seed=0)
+    with pytest.raises(ValueError, match="another run configuration"):
+        d.load_state_dict({"step": 3, "seed": 9})
+
+
+def test_the_model_learns_the_stream():
+    torch.manual_seed(0)
+    model = build_model("tiny", seed=0)
+    data = SyntheticTokens(256, 64, 16, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(80):
+        x, y = data.next_batch()
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[0] > 5.0
+    assert sum(losses[-10:]) / 10 < 2.0  # far below ln(256) = 5.55: it learned the table
