@@ -1,0 +1,217 @@
+"""FlashAttention-2 forward and backward in CUDA C++, as a drop-in for SDPA on CUDA tensors.
+
+`flash_attention(q, k, v, *, causal=False, softmax_scale=None)` computes
+`softmax(scale * q @ k^T [+ causal mask]) @ v` for (B, H, S, D) tensors, like
+`torch.nn.functional.scaled_dot_product_attention`, with our kernels in both directions:
+
+- forward (csrc/attention/flash_fwd_*.cu): Q tile in registers, K/V streamed through shared
+  memory with cp.async double buffering, mma.sync m16n8k16 tensor-core products, online softmax
+  in float32; saves the row log-sum-exp (B, H, Sq) float32 for the backward;
+- backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per key block P
+  recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with atomics.
+  No S x S tensor is ever stored.
+
+Supported: float16 and bfloat16; head dims 64 and 128; any sequence lengths; k/v length may
+differ from q's when not causal. `causal=True` is the top-left aligned mask of SDPA's
+`is_causal=True` (query i sees keys 0..i) and needs equal q and k lengths: with unequal lengths
+SDPA and FlashAttention disagree on where the diagonal lies, so we refuse rather than guess.
+
+Layout: any strides along B, H and S that are multiples of 8 elements, stride 1 along D and a
+16-byte aligned start are used in place (the q/k/v views a fused QKV projection produces, for
+instance); other layouts are copied to a contiguous tensor first.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from ._build import load_extension, require_cuda
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (64, 128)
+_MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensions
+
+_SOURCES = (
+    "attention/flash_binding.cpp",
+    "attention/flash_fwd_hdim64.cu",
+    "attention/flash_fwd_hdim128.cu",
+    "attention/flash_bwd_hdim64.cu",
+    "attention/flash_bwd_hdim128.cu",
+)
+
+
+def _extension():
+    return load_extension("p01_attention", _SOURCES)
+
+
+def build() -> None:
+    """Compile (or load from the build cache) the attention extension now."""
+    _extension()
+
+
+def resolve_softmax_scale(softmax_scale, head_dim: int) -> float:
+    """softmax_scale as a float: 1 / sqrt(head_dim) when None; must be finite and positive."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise TypeError(
+            f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}"
+        )
+    scale = float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale}")
+    return scale
+
+
+def check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale
+) -> float:
+    """Validate the arguments of `flash_attention`; return the softmax scale to use.
+
+    Raises TypeError or ValueError naming the argument and what was expected. Every check but
+    the last (the device) runs on tensor metadata alone, so it needs no GPU.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype} "
+                "(cast with .half() or .bfloat16())"
+            )
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must have 4 dimensions (batch, heads, seq, head_dim), "
+                f"got shape {tuple(t.shape)}"
+            )
+    B, H, Sq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+    if k.shape[0] != B or k.shape[1] != H:
+        raise ValueError(
+            f"k and v must have q's batch and heads ({B}, {H}), got {tuple(k.shape[:2])} "
+            "(broadcast or repeat k/v heads before calling)"
+        )
+    if k.shape[3] != D:
+        raise ValueError(f"k and v must have q's head_dim {D}, got {k.shape[3]}")
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim (q.shape[-1]) must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
+    Sk = k.shape[2]
+    if min(B, H, Sq, Sk) < 1:
+        raise ValueError(
+            f"q and k must be non-empty, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    if B > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
+        raise ValueError(f"batch and heads must each be at most {_MAX_GRID_YZ}, got {B}, {H}")
+    if causal and Sq != Sk:
+        raise ValueError(
+            f"causal=True needs q and k of equal sequence length, got {Sq} and {Sk} "
+            "(with unequal lengths the top-left and bottom-right causal masks differ)"
+        )
+    scale = resolve_softmax_scale(softmax_scale, D)
+    devices = {t.device for t in (q, k, v)}
+    if len(devices) != 1:
+        raise ValueError(f"q, k and v must be on one device, got {sorted(map(str, devices))}")
+    if q.device.type != "cuda":
+        raise ValueError(f"q, k and v must be CUDA tensors, got device {q.device}")
+    return scale
+
+
+def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
+    """t itself when the kernels can read it in place, else a contiguous copy."""
+    ok = t.stride(3) == 1 and all(s % 8 == 0 for s in t.stride()[:3]) and t.data_ptr() % 16 == 0
+    return t if ok else t.contiguous()
+
+
+def flash_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    softmax_scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward kernel on checked, kernel-ready inputs: (o (B, H, Sq, D), lse (B, H, Sq) float32).
+
+    `out` and `lse` may be given to write into (the poisoned-output tests do).
+    """
+    B, H, Sq, _ = q.shape
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if lse is None:
+        lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    _extension().fwd(q, k, v, out, lse, causal, softmax_scale)
+    return out, lse
+
+
+def flash_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    softmax_scale: float,
+    *,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward kernels on kernel-ready inputs: (dq, dk, dv)."""
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format) if dk is None else dk
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format) if dv is None else dv
+    _extension().bwd(_kernel_layout(dout), q, k, v, out, lse, dq, dk, dv, causal, softmax_scale)
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Autograd glue: forward saves (q, k, v, o, lse); backward runs our backward kernel."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, softmax_scale: float):
+        q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
+        out, lse = flash_forward(q, k, v, causal, softmax_scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        ctx.softmax_scale = softmax_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
+    """Fused attention, (B, H, Sq, D) x (B, H, Sk, D) x (B, H, Sk, D) -> (B, H, Sq, D).
+
+    softmax_scale defaults to 1 / sqrt(D). Differentiable through our backward kernel.
+    """
+    scale = check_inputs(q, k, v, causal, softmax_scale)
+    require_cuda()
+    return FlashAttentionFunction.apply(q, k, v, causal, scale)

@@ -1,0 +1,148 @@
+// PyTorch binding of the FlashAttention kernels: checks tensors, fills the parameter structs and
+// launches on the current stream. Argument checking for users lives in attention.py; the checks
+// here are the last line of defence against a kernel reading memory it does not own.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "attention/flash_api.h"
+
+namespace {
+
+void check_kernel_layout(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+  TORCH_CHECK(t.dim() == 4, name, " must have 4 dimensions (B, H, S, D), got ", t.dim());
+  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, name,
+              " must be float16 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.stride(3) == 1, name, " must be contiguous along the head dimension");
+  TORCH_CHECK(t.stride(0) % 8 == 0 && t.stride(1) % 8 == 0 && t.stride(2) % 8 == 0, name,
+              " strides must be multiples of 8 elements");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              " must be 16-byte aligned");
+}
+
+flash::DType to_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf ? flash::DType::kFloat16 : flash::DType::kBFloat16;
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* name) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), name, " dtype differs from q's");
+  TORCH_CHECK(a.device() == b.device(), name, " is on another device than q");
+}
+
+void check_f32(const at::Tensor& t, at::IntArrayRef shape, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kFloat && t.is_contiguous(), name,
+              " must be a contiguous float32 CUDA tensor");
+  TORCH_CHECK(t.sizes() == shape, name, " has shape ", t.sizes(), ", expected ", shape);
+}
+
+// Forward: writes o (B, H, Sq, D) and lse (B, H, Sq) float32.
+void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
+         at::Tensor& lse, bool causal, double softmax_scale) {
+  check_kernel_layout(q, "q");
+  check_kernel_layout(k, "k");
+  check_kernel_layout(v, "v");
+  check_kernel_layout(o, "o");
+  check_same(k, q, "k");
+  check_same(v, q, "v");
+  check_same(o, q, "o");
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
+  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k must be (B, H, Sk, D)");
+  TORCH_CHECK(o.sizes() == q.sizes(), "o must have q's shape");
+  TORCH_CHECK(D == 64 || D == 128, "head dim must be 64 or 128, got ", D);
+  TORCH_CHECK(!causal || Sq == Sk, "causal attention needs equal q and k lengths");
+  TORCH_CHECK(Sq > 0 && Sk > 0 && Sq < INT32_MAX && Sk < INT32_MAX, "bad sequence lengths");
+  check_f32(lse, {B, H, Sq}, "lse");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  flash::FwdParams p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = o.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_batch_stride = q.stride(0), p.q_head_stride = q.stride(1), p.q_row_stride = q.stride(2);
+  p.k_batch_stride = k.stride(0), p.k_head_stride = k.stride(1), p.k_row_stride = k.stride(2);
+  p.v_batch_stride = v.stride(0), p.v_head_stride = v.stride(1), p.v_row_stride = v.stride(2);
+  p.o_batch_stride = o.stride(0), p.o_head_stride = o.stride(1), p.o_row_stride = o.stride(2);
+  p.batch = static_cast<int>(B);
+  p.heads = static_cast<int>(H);
+  p.seqlen_q = static_cast<int>(Sq);
+  p.seqlen_k = static_cast<int>(Sk);
+  p.head_dim = static_cast<int>(D);
+  p.softmax_scale = static_cast<float>(softmax_scale);
+  p.causal = causal;
+  p.dtype = to_dtype(q);
+  const cudaError_t err = flash::flash_fwd(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "flash_fwd launch failed: ", cudaGetErrorString(err));
+}
+
+// Backward: writes dq, dk, dv (shapes of q, k, v). dq is accumulated in float32 and cast.
+void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+         const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
+         at::Tensor& dv, bool causal, double softmax_scale) {
+  const std::pair<const at::Tensor*, const char*> tensors[] = {
+      {&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
+      {&dq, "dq"},     {&dk, "dk"}, {&dv, "dv"}};
+  for (const auto& [t, name] : tensors) {
+    check_kernel_layout(*t, name);
+    check_same(*t, q, name);
+  }
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes() && dk.sizes() == k.sizes() && dv.sizes() == k.sizes(),
+              "k, v, dk, dv must have the same shape");
+  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k must be (B, H, Sk, D)");
+  TORCH_CHECK(o.sizes() == q.sizes() && dout.sizes() == q.sizes() && dq.sizes() == q.sizes(),
+              "o, dout, dq must have q's shape");
+  TORCH_CHECK(D == 64 || D == 128, "head dim must be 64 or 128, got ", D);
+  TORCH_CHECK(!causal || Sq == Sk, "causal attention needs equal q and k lengths");
+  check_f32(lse, {B, H, Sq}, "lse");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor dpre = at::empty({B, H, Sq}, f32);
+  at::Tensor dq_accum = at::zeros({B, H, Sq, D}, f32);
+
+  flash::BwdParams p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = o.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.dpre = dpre.data_ptr<float>();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.q_batch_stride = q.stride(0), p.q_head_stride = q.stride(1), p.q_row_stride = q.stride(2);
+  p.k_batch_stride = k.stride(0), p.k_head_stride = k.stride(1), p.k_row_stride = k.stride(2);
+  p.v_batch_stride = v.stride(0), p.v_head_stride = v.stride(1), p.v_row_stride = v.stride(2);
+  p.o_batch_stride = o.stride(0), p.o_head_stride = o.stride(1), p.o_row_stride = o.stride(2);
+  p.do_batch_stride = dout.stride(0), p.do_head_stride = dout.stride(1);
+  p.do_row_stride = dout.stride(2);
+  p.dk_batch_stride = dk.stride(0), p.dk_head_stride = dk.stride(1);
+  p.dk_row_stride = dk.stride(2);
+  p.dv_batch_stride = dv.stride(0), p.dv_head_stride = dv.stride(1);
+  p.dv_row_stride = dv.stride(2);
+  p.batch = static_cast<int>(B);
+  p.heads = static_cast<int>(H);
+  p.seqlen_q = static_cast<int>(Sq);
+  p.seqlen_k = static_cast<int>(Sk);
+  p.head_dim = static_cast<int>(D);
+  p.softmax_scale = static_cast<float>(softmax_scale);
+  p.causal = causal;
+  p.dtype = to_dtype(q);
+  const cudaError_t err = flash::flash_bwd(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "flash_bwd launch failed: ", cudaGetErrorString(err));
+  dq.copy_(dq_accum);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "FlashAttention-2 forward and backward (mma.sync, cp.async), float16 and bfloat16";
+  m.def("fwd", &fwd, "forward: (q, k, v, o, lse, causal, softmax_scale) -> None");
+  m.def("bwd", &bwd,
+        "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, softmax_scale) -> None");
+}

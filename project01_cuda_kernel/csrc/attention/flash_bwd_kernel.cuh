@@ -1,0 +1,360 @@
+// FlashAttention-2 backward: dQ, dK, dV from Q, K, V, O, dO and the forward's log-sum-exp.
+//
+// Pre-pass (flash_bwd_dot_do_o_kernel): Dpre_i = rowsum(dO_i * O_i) in float32, (B, H, Sq).
+// Main kernel: one CTA owns BN = 64 keys of one (batch, head); warp w owns keys 16w..16w+15 and
+// holds their dK and dV (16 x D, float32) in registers for the whole kernel. For each 64-row
+// block of queries (two shared-memory stages, cp.async prefetch of the next block):
+//   S^T  = K_w Q^T                      (16 x 64 per warp; K is the A operand, Q the B operand)
+//   P^T  = exp(scale * S^T - lse)       (recomputed from the saved log-sum-exp: no S x S tensor)
+//   dP^T = V_w dO^T
+//   dV  += P^T dO                       (P^T's accumulator layout is reused as the A fragment)
+//   dS^T = P^T * (dP^T - Dpre)
+//   dK  += dS^T Q                       (times scale once at the end)
+//   dQ  += scale * dS K                 (dS^T goes through shared memory so each warp can take 16
+//                                        query rows; float32 atomicAdd into dq_accum)
+// Working on S^T rather than S keeps every product an mma with the operand already in the layout
+// ldmatrix gives: no register transposes.
+// compile-check: no-spill
+#pragma once
+
+#include "attention/flash_api.h"
+#include "attention/flash_common.cuh"
+
+namespace flash {
+
+// Dpre = rowsum(dO * O): D / 8 threads per row, 16 bytes each, reduced with shuffles.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) flash_bwd_dot_do_o_kernel(const BwdParams p) {
+  constexpr int kThreadsPerRow = D / 8;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kThreadsPerRow;
+  const int col = (threadIdx.x % kThreadsPerRow) * 8;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen_q;
+  float acc = 0.f;
+  if (row < rows) {
+    const int i = static_cast<int>(row % p.seqlen_q);
+    const int64_t bh = row / p.seqlen_q;
+    const int h = static_cast<int>(bh % p.heads);
+    const int b = static_cast<int>(bh / p.heads);
+    const uint4 o4 = *reinterpret_cast<const uint4*>(
+        static_cast<const T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
+        i * p.o_row_stride + col);
+    const uint4 d4 = *reinterpret_cast<const uint4*>(
+        static_cast<const T*>(p.dout) + b * p.do_batch_stride + h * p.do_head_stride +
+        i * p.do_row_stride + col);
+    const uint32_t* ow = reinterpret_cast<const uint32_t*>(&o4);
+    const uint32_t* dw = reinterpret_cast<const uint32_t*>(&d4);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = TypeTraits<T>::unpack(ow[j]);
+      const float2 c = TypeTraits<T>::unpack(dw[j]);
+      acc += a.x * c.x + a.y * c.y;
+    }
+  }
+#pragma unroll
+  for (int off = kThreadsPerRow / 2; off > 0; off /= 2) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  }
+  if (row < rows && threadIdx.x % kThreadsPerRow == 0) p.dpre[row] = acc;
+}
+
+__device__ __forceinline__ void atomic_add_f32x2(float* dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(x, y));
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
+
+template <typename T, int D, bool CAUSAL>
+__global__ void __launch_bounds__(128, 2) flash_bwd_kernel(const BwdParams p) {
+  constexpr int NWARPS = 4;
+  constexpr int NTHREADS = 128;
+  constexpr int BN = 16 * NWARPS;  // keys per CTA
+  constexpr int BM = 64;           // query rows per step
+  constexpr int RB = D * 2;        // bytes per row of a (., D) tile
+  constexpr int SRB = BM * 2;      // bytes per row of the dS^T tile (BN x BM)
+  constexpr int QTILES = BM / 8;   // 8-wide column tiles of S^T per warp
+  constexpr int DTILES = D / 8;    // 8-wide column tiles of dK, dV per warp
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* const s_k = reinterpret_cast<T*>(smem_raw);  // BN x D
+  T* const s_v = s_k + BN * D;                     // BN x D
+  T* const s_qdo = s_v + BN * D;                   // 2 stages x (Q, dO), BM x D each
+  T* const s_ds = s_qdo + 4 * BM * D;              // BN x BM, dS^T
+  float* const s_lse = reinterpret_cast<float*>(s_ds + BN * BM);  // 2 stages x BM
+  float* const s_dpre = s_lse + 2 * BM;                           // 2 stages x BM
+  constexpr int kQdoStage = 2 * BM * D;
+
+  const int n_block = blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int n0 = n_block * BN;
+
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head * p.k_head_stride +
+               n0 * p.k_row_stride;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride +
+               n0 * p.v_row_stride;
+  const T* dout =
+      static_cast<const T*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
+  const int64_t bh = static_cast<int64_t>(batch) * p.heads + head;
+  const float* lse = p.lse + bh * p.seqlen_q;
+  const float* dpre = p.dpre + bh * p.seqlen_q;
+  float* dq = p.dq_accum + bh * p.seqlen_q * D;
+
+  const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+  const int m_begin = CAUSAL ? n0 / BM : 0;  // earlier query rows see none of these keys
+
+  auto load_q_block = [&](int mb, int stage) {
+    const int m0 = mb * BM;
+    T* dst = s_qdo + stage * kQdoStage;
+    load_tile_async<BM, D, NTHREADS>(dst, q + m0 * p.q_row_stride, p.q_row_stride,
+                                     p.seqlen_q - m0, tid);
+    load_tile_async<BM, D, NTHREADS>(dst + BM * D, dout + m0 * p.do_row_stride, p.do_row_stride,
+                                     p.seqlen_q - m0, tid);
+    if (tid < BM) {
+      const bool valid = m0 + tid < p.seqlen_q;
+      cp_async_4(smem_u32(s_lse + stage * BM + tid), lse + (valid ? m0 + tid : 0), valid);
+      cp_async_4(smem_u32(s_dpre + stage * BM + tid), dpre + (valid ? m0 + tid : 0), valid);
+    }
+  };
+
+  load_tile_async<BN, D, NTHREADS>(s_k, k, p.k_row_stride, p.seqlen_k - n0, tid);
+  load_tile_async<BN, D, NTHREADS>(s_v, v, p.v_row_stride, p.seqlen_k - n0, tid);
+  if (m_begin < m_blocks) load_q_block(m_begin, 0);
+  cp_async_commit();
+
+  // ldmatrix lane offsets (bytes; see swz_lane).
+  const uint32_t a_lane = swz_lane<RB>(lane & 15, lane >> 4);  // A operand, row major
+  const uint32_t bn_lane = swz_lane<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const uint32_t bt_lane = swz_lane<RB>((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+  // dS as the A operand of dQ = dS K, read transposed out of the dS^T tile.
+  const uint32_t ds_lane = swz_lane<SRB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+
+  const uint32_t k_addr = smem_u32(s_k);
+  const uint32_t v_addr = smem_u32(s_v);
+  const uint32_t ds_addr = smem_u32(s_ds);
+
+  float dk[DTILES][4];
+  float dv[DTILES][4];
+#pragma unroll
+  for (int i = 0; i < DTILES; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+  }
+
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int key0 = n0 + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
+
+  for (int mb = m_begin; mb < m_blocks; ++mb) {
+    const int stage = (mb - m_begin) & 1;
+    if (mb + 1 < m_blocks) load_q_block(mb + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const int m0 = mb * BM;
+    const uint32_t q_addr = smem_u32(s_qdo + stage * kQdoStage);
+    const uint32_t do_addr = q_addr + BM * RB;
+    const float* s_lse_st = s_lse + stage * BM;
+    const float* s_dpre_st = s_dpre + stage * BM;
+
+    // S^T = K_w Q^T, 16 keys x BM queries. (The k loop stays rolled: unrolled, the compiler
+    // hoists every fragment load and runs out of registers.)
+    float st[QTILES][4];
+#pragma unroll
+    for (int j = 0; j < QTILES; ++j) st[j][0] = st[j][1] = st[j][2] = st[j][3] = 0.f;
+#pragma unroll 1
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[4];
+      ldmatrix_x4(ka, k_addr + warp * 16 * RB + (a_lane ^ (kk * 32)));
+#pragma unroll
+      for (int np = 0; np < QTILES / 2; ++np) {
+        uint32_t qb[4];
+        ldmatrix_x4(qb, q_addr + np * 16 * RB + (bn_lane ^ (kk * 32)));
+        mma_16816<T>(st[2 * np], ka, qb[0], qb[1]);
+        mma_16816<T>(st[2 * np + 1], ka, qb[2], qb[3]);
+      }
+    }
+
+    // P^T from the saved log-sum-exp; masked where the key is past the end, the query row past
+    // the end, or (causal) the key after the query.
+    const bool need_mask =
+        (n0 + BN > p.seqlen_k) || (m0 + BM > p.seqlen_q) || (CAUSAL && m0 < n0 + BN - 1);
+#pragma unroll
+    for (int j = 0; j < QTILES; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = j * 8 + 2 * t + (e & 1);
+        float pv = exp2f(fmaf(st[j][e], scale_log2, -s_lse_st[m] * kLog2e));
+        if (need_mask) {
+          const int key = key0 + (e >> 1) * 8;
+          if (key >= p.seqlen_k || m0 + m >= p.seqlen_q || (CAUSAL && key > m0 + m)) pv = 0.f;
+        }
+        st[j][e] = pv;
+      }
+    }
+
+    // dV += P^T dO (k = query rows).
+#pragma unroll
+    for (int kc = 0; kc < BM / 16; ++kc) {
+      uint32_t pa[4];
+      pa[0] = TypeTraits<T>::pack(st[2 * kc][0], st[2 * kc][1]);
+      pa[1] = TypeTraits<T>::pack(st[2 * kc][2], st[2 * kc][3]);
+      pa[2] = TypeTraits<T>::pack(st[2 * kc + 1][0], st[2 * kc + 1][1]);
+      pa[3] = TypeTraits<T>::pack(st[2 * kc + 1][2], st[2 * kc + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t ob[4];
+        ldmatrix_x4_trans(ob, do_addr + kc * 16 * RB + (bt_lane ^ (dp * 32)));
+        mma_16816<T>(dv[2 * dp], pa, ob[0], ob[1]);
+        mma_16816<T>(dv[2 * dp + 1], pa, ob[2], ob[3]);
+      }
+    }
+
+    // dP^T = V_w dO^T, 16 keys x BM queries.
+    float dpt[QTILES][4];
+#pragma unroll
+    for (int j = 0; j < QTILES; ++j) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.f;
+#pragma unroll 1
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t va[4];
+      ldmatrix_x4(va, v_addr + warp * 16 * RB + (a_lane ^ (kk * 32)));
+#pragma unroll
+      for (int np = 0; np < QTILES / 2; ++np) {
+        uint32_t ob[4];
+        ldmatrix_x4(ob, do_addr + np * 16 * RB + (bn_lane ^ (kk * 32)));
+        mma_16816<T>(dpt[2 * np], va, ob[0], ob[1]);
+        mma_16816<T>(dpt[2 * np + 1], va, ob[2], ob[3]);
+      }
+    }
+
+    // dS^T = P^T * (dP^T - Dpre), kept in st; stored to shared memory as T for the dQ product.
+#pragma unroll
+    for (int j = 0; j < QTILES; ++j) {
+      const int m = j * 8 + 2 * t;
+      const float d0 = s_dpre_st[m];
+      const float d1 = s_dpre_st[m + 1];
+      st[j][0] *= dpt[j][0] - d0;
+      st[j][1] *= dpt[j][1] - d1;
+      st[j][2] *= dpt[j][2] - d0;
+      st[j][3] *= dpt[j][3] - d1;
+      const int r = warp * 16 + g;
+      *reinterpret_cast<uint32_t*>(s_ds + swz<BM>(r, m)) = TypeTraits<T>::pack(st[j][0], st[j][1]);
+      *reinterpret_cast<uint32_t*>(s_ds + swz<BM>(r + 8, m)) =
+          TypeTraits<T>::pack(st[j][2], st[j][3]);
+    }
+
+    // dK += dS^T Q (k = query rows).
+#pragma unroll
+    for (int kc = 0; kc < BM / 16; ++kc) {
+      uint32_t da[4];
+      da[0] = TypeTraits<T>::pack(st[2 * kc][0], st[2 * kc][1]);
+      da[1] = TypeTraits<T>::pack(st[2 * kc][2], st[2 * kc][3]);
+      da[2] = TypeTraits<T>::pack(st[2 * kc + 1][0], st[2 * kc + 1][1]);
+      da[3] = TypeTraits<T>::pack(st[2 * kc + 1][2], st[2 * kc + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t qb[4];
+        ldmatrix_x4_trans(qb, q_addr + kc * 16 * RB + (bt_lane ^ (dp * 32)));
+        mma_16816<T>(dk[2 * dp], da, qb[0], qb[1]);
+        mma_16816<T>(dk[2 * dp + 1], da, qb[2], qb[3]);
+      }
+    }
+    __syncthreads();  // the whole dS^T tile is written (and Q, dO of this stage are read)
+
+    // dQ rows m0 + 16w .. +15 of this block += scale * dS (16 x BN) K (BN x D).
+    uint32_t ds_frag[BN / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      ldmatrix_x4_trans(ds_frag[kc], ds_addr + kc * 16 * SRB + (ds_lane ^ (warp * 32)));
+    }
+    const int qrow = m0 + warp * 16 + g;
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int kc = 0; kc < BN / 16; ++kc) {
+        uint32_t kb[4];
+        ldmatrix_x4_trans(kb, k_addr + kc * 16 * RB + (bt_lane ^ (dp * 32)));
+        mma_16816<T>(acc[0], ds_frag[kc], kb[0], kb[1]);
+        mma_16816<T>(acc[1], ds_frag[kc], kb[2], kb[3]);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int col = dp * 16 + i * 8 + 2 * t;
+        if (qrow < p.seqlen_q) {
+          atomic_add_f32x2(dq + static_cast<int64_t>(qrow) * D + col, acc[i][0] * p.softmax_scale,
+                           acc[i][1] * p.softmax_scale);
+        }
+        if (qrow + 8 < p.seqlen_q) {
+          atomic_add_f32x2(dq + static_cast<int64_t>(qrow + 8) * D + col,
+                           acc[i][2] * p.softmax_scale, acc[i][3] * p.softmax_scale);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Store dK (times scale) and dV: rows key0 and key0 + 8, columns 8i + 2t.
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+#pragma unroll
+  for (int i = 0; i < DTILES; ++i) {
+    const int col = i * 8 + 2 * t;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int key = key0 + rr * 8;
+      if (key < p.seqlen_k) {
+        *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + col) = TypeTraits<T>::pack(
+            dk[i][2 * rr] * p.softmax_scale, dk[i][2 * rr + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + col) =
+            TypeTraits<T>::pack(dv[i][2 * rr], dv[i][2 * rr + 1]);
+      }
+    }
+  }
+}
+
+template <typename T, int D, bool CAUSAL>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  constexpr int BN = 64;
+  constexpr int BM = 64;
+  constexpr size_t smem_bytes =
+      (2 * BN * D + 4 * BM * D + BN * BM) * sizeof(T) + 4 * BM * sizeof(float);
+  {
+    constexpr int kThreads = 256;
+    constexpr int kRowsPerBlock = kThreads / (D / 8);
+    const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen_q;
+    const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    flash_bwd_dot_do_o_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  auto kernel = flash_bwd_kernel<T, D, CAUSAL>;
+  if (smem_bytes > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((p.seqlen_k + BN - 1) / BN, p.heads, p.batch);
+  kernel<<<grid, 128, smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t dispatch_bwd(const BwdParams& p, cudaStream_t stream) {
+  if (p.dtype == DType::kFloat16) {
+    return p.causal ? launch_bwd<__half, D, true>(p, stream)
+                    : launch_bwd<__half, D, false>(p, stream);
+  }
+  return p.causal ? launch_bwd<__nv_bfloat16, D, true>(p, stream)
+                  : launch_bwd<__nv_bfloat16, D, false>(p, stream);
+}
+
+}  // namespace flash

@@ -1,0 +1,9 @@
+// FlashAttention-2 forward, head dim 64: 4 warps x 16 query rows, 128-key blocks, 64 KB shared.
+// compile-check: no-spill
+#include "attention/flash_fwd_kernel.cuh"
+
+namespace flash {
+cudaError_t flash_fwd_hdim64(const FwdParams& p, cudaStream_t stream) {
+  return dispatch_fwd</*D=*/64, /*NWARPS=*/4, /*BN=*/128>(p, stream);
+}
+}  // namespace flash

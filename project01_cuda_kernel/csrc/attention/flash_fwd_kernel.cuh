@@ -1,0 +1,247 @@
+// FlashAttention-2 forward: O = softmax(scale * Q K^T) V and the row log-sum-exp, one pass.
+//
+// One CTA owns BM = 16 * NWARPS rows of Q for one (batch, head); warp w owns rows 16w..16w+15.
+//   1. Q tile -> shared (cp.async) -> registers as mma A fragments (ldmatrix), kept for the CTA.
+//   2. K/V tiles of BN rows stream through two shared-memory stages: block n+1 is in flight
+//      (cp.async) while block n is multiplied.
+//   3. S = Q K^T (16 x BN per warp, float32), masked (sequence tail, causal diagonal), then the
+//      online softmax: running row max m and row sum l in float32, O rescaled by exp(m_old - m).
+//   4. P (converted to T in registers: the S accumulator layout *is* the A fragment layout) times
+//      V (ldmatrix .trans) accumulates into O.
+//   5. O / l is staged through shared memory for 16-byte coalesced stores; lse = m * scale + log l.
+// Causal (top-left aligned, Sq == Sk): key blocks past the CTA's last row are never loaded, and
+// only blocks that cross the diagonal pay for the mask.
+// compile-check: no-spill
+#pragma once
+
+#include <float.h>
+
+#include "attention/flash_api.h"
+#include "attention/flash_common.cuh"
+
+namespace flash {
+
+template <typename T, int D, int NWARPS, int BN, bool CAUSAL>
+__global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdParams p) {
+  constexpr int BM = 16 * NWARPS;
+  constexpr int NTHREADS = NWARPS * 32;
+  constexpr int KCHUNKS = D / 16;  // k-steps of Q K^T
+  constexpr int STILES = BN / 8;   // 8-wide column tiles of S per warp
+  constexpr int OTILES = D / 8;    // 8-wide column tiles of O per warp
+  static_assert(BM <= 2 * BN, "the Q tile is staged in the second K/V stage");
+
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  // Stage s holds K then V, BN x D each. Q (and at the end O) is staged in stage 1's space.
+  constexpr int kStageElems = 2 * BN * D;
+  T* const s_q = smem + kStageElems;
+
+  const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // heavy blocks first
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;  // row within an 8-row group of a fragment
+  const int t = lane % 4;  // column pair within a fragment
+
+  const int m0 = m_block * BM;
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
+               m0 * p.q_row_stride;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride;
+
+  int n_blocks = (p.seqlen_k + BN - 1) / BN;
+  if (CAUSAL) n_blocks = min(n_blocks, (m0 + BM + BN - 1) / BN);
+
+  // Prologue: Q and the first K/V block in one group.
+  load_tile_async<BM, D, NTHREADS>(s_q, q, p.q_row_stride, p.seqlen_q - m0, tid);
+  load_tile_async<BN, D, NTHREADS>(smem, k, p.k_row_stride, p.seqlen_k, tid);
+  load_tile_async<BN, D, NTHREADS>(smem + BN * D, v, p.v_row_stride, p.seqlen_k, tid);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ldmatrix lane offsets (bytes, see swz_lane): A operand rows (lane & 15), chunk (lane >> 4);
+  // K as B operand (n-major) rows (lane & 7) + 8 (lane >> 4), chunk (lane >> 3) & 1;
+  // V as B operand (.trans) rows (lane & 7) + 8 ((lane >> 3) & 1), chunk (lane >> 4).
+  constexpr int RB = D * 2;  // bytes per row
+  const uint32_t a_lane = swz_lane<RB>(lane & 15, lane >> 4);
+  const uint32_t k_lane = swz_lane<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const uint32_t v_lane = swz_lane<RB>((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+
+  uint32_t q_frag[KCHUNKS][4];
+  const uint32_t q_addr = smem_u32(s_q) + warp * 16 * RB;
+#pragma unroll
+  for (int kk = 0; kk < KCHUNKS; ++kk) ldmatrix_x4(q_frag[kk], q_addr + (a_lane ^ (kk * 32)));
+  __syncthreads();  // stage 1 is free for K/V block 1
+
+  float o_acc[OTILES][4];
+#pragma unroll
+  for (int i = 0; i < OTILES; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
+  float row_sum[2] = {0.f, 0.f};              // this thread's partial sums; quad-reduced at the end
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int row0 = m0 + warp * 16 + g;  // global rows of this thread: row0 and row0 + 8
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int stage = nb & 1;
+    if (nb + 1 < n_blocks) {
+      const int n1 = (nb + 1) * BN;
+      T* dst = smem + (stage ^ 1) * kStageElems;
+      load_tile_async<BN, D, NTHREADS>(dst, k + n1 * p.k_row_stride, p.k_row_stride,
+                                       p.seqlen_k - n1, tid);
+      load_tile_async<BN, D, NTHREADS>(dst + BN * D, v + n1 * p.v_row_stride, p.v_row_stride,
+                                       p.seqlen_k - n1, tid);
+    }
+    cp_async_commit();  // an empty group on the last block keeps the wait count uniform
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const uint32_t k_addr = smem_u32(smem + stage * kStageElems);
+    const uint32_t v_addr = k_addr + BN * RB;
+    const int n0 = nb * BN;
+
+    // S = Q K^T for this warp's 16 rows and BN keys.
+    float s[STILES][4];
+#pragma unroll
+    for (int j = 0; j < STILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KCHUNKS; ++kk) {
+#pragma unroll
+      for (int np = 0; np < STILES / 2; ++np) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, k_addr + np * 16 * RB + (k_lane ^ (kk * 32)));
+        mma_16816<T>(s[2 * np], q_frag[kk], kf[0], kf[1]);
+        mma_16816<T>(s[2 * np + 1], q_frag[kk], kf[2], kf[3]);
+      }
+    }
+
+    // Mask keys past the end and, on blocks crossing the diagonal, keys after the query.
+    const bool need_mask = (n0 + BN > p.seqlen_k) || (CAUSAL && n0 + BN - 1 > m0);
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < STILES; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n0 + j * 8 + 2 * t + (e & 1);
+          const int row = row0 + (e >> 1) * 8;
+          if (col >= p.seqlen_k || (CAUSAL && col > row)) s[j][e] = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax, rows row0 (rr = 0) and row0 + 8 (rr = 1).
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = row_max[rr];
+#pragma unroll
+      for (int j = 0; j < STILES; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * rr], s[j][2 * rr + 1]));
+      mx = quad_max(mx);
+      // A row with every key masked so far keeps max -inf; subtract 0 then so exp gives 0, not NaN.
+      const float mx_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+      const float correction = exp2f(row_max[rr] * scale_log2 - mx_scaled);
+      row_max[rr] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < STILES; ++j) {
+        s[j][2 * rr] = exp2f(fmaf(s[j][2 * rr], scale_log2, -mx_scaled));
+        s[j][2 * rr + 1] = exp2f(fmaf(s[j][2 * rr + 1], scale_log2, -mx_scaled));
+        sum += s[j][2 * rr] + s[j][2 * rr + 1];
+      }
+      row_sum[rr] = row_sum[rr] * correction + sum;
+#pragma unroll
+      for (int i = 0; i < OTILES; ++i) {
+        o_acc[i][2 * rr] *= correction;
+        o_acc[i][2 * rr + 1] *= correction;
+      }
+    }
+
+    // O += P V. Two 8-column tiles of S form the A fragment of one 16-key step.
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; ++kc) {
+      uint32_t p_frag[4];
+      p_frag[0] = TypeTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
+      p_frag[1] = TypeTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
+      p_frag[2] = TypeTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      p_frag[3] = TypeTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_addr + kc * 16 * RB + (v_lane ^ (dp * 32)));
+        mma_16816<T>(o_acc[2 * dp], p_frag, vf[0], vf[1]);
+        mma_16816<T>(o_acc[2 * dp + 1], p_frag, vf[2], vf[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+
+  // Epilogue: normalise, stage this warp's 16 rows in shared memory, store 16 bytes a lane.
+  float inv_sum[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    row_sum[rr] = quad_sum(row_sum[rr]);
+    inv_sum[rr] = row_sum[rr] > 0.f ? 1.f / row_sum[rr] : 0.f;
+  }
+  T* s_o = smem;  // free: the loop ended with a barrier and no copy is in flight
+#pragma unroll
+  for (int i = 0; i < OTILES; ++i) {
+    const int r = warp * 16 + g;
+    const int c = i * 8 + 2 * t;
+    *reinterpret_cast<uint32_t*>(s_o + swz<D>(r, c)) =
+        TypeTraits<T>::pack(o_acc[i][0] * inv_sum[0], o_acc[i][1] * inv_sum[0]);
+    *reinterpret_cast<uint32_t*>(s_o + swz<D>(r + 8, c)) =
+        TypeTraits<T>::pack(o_acc[i][2] * inv_sum[1], o_acc[i][3] * inv_sum[1]);
+  }
+  __syncwarp();
+  T* o = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+  constexpr int kChunksPerRow = D / 8;
+#pragma unroll
+  for (int i = 0; i < 16 * kChunksPerRow / 32; ++i) {
+    const int chunk = lane + i * 32;
+    const int r = warp * 16 + chunk / kChunksPerRow;
+    const int c = (chunk % kChunksPerRow) * 8;
+    if (m0 + r < p.seqlen_q) {
+      *reinterpret_cast<uint4*>(o + (m0 + r) * p.o_row_stride + c) =
+          *reinterpret_cast<const uint4*>(s_o + swz<D>(r, c));
+    }
+  }
+  if (t == 0) {
+    float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads + head) * p.seqlen_q;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = row0 + rr * 8;
+      if (row < p.seqlen_q) {
+        lse[row] = row_sum[rr] > 0.f ? row_max[rr] * p.softmax_scale + logf(row_sum[rr])
+                                     : INFINITY;
+      }
+    }
+  }
+}
+
+template <typename T, int D, int NWARPS, int BN, bool CAUSAL>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  constexpr int BM = 16 * NWARPS;
+  constexpr size_t smem_bytes = 2 * 2 * BN * D * sizeof(T);
+  auto kernel = flash_fwd_kernel<T, D, NWARPS, BN, CAUSAL>;
+  if (smem_bytes > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((p.seqlen_q + BM - 1) / BM, p.heads, p.batch);
+  kernel<<<grid, NWARPS * 32, smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int D, int NWARPS, int BN>
+cudaError_t dispatch_fwd(const FwdParams& p, cudaStream_t stream) {
+  if (p.dtype == DType::kFloat16) {
+    return p.causal ? launch_fwd<__half, D, NWARPS, BN, true>(p, stream)
+                    : launch_fwd<__half, D, NWARPS, BN, false>(p, stream);
+  }
+  return p.causal ? launch_fwd<__nv_bfloat16, D, NWARPS, BN, true>(p, stream)
+                  : launch_fwd<__nv_bfloat16, D, NWARPS, BN, false>(p, stream);
+}
+
+}  // namespace flash

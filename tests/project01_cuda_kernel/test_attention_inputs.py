@@ -1,0 +1,141 @@
+"""CPU tier: flash_attention's argument checks raise clear errors before any CUDA is needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from project01_cuda_kernel.attention import flash_attention, resolve_softmax_scale
+
+
+def qkv(b=2, h=3, sq=17, sk=17, d=64, dtype=torch.bfloat16, device="cpu"):
+    """Tensors of the given shape; CPU by default (metadata checks need no GPU)."""
+    q = torch.randn(b, h, sq, d, device=device).to(dtype)
+    k = torch.randn(b, h, sk, d, device=device).to(dtype)
+    v = torch.randn(b, h, sk, d, device=device).to(dtype)
+    return q, k, v
+
+
+def test_well_formed_cpu_inputs_fail_only_on_the_device():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="must be CUDA tensors, got device cpu"):
+        flash_attention(q, k, v)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_default_scale_is_inverse_sqrt_head_dim(d):
+    assert resolve_softmax_scale(None, d) == pytest.approx(d**-0.5, rel=1e-12)
+    assert resolve_softmax_scale(0.3, d) == 0.3
+    assert resolve_softmax_scale(2, d) == 2.0
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_non_tensor_argument(name):
+    q, k, v = qkv()
+    args = {"q": q, "k": k, "v": v}
+    args[name] = args[name].tolist()
+    with pytest.raises(TypeError, match=f"{name} must be a torch.Tensor, got list"):
+        flash_attention(**args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_unsupported_dtype(name, dtype):
+    q, k, v = qkv()
+    args = {"q": q, "k": k, "v": v}
+    args[name] = args[name].to(dtype)
+    with pytest.raises(TypeError, match=f"{name} must be torch.float16 or torch.bfloat16"):
+        flash_attention(**args)
+
+
+def test_mixed_dtypes():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="share one dtype"):
+        flash_attention(q, k.half(), v)
+
+
+@pytest.mark.parametrize("shape", [(17, 64), (3, 17, 64), (1, 2, 3, 17, 64)])
+@pytest.mark.parametrize("name", ["q", "k", "v"])
+def test_wrong_rank(name, shape):
+    q, k, v = qkv()
+    args = {"q": q, "k": k, "v": v}
+    args[name] = torch.randn(shape).bfloat16()
+    with pytest.raises(ValueError, match=f"{name} must have 4 dimensions"):
+        flash_attention(**args)
+
+
+def test_k_v_shapes_differ():
+    q, k, v = qkv(sk=20)
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        flash_attention(q, k, v[:, :, :19])
+
+
+@pytest.mark.parametrize("bad", ["batch", "heads"])
+def test_batch_heads_mismatch(bad):
+    q, _, _ = qkv(b=2, h=3)
+    kb, kh = (1, 3) if bad == "batch" else (2, 1)
+    k = torch.randn(kb, kh, 17, 64).bfloat16()
+    with pytest.raises(ValueError, match="must have q's batch and heads"):
+        flash_attention(q, k, k.clone())
+
+
+def test_head_dim_mismatch():
+    q, _, _ = qkv(d=64)
+    _, k, v = qkv(d=128)
+    with pytest.raises(ValueError, match="must have q's head_dim 64, got 128"):
+        flash_attention(q, k, v)
+
+
+@pytest.mark.parametrize("d", [16, 32, 80, 96, 256])
+def test_unsupported_head_dim(d):
+    q, k, v = qkv(d=d)
+    with pytest.raises(ValueError, match=r"head_dim \(q.shape\[-1\]\) must be one of \(64, 128\)"):
+        flash_attention(q, k, v)
+
+
+@pytest.mark.parametrize("sq,sk", [(0, 5), (5, 0)])
+def test_empty_sequences(sq, sk):
+    q, k, v = qkv(sq=sq, sk=sk)
+    with pytest.raises(ValueError, match="must be non-empty"):
+        flash_attention(q, k, v)
+
+
+def test_causal_needs_equal_lengths():
+    q, k, v = qkv(sq=17, sk=33)
+    with pytest.raises(ValueError, match="causal=True needs q and k of equal sequence length"):
+        flash_attention(q, k, v, causal=True)
+
+
+def test_unequal_lengths_pass_metadata_checks_when_not_causal():
+    q, k, v = qkv(sq=17, sk=33)
+    with pytest.raises(ValueError, match="CUDA tensors"):  # only the device is wrong
+        flash_attention(q, k, v, causal=False)
+
+
+def test_causal_must_be_bool():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="causal must be a bool, got int"):
+        flash_attention(q, k, v, causal=1)
+
+
+@pytest.mark.parametrize(
+    "scale,exc",
+    [
+        ("0.1", TypeError),
+        (True, TypeError),
+        (0.0, ValueError),
+        (-1.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+    ],
+)
+def test_bad_softmax_scale(scale, exc):
+    q, k, v = qkv()
+    with pytest.raises(exc, match="softmax_scale must be"):
+        flash_attention(q, k, v, softmax_scale=scale)
+
+
+def test_mixed_devices():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="must be on one device"):
+        flash_attention(q, k.to("meta"), v)
