@@ -1,0 +1,195 @@
+"""Run every capstone at the size this machine allows and write reports/ (`make demo`).
+
+    python -m scripts.demo                 # all projects
+    python -m scripts.demo --only project02
+    python -m scripts.demo --list          # what would run here, and why
+
+Each project's steps are chosen by the hardware: with CUDA GPUs, the kernels, their benchmarks
+and the 1b training runs; on a CPU, the same code paths at the `tiny` size over gloo, and the CUDA
+sources compiled (when nvcc is present) but not run. A step that cannot run here is reported as
+skipped with the reason. The exit status is non-zero when a step that ran failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECTS = ("project01", "project02", "project03", "apple")
+
+
+@dataclass
+class Step:
+    project: str
+    title: str
+    argv: list[str] = field(default_factory=list)
+    skip_reason: str | None = None
+    module: str | None = None  # the module the step runs; missing => not built yet
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Hardware:
+    gpus: int
+    gpu_name: str | None
+    nvcc: bool
+    cuda_torch: bool
+
+    @classmethod
+    def detect(cls) -> Hardware:
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cls(
+            gpus=n,
+            gpu_name=torch.cuda.get_device_name(0) if n else None,
+            nvcc=shutil.which("nvcc") is not None or bool(os.environ.get("CUDA_HOME")),
+            cuda_torch=torch.version.cuda is not None,
+        )
+
+    def describe(self) -> str:
+        if self.gpus:
+            return f"{self.gpus} x {self.gpu_name}"
+        return f"CPU only ({os.cpu_count()} cores), nvcc {'found' if self.nvcc else 'not found'}"
+
+
+def _py(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def plan(hw: Hardware) -> list[Step]:
+    steps: list[Step] = []
+    gpu = hw.gpus > 0
+    no_gpu = "needs a CUDA GPU (none visible here)"
+
+    # project01: CUDA kernels
+    if gpu:
+        steps += [
+            Step("project01", "GPU tests of the kernels",
+                 _py("-m", "pytest", "-m", "gpu", "-q", "tests/project01_cuda_kernel"),
+                 module="project01_cuda_kernel.gemm"),
+            Step("project01", "benchmark, profile and report",
+                 _py("-m", "project01_cuda_kernel", "all"), module="project01_cuda_kernel.bench"),
+        ]  # fmt: skip
+    else:
+        steps.append(
+            Step(
+                "project01",
+                "compile every CUDA source for sm_90a (no GPU needed)",
+                _py("-m", "project01_cuda_kernel.compile_check"),
+                skip_reason=None if hw.nvcc else "nvcc not found (install the CUDA toolkit)",
+                module="project01_cuda_kernel.compile_check",
+            )  # fmt: skip
+        )
+        steps.append(Step("project01", "kernels, benchmarks and ncu profile", skip_reason=no_gpu))
+
+    # project02: FSDP strong scaling
+    if gpu:
+        gpus = ",".join(str(n) for n in (1, 2, 4, 8) if n <= hw.gpus)
+        argv = _py("-m", "project02_fsdp_scaling.scaling", "--preset", "1b", "--gpus", gpus)
+    else:
+        argv = _py("-m", "project02_fsdp_scaling.scaling", "--preset", "tiny", "--gpus", "1,2",
+                   "--device", "cpu")  # fmt: skip
+    steps.append(
+        Step(
+            "project02",
+            f"strong scaling ({'GPUs' if gpu else 'CPU, 2 gloo processes'})",
+            argv,
+            module="project02_fsdp_scaling.scaling",
+        )  # fmt: skip
+    )
+
+    # project03: fault tolerance
+    steps.append(
+        Step(
+            "project03",
+            "reference run, then the same run under injected faults",
+            _py("-m", "project03_capstone_infra.chaos"),
+            module="project03_capstone_infra.chaos",
+        )  # fmt: skip
+    )
+
+    # apple_track: its own environment (litert-torch pins its own torch)
+    steps.append(
+        Step("apple", "Core ML / LiteRT export, MLX port (own venv: .venv-apple)",
+             ["make", "--no-print-directory", "-f", "apple_track/Makefile", "report"],
+             module="apple_track.export")
+    )  # fmt: skip
+    return steps
+
+
+def _module_exists(name: str | None) -> bool:
+    if name is None:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def run(steps: list[Step], dry_run: bool = False) -> list[tuple[Step, str, float]]:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    outcomes = []
+    for i, step in enumerate(steps, 1):
+        head = f"[{i}/{len(steps)}] {step.project}: {step.title}"
+        if step.skip_reason is None and not _module_exists(step.module):
+            step.skip_reason = f"not built yet ({step.module} does not exist in this checkout)"
+        if step.skip_reason:
+            console.print(f"[yellow]{head}: skipped: {step.skip_reason}[/]")
+            outcomes.append((step, "skipped: " + step.skip_reason, 0.0))
+            continue
+        console.print(f"[bold]{head}[/]\n  $ {' '.join(step.argv)}")
+        if dry_run:
+            outcomes.append((step, "would run", 0.0))
+            continue
+        t0 = time.perf_counter()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **step.env}
+        rc = subprocess.call(step.argv, cwd=ROOT, env=env)
+        dt = time.perf_counter() - t0
+        status = "ok" if rc == 0 else f"FAILED (exit {rc})"
+        console.print(f"  -> {status} in {dt:.0f} s")
+        outcomes.append((step, status, dt))
+    return outcomes
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="make demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--only", choices=PROJECTS, action="append", help="run only these projects")
+    p.add_argument(
+        "--list", action="store_true", help="print the plan for this machine; run nothing"
+    )
+    args = p.parse_args(argv)
+
+    hw = Hardware.detect()
+    steps = [s for s in plan(hw) if not args.only or s.project in args.only]
+    print(f"demo on {hw.describe()}", file=sys.stderr)
+    outcomes = run(steps, dry_run=args.list)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"make demo on {hw.describe()}")
+    for col in ("project", "step", "outcome", "seconds"):
+        table.add_column(col)
+    for step, status, dt in outcomes:
+        table.add_row(step.project, step.title, status, f"{dt:.0f}")
+    Console(stderr=True).print(table)
+    if not args.list:
+        print("reports written under reports/<project>/", file=sys.stderr)
+    return 1 if any(s.startswith("FAILED") for _, s, _ in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
