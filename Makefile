@@ -13,6 +13,9 @@ PYTHON     ?= $(VENV_PY)
 BOOTSTRAP  ?= python3
 STAMP      := $(VENV)/.installed
 EXTRAS     ?= dev
+# Extras the CPU tier tests when they install; where one cannot install, set-up carries on and
+# its tests skip with the reason.
+OPTIONAL_EXTRAS ?= ray deepspeed
 PYTEST_ARGS ?=
 
 # torch: a machine with an NVIDIA driver takes the usual PyPI build (CUDA); a machine without one
@@ -45,6 +48,11 @@ $(STAMP): pyproject.toml
 	$(VENV_PY) -m pip install -q --upgrade pip
 	$(VENV_PY) -m pip install -q "$(TORCH_SPEC)"
 	$(VENV_PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@for x in $(OPTIONAL_EXTRAS); do \
+	  if $(VENV_PY) -m pip install -q -e ".[$$x]" >$(VENV)/.extra-$$x.log 2>&1; \
+	  then echo "optional extra '$$x': installed"; \
+	  else echo "optional extra '$$x': could not install here (see $(VENV)/.extra-$$x.log); its tests will skip"; fi; \
+	done
 	@touch $(STAMP)
 
 test: $(SETUP)  ## the CPU tier: every test that needs no GPU
