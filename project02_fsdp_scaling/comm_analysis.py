@@ -1,0 +1,170 @@
+"""Where a training step's time goes, read from a torch.profiler trace (Chrome trace JSON).
+
+Per profiled step (the `ProfilerStep#N` spans):
+- compute: the union of compute intervals (GPU: every kernel, copy and memset that is not a
+  collective; CPU: every `aten::`/`fsdp::` op of the training thread),
+- communication: the union of collective intervals (GPU: NCCL kernels; CPU: gloo's
+  `gloo:<collective>` spans on its worker threads),
+- exposed communication: communication time during which no compute runs (what overlap failed
+  to hide), overlapped = communication - exposed,
+- other: the rest of the step (the device idle: launch gaps, host work, synchronisation).
+compute + exposed + other = step time. Intervals are clipped to the step and merged before they
+are measured, so nested or concurrent events are never counted twice.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+Interval = tuple[float, float]  # (start, end) in microseconds
+
+_STEP = re.compile(r"^ProfilerStep#\d+$")
+_COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "alltoall", "sendrecv",
+                "send", "recv", "reduce", "barrier")  # fmt: skip
+
+
+def load_trace(path: str | Path) -> dict:
+    """A Chrome trace written by `torch.profiler` (`.json` or `.json.gz`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no profiler trace at {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    if not isinstance(trace, dict) or "traceEvents" not in trace:
+        raise ValueError(f"{path} is not a Chrome trace (no 'traceEvents')")
+    return trace
+
+
+def merge(intervals: list[Interval]) -> list[Interval]:
+    """Sorted, non-overlapping union of intervals."""
+    out: list[list[float]] = []
+    for s, e in sorted(i for i in intervals if i[1] > i[0]):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def total(intervals: list[Interval]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def clip(intervals: list[Interval], lo: float, hi: float) -> list[Interval]:
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """Parts of merged intervals `a` not covered by merged intervals `b`."""
+    out, j = [], 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def collective_kind(name: str) -> str | None:
+    """'allgather', 'reducescatter', ... for a collective's event name; None otherwise."""
+    low = name.lower()
+    if "nccl" not in low and not low.startswith("gloo:"):
+        return None
+    flat = re.sub(
+        r"[^a-z]", "", low.split("(")[0].replace("nccldevkernel", "").replace("ncclkernel", "")
+    )
+    for kind in _COLLECTIVES:
+        if kind in flat:
+            return kind
+    return "other"
+
+
+def _span(e: dict) -> Interval:
+    ts = float(e["ts"])
+    return ts, ts + float(e.get("dur", 0.0))
+
+
+def analyse_trace(trace: dict) -> dict:
+    """Per-step averages (ms) of compute, communication, overlap and exposed communication."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
+    steps = sorted(_span(e) for e in events if _STEP.match(str(e.get("name", ""))))
+    if not steps:
+        raise ValueError("the trace has no ProfilerStep#N spans: was prof.step() called?")
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    on_gpu = any(e.get("cat") == "kernel" for e in kernels)
+
+    comm_raw: list[Interval] = []
+    by_kind: dict[str, list[Interval]] = defaultdict(list)
+    compute_raw: list[Interval] = []
+    if on_gpu:
+        for e in kernels:
+            kind = collective_kind(str(e.get("name", "")))
+            if kind is None:
+                compute_raw.append(_span(e))
+            else:
+                comm_raw.append(_span(e))
+                by_kind[kind].append(_span(e))
+    else:
+        step_tids = {e.get("tid") for e in events if _STEP.match(str(e.get("name", "")))}
+        for e in events:
+            name = str(e.get("name", ""))
+            kind = collective_kind(name)
+            if kind is not None:
+                comm_raw.append(_span(e))
+                by_kind[kind].append(_span(e))
+            elif (
+                e.get("tid") in step_tids
+                and e.get("cat") == "cpu_op"
+                and name.startswith(("aten::", "fsdp::"))
+            ):
+                compute_raw.append(_span(e))
+
+    compute_all, comm_all = merge(compute_raw), merge(comm_raw)
+    acc = defaultdict(float)
+    kind_ms: dict[str, float] = defaultdict(float)
+    kind_n: dict[str, int] = defaultdict(int)
+    for lo, hi in steps:
+        comp = clip(compute_all, lo, hi)
+        comm = clip(comm_all, lo, hi)
+        exposed = subtract(comm, comp)
+        busy = merge(comp + comm)
+        acc["step"] += hi - lo
+        acc["compute"] += total(comp)
+        acc["comm"] += total(comm)
+        acc["exposed"] += total(exposed)
+        acc["other"] += (hi - lo) - total(busy)
+        for kind, ivs in by_kind.items():
+            inside = clip(ivs, lo, hi)
+            kind_ms[kind] += total(merge(inside)) / 1e3
+            kind_n[kind] += len(inside)
+    n = len(steps)
+    ms = {k: v / n / 1e3 for k, v in acc.items()}  # us -> ms, per step
+    return {
+        "source": "GPU kernels (CUDA)" if on_gpu else "CPU ops (gloo threads vs training thread)",
+        "steps": n,
+        "step_ms": ms["step"],
+        "compute_ms": ms["compute"],
+        "comm_ms": ms["comm"],
+        "overlapped_comm_ms": ms["comm"] - ms["exposed"],
+        "exposed_comm_ms": ms["exposed"],
+        "other_ms": ms["other"],
+        "exposed_comm_fraction": ms["exposed"] / ms["step"] if ms["step"] else 0.0,
+        "overlap_fraction": (ms["comm"] - ms["exposed"]) / ms["comm"] if ms["comm"] else None,
+        "collectives": {
+            k: {"ms_per_step": kind_ms[k] / n, "count_per_step": kind_n[k] / n}
+            for k in sorted(kind_ms)
+        },
+        "unit": "ms per step",
+    }

@@ -1,0 +1,440 @@
+"""Charts, Markdown and the project README, regenerated from the JSON result records.
+
+    python -m project02_fsdp_scaling.report     # re-render everything under reports/project02_fsdp_scaling/
+
+Nothing here measures: every number comes from a JSON record written by `scaling`, `sweep` or
+`compare`, which carry their environment (GPU, driver, torch, CUDA, date, commit).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from shared.results import (
+    REPORTS_DIR,
+    atomic_write_text,
+    environment_line,
+    load_result,
+    markdown_table,
+    replace_between_markers,
+)
+
+PROJECT = "project02_fsdp_scaling"
+README = Path(__file__).resolve().parent / "README.md"
+
+
+def _pct(x):
+    return None if x is None else 100.0 * x
+
+
+def _dev(tier: str, n: int) -> str:
+    unit = "GPU" if tier == "gpu" else "proc"
+    return f"{n} {unit}" + ("s" if n > 1 else "")
+
+
+# ---- scaling --------------------------------------------------------------------------------
+def render_scaling(path: str | Path) -> list[Path]:
+    """Charts and <name>.md next to the scaling JSON record."""
+    from shared import charts
+
+    path = Path(path)
+    rec = load_result(path)
+    res, name, out = rec["results"], path.stem, path.parent
+    foot = environment_line(rec["environment"])
+    ok = [r for r in res["runs"] if r["status"] == "ok"]
+    tier = res["tier"]
+    files = []
+    if ok:
+        ws = [r["world_size"] for r in ok]
+        tps = [r["tokens_per_s"] for r in ok]
+        base = res["baseline"]["tokens_per_s"] if res.get("baseline") else None
+        dev = "GPUs" if tier == "gpu" else "CPU processes"
+        files.append(
+            charts.line_chart(
+                out / f"{name}_throughput.png",
+                {"measured": (ws, tps)},
+                title=f"FSDP2 strong scaling, {res['preset']}, global batch {res['tokens_per_step']:,} tokens",
+                xlabel=f"world size ({dev})",
+                ylabel="training throughput (tokens/s)",
+                ideal=(ws, [base * w for w in ws]) if base else None,
+                ideal_label="ideal (N x one-device throughput)",
+                footnote=foot,
+            )
+        )
+        if base:
+            files.append(
+                charts.line_chart(
+                    out / f"{name}_efficiency.png",
+                    {"measured": (ws, [100 * r["efficiency"] for r in ok])},
+                    title="Strong-scaling efficiency (throughput / (N x one-device throughput))",
+                    xlabel=f"world size ({dev})",
+                    ylabel="efficiency (%)",
+                    ideal=(ws, [100.0] * len(ws)),
+                    ideal_label="ideal (100%)",
+                    footnote=foot,
+                )
+            )
+        prof = [r for r in ok if r.get("profile")]
+        if prof:
+            files.append(
+                charts.stacked_bar_chart(
+                    out / f"{name}_breakdown.png",
+                    [_dev(tier, r["world_size"]) for r in prof],
+                    {
+                        "compute": [r["profile"]["compute_ms"] for r in prof],
+                        "exposed communication": [r["profile"]["exposed_comm_ms"] for r in prof],
+                        "other (idle, host)": [r["profile"]["other_ms"] for r in prof],
+                    },
+                    title="Profiled step on rank 0: compute vs exposed communication",
+                    ylabel="time per optimizer step (ms)",
+                    footnote=foot,
+                )
+            )
+    lines = (res.get("cost") or {}).get("lines") or []
+    if lines:
+        files.append(
+            charts.grouped_bar_chart(
+                out / f"{name}_cost.png",
+                [_cost_label(c) for c in lines],
+                {
+                    "on-demand": [c["usd_per_m_tokens_on_demand"] for c in lines],
+                    "spot": [c["usd_per_m_tokens_spot"] for c in lines],
+                },
+                title=f"Cost per million training tokens, {res['preset']}",
+                ylabel="USD per 1M tokens",
+                footnote=foot,
+            )
+        )
+    md = out / f"{name}.md"
+    atomic_write_text(md, scaling_markdown(rec, name=name))
+    return [*files, md]
+
+
+def _cost_label(c: dict) -> str:
+    return c["config"] + ("" if c["measured"] else "\n(projected)")
+
+
+def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") -> str:
+    res = rec["results"]
+    name = name or rec.get("name", "scaling")
+    tier = res["tier"]
+    h = heading
+    out = [
+        f"{h} Strong scaling: FSDP2, `{res['preset']}`, global batch {res['global_batch']} x "
+        f"{res['seq_len']} = {res['tokens_per_step']:,} tokens ({tier.upper()} tier)",
+        "",
+        f"Measured on: {environment_line(rec['environment'])}.",
+        "",
+        f"{h}# Throughput and efficiency",
+        "",
+    ]
+    rows = []
+    for r in res["runs"]:
+        if r["status"] != "ok":
+            rows.append({"world size": r["world_size"], "status": r["status"]})
+            continue
+        rows.append(
+            {
+                "world size": r["world_size"],
+                "status": "ok",
+                "tokens/s": r["tokens_per_s"],
+                "tokens/s per device": r["tokens_per_s_per_device"],
+                "step time (s), median [p20, p80]": f"{r['step_time_s']:.4g} "
+                f"[{r['step_time_p20_s']:.4g}, {r['step_time_p80_s']:.4g}] of {r['timed_steps']}",
+                "speed-up": r.get("speedup"),
+                "efficiency (%)": _pct(r.get("efficiency")),
+                "MFU (%)": _pct(r.get("mfu")),
+                "peak memory (GiB)": r["peak_memory_gib"],
+                "micro-batch x accumulation": f"{r['micro_batch']} x {r['grad_accum_steps']}",
+                "compute dtype": r.get("compute_dtype"),
+            }
+        )
+    out.append(markdown_table(rows))
+    ok = [r for r in res["runs"] if r["status"] == "ok"]
+    mem_kind = ok[0]["memory_kind"] if ok else ""
+    out += [
+        "",
+        f"Baseline: the one-device run of the same job in the same harness run; efficiency = "
+        f"throughput / (N x baseline). Step time is wall time between device synchronisations, "
+        f"median of the timed steps after warm-up. Peak memory: {mem_kind} (max over ranks). "
+        + (
+            "MFU against the dense bf16 peak of `shared.hardware`."
+            if tier == "gpu"
+            else "MFU: n/a on CPU (no peak in the GPU table)."
+        ),  # fmt: skip
+    ]
+    for r in res["runs"]:
+        if r["status"] == "skipped":
+            out.append(f"\n- {r['note']}")
+        elif r["status"] == "failed":
+            out.append(f"\n- world size {r['world_size']} failed (exit {r.get('returncode')})")
+    if ok:
+        out += ["", f"![throughput]({name}_throughput.png)"]
+        if res.get("baseline"):
+            out += [f"![efficiency]({name}_efficiency.png)"]
+    prof = [r for r in ok if r.get("profile")]
+    if prof:
+        out += [
+            "",
+            f"{h}# Where the time goes (torch.profiler, rank 0, per optimizer step)",
+            "",
+            markdown_table(
+                [
+                    {
+                        "world size": r["world_size"],
+                        "step (ms)": p["step_ms"],
+                        "compute (ms)": p["compute_ms"],
+                        "communication (ms)": p["comm_ms"],
+                        "overlapped (ms)": p["overlapped_comm_ms"],
+                        "exposed (ms)": p["exposed_comm_ms"],
+                        "other (ms)": p["other_ms"],
+                        "exposed (% of step)": 100 * p["exposed_comm_fraction"],
+                        "collectives (ms: count)": ", ".join(
+                            f"{k} {v['ms_per_step']:.3g}: {v['count_per_step']:.0f}"
+                            for k, v in p["collectives"].items()
+                        ),
+                        "trace": f"[{r['trace']}]({r['trace']})" if r.get("trace") else None,
+                    }
+                    for r in prof
+                    for p in [r["profile"]]
+                ]
+            ),
+            "",
+            f"Read from {prof[0]['profile']['source']}. Compute and communication are unions of "
+            "intervals inside each `ProfilerStep`; exposed = communication while nothing computes; "
+            "other = the device idle (launch gaps, host work, synchronisation). The profiled "
+            "steps run after the timed ones (profiler overhead stays out of the throughput). A "
+            "collective's time includes waiting for the slowest rank to join it. The traces open "
+            "in Perfetto (ui.perfetto.dev) or chrome://tracing.",
+            "",
+            f"![time breakdown]({name}_breakdown.png)",
+        ]
+    cost = res.get("cost") or {}
+    out += ["", f"{h}# Cost per million training tokens", ""]
+    if cost.get("lines"):
+        out.append(
+            markdown_table(
+                [
+                    {
+                        "configuration": c["config"],
+                        "measured?": "measured" if c["measured"] else "PROJECTED",
+                        "tokens/s": c["tokens_per_s"],
+                        "USD/GPU-h on-demand": c["price_on_demand_usd_per_gpu_hour"],
+                        "USD/GPU-h spot": c["price_spot_usd_per_gpu_hour"],
+                        "USD / 1M tokens on-demand": c["usd_per_m_tokens_on_demand"],
+                        "USD / 1M tokens spot": c["usd_per_m_tokens_spot"],
+                    }
+                    for c in cost["lines"]
+                ]
+            )
+        )
+        out += ["", "How each throughput was obtained:", ""]
+        out += [f"- {c['config']}: {c['basis']}" for c in cost["lines"]]
+        c0 = cost["lines"][0]
+        out += [
+            "",
+            f"Prices: {c0['price_source']}; spot: {c0['spot_price_source']}. "
+            "Override them with `SHARED_GPU_PRICES` (see `shared.hardware`).",
+            "",
+            f"![cost]({name}_cost.png)",
+        ]
+    else:
+        out.append(cost.get("note") or "not computed")
+    sweep = res.get("sweep")
+    if sweep:
+        out += ["", f"{h}# Configuration", ""]
+        if sweep.get("best"):
+            out.append(
+                f"Every world size ran the best one-GPU variant of the sweep "
+                f"(`{sweep['file']}`): `{sweep['best']['variant']}`."
+            )
+        else:
+            out.append(f"The one-GPU sweep did not complete ({sweep.get('status')}).")
+    return "\n".join(out) + "\n"
+
+
+# ---- one-GPU sweep ---------------------------------------------------------------------------
+def sweep_markdown(rec: dict, heading: str = "#") -> str:
+    res = rec["results"]
+    h = heading
+    rows = []
+    for v in res["variants"]:
+        if v.get("status") != "ok":
+            rows.append({"variant": v["variant"], "status": f"failed: {v.get('error', '')[:80]}"})
+            continue
+        rows.append(
+            {
+                "variant": ("**" + v["variant"] + "**")
+                if res.get("best") and v["variant"] == res["best"]["variant"]
+                else v["variant"],
+                "status": "ok",
+                "step time (s), median [p20, p80]": f"{v['step_time_s']:.4g} "
+                f"[{v['step_time_p20_s']:.4g}, {v['step_time_p80_s']:.4g}]",
+                "tokens/s": v["tokens_per_s"],
+                "TFLOP/s": v["achieved_tflops_per_device"],
+                "MFU (%)": _pct(v["mfu"]),
+                "vs eager": v.get("speedup_vs_eager"),
+                "peak memory (GiB)": v["peak_memory_gib"],
+                "compute dtype": v["compute_dtype"],
+                "loss first -> last": f"{v['first_loss']:.3f} -> {v['last_loss']:.3f}",
+            }
+        )
+    best = res.get("best")
+    return "\n".join(
+        [
+            f"{h} One-GPU sweep: `{res['preset']}`, global batch {res['global_batch']} x "
+            f"{res['seq_len']} tokens, micro-batch {res['micro_batch']}",
+            "",
+            f"Measured on: {environment_line(rec['environment'])}.",
+            "",
+            markdown_table(rows),
+            "",
+            f"All variants: FSDP2 in a world of one, bf16 parameters (MixedPrecisionPolicy), fp32 "
+            f"gradient reduction, AdamW (fused on GPU), gradient clipping at "
+            f"{res.get('grad_clip', 1.0)}; median of {res['steps']} timed steps after "
+            f"{res['warmup_steps']} warm-up steps, one process, one model initialisation. "
+            "Baseline: the eager variant in the same process. "
+            + (
+                f"MFU = tokens/s x {res['flops_per_token'] / 1e9:.3f} GFLOP/token / "
+                f"{res['peak_tflops']:.1f} TFLOP/s (dense bf16 peak, `shared.hardware`). "
+                if res.get("peak_tflops") and res.get("flops_per_token")
+                else "MFU: n/a (no GPU peak for this device). "
+            )
+            + "FLOPs per token: 6 x matmul parameters (input embedding excluded) + 6·L·d·S "
+            "causal attention.",
+            "",
+            (
+                f"Best by MFU: **{best['variant']}**, {100 * best['mfu']:.1f}% "
+                f"(target >= 55%; the plain compiled loop of GPU.md measured 53.8%)."
+                if best and best.get("mfu") is not None
+                else f"Best by throughput: **{best['variant']}**."
+                if best
+                else "No variant completed."
+            ),
+            "",
+        ]
+    )
+
+
+# ---- FSDP vs DeepSpeed --------------------------------------------------------------------------
+def compare_markdown(rec: dict, heading: str = "#") -> str:
+    res = rec["results"]
+    h = heading
+    rows = []
+    for key, label in (("fsdp", "FSDP2 (torch)"), ("deepspeed", "DeepSpeed ZeRO-3")):
+        r = res.get(key)
+        if not r:
+            continue
+        if r.get("status") != "ok":
+            rows.append({"path": label, "status": r.get("status"), "note": r.get("note", "")})
+            continue
+        rows.append(
+            {
+                "path": label,
+                "status": "ok",
+                "tokens/s": r["tokens_per_s"],
+                "step time (s)": r["step_time_s"],
+                "peak memory (GiB)": r["peak_memory_gib"],
+                "final loss": r["last_loss"],
+            }
+        )
+    parity = res.get("parity") or {}
+    lines = [
+        f"{h} FSDP2 vs DeepSpeed ZeRO-3: `{res['preset']}`, world size {res['world_size']}, "
+        f"{res['param_dtype']}, {res['steps_total']} steps",
+        "",
+        f"Measured on: {environment_line(rec['environment'])}.",
+        "",
+        markdown_table(rows),
+        "",
+    ]
+    if parity:
+        lines += [
+            f"Loss parity: largest per-step loss difference {parity['max_loss_diff']:.3g}; "
+            f"final parameters: largest absolute difference {parity['max_param_abs_diff']:.3g} "
+            f"(relative L2 {parity['param_rel_l2']:.3g}). Same model, data, AdamW "
+            f"(torch's, as DeepSpeed's client optimizer), gradient clipping at "
+            f"{res['grad_clip']} set explicitly in both.",
+            "",
+        ]
+    if res.get("note"):
+        lines += [res["note"], ""]
+    return "\n".join(lines)
+
+
+# ---- README -----------------------------------------------------------------------------------
+def _section(out_dir: Path, stem: str, fn, missing: str) -> str:
+    path = out_dir / f"{stem}.json"
+    if not path.is_file():
+        return missing
+    return fn(load_result(path), heading="###")
+
+
+def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> Path:
+    """Fill the README's generated sections from the JSON records in out_dir."""
+    out_dir = Path(out_dir) if out_dir else Path(REPORTS_DIR) / PROJECT
+    rel = "../reports/project02_fsdp_scaling/"
+    text = readme.read_text()
+
+    def fix_links(md: str) -> str:  # image and trace links relative to the README
+        import re
+
+        return re.sub(r"\]\((?!http)([^)/]+\.(?:png|json\.gz|json|md))\)", rf"]({rel}\1)", md)
+
+    sections = {
+        "gpu-sweep": _section(out_dir, "sweep_gpu", sweep_markdown, "_Not run yet._"),
+        "gpu-scaling": _section(
+            out_dir,
+            "scaling_gpu",
+            lambda r, heading: scaling_markdown(r, name="scaling_gpu", heading=heading),
+            "_Not run yet._",
+        ),  # fmt: skip
+        "cpu-scaling": _section(
+            out_dir,
+            "scaling_cpu",
+            lambda r, heading: scaling_markdown(r, name="scaling_cpu", heading=heading),
+            "_Not run yet._",
+        ),  # fmt: skip
+        "compare": "\n".join(
+            _section(out_dir, stem, compare_markdown, "") for stem in ("compare_gpu", "compare_cpu")
+        ).strip()
+        or "_Not run yet._",
+    }
+    for marker, content in sections.items():
+        text = replace_between_markers(text, marker, fix_links(content))
+    atomic_write_text(readme, text)
+    return readme
+
+
+def render_all(out_dir: Path) -> None:
+    for stem in ("scaling_gpu", "scaling_cpu"):
+        if (out_dir / f"{stem}.json").is_file():
+            render_scaling(out_dir / f"{stem}.json")
+    for stem, fn in (("sweep_gpu", sweep_markdown), ("compare_gpu", compare_markdown),
+                     ("compare_cpu", compare_markdown)):  # fmt: skip
+        if (out_dir / f"{stem}.json").is_file():
+            atomic_write_text(out_dir / f"{stem}.md", fn(load_result(out_dir / f"{stem}.json")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog=f"python -m {PROJECT}.report",
+        description="Re-render charts, Markdown and the project README from the JSON records.",
+    )
+    p.add_argument("--dir", default=str(Path(REPORTS_DIR) / PROJECT), help="reports folder")
+    p.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    a = p.parse_args(argv)
+    out_dir = Path(a.dir)
+    if not out_dir.is_dir():
+        raise SystemExit(f"no reports folder at {out_dir}")
+    render_all(out_dir)
+    if not a.no_readme:
+        print(f"wrote {refresh_readme(out_dir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

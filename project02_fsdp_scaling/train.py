@@ -1,0 +1,475 @@
+"""FSDP2 training of the shared transformer: the torchrun entry point.
+
+    torchrun --nproc-per-node 8 -m project02_fsdp_scaling.train --preset 1b --global-batch 64 \
+        --micro-batch 8 --compile --out reports/project02_fsdp_scaling/train_1b.json
+
+One process per GPU (NCCL) or per CPU worker (gloo); a plain `python -m` is a world of one.
+Parallelism is applied from outside the model with `shared.parallelize` (activation
+checkpointing, per-block compile, then FSDP2 with bf16 parameters and fp32 gradient reduction).
+A world of one is still wrapped by FSDP, so the one-GPU baseline trains in exactly the precision
+of the multi-GPU runs.
+
+The global batch is fixed: each rank takes global_batch / world_size sequences a step, in
+micro-batches with gradient accumulation. Step time is wall time between device synchronisations
+(median over the timed steps, after warm-up); MFU uses the dense bf16 peak of `shared.hardware`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from project02_fsdp_scaling.config import TrainConfig, env_world_size, parse_cli
+from shared.data import SyntheticTokens
+from shared.distributed import DistInfo, cleanup, get_logger, init_distributed, seed_everything
+from shared.model import ModelArgs, Transformer
+from shared.parallelize import ParallelConfig, parallelize
+
+log = get_logger("project02.train")
+
+
+# ---- model FLOPs --------------------------------------------------------------------------------
+def matmul_params(args: ModelArgs) -> int:
+    """Parameters that take part in a matmul per token: all but the input embedding table
+    (a lookup, no FLOPs) and the norm weights (elementwise)."""
+    d, h, L, V = args.dim, args.ffn_hidden, args.n_layers, args.vocab_size
+    return L * (4 * d * d + 3 * d * h) + V * d
+
+
+def train_flops_per_token(args: ModelArgs, seq_len: int, *, causal: bool = True) -> float:
+    """Training FLOPs per token (forward + backward): 6 per matmul parameter plus attention
+    scores and values, 12·L·d·S, halved when causal (DESIGN.md, PaLM appendix B)."""
+    try:
+        from shared.flops import transformer_train_flops_per_token
+    except ImportError:  # pragma: no cover - shared.flops is part of the shared library
+        attn = 12 * args.n_layers * args.dim * seq_len * (0.5 if causal else 1.0)
+        return 6.0 * matmul_params(args) + attn
+    return float(
+        transformer_train_flops_per_token(
+            matmul_params(args), args.n_layers, args.dim, seq_len, causal=causal
+        )
+    )
+
+
+# ---- building blocks ----------------------------------------------------------------------------
+def resolve_device(cfg: TrainConfig) -> str:
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA GPU is visible")
+    return cfg.device
+
+
+@contextlib.contextmanager
+def attention_backend(name: str, device: str):
+    """Force an SDPA backend for the duration (global flags: torch.compile sees them at trace
+    time). Math stays off so an unsupported shape fails loudly instead of running slowly."""
+    if name == "sdpa":
+        yield
+        return
+    if device != "cuda":
+        raise ValueError(f"attention={name!r} needs a CUDA GPU; use attention='sdpa' on CPU")
+    b = torch.backends.cuda
+    saved = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(),
+             b.cudnn_sdp_enabled())  # fmt: skip
+    b.enable_flash_sdp(name == "flash")
+    b.enable_cudnn_sdp(name == "cudnn")
+    b.enable_mem_efficient_sdp(False)
+    b.enable_math_sdp(False)
+    try:
+        yield
+    finally:
+        b.enable_flash_sdp(saved[0])
+        b.enable_mem_efficient_sdp(saved[1])
+        b.enable_math_sdp(saved[2])
+        b.enable_cudnn_sdp(saved[3])
+
+
+def build_cpu_model(args: ModelArgs, seed: int) -> Transformer:
+    """The model on the CPU with shared's deterministic init. Built on the meta device first so
+    the default nn.Linear init (discarded by init_weights) costs nothing."""
+    with torch.device("meta"):
+        model = Transformer(args)
+    model.to_empty(device="cpu")
+    model.init_weights(seed)
+    return model
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: str) -> torch.optim.Optimizer:
+    # Fused AdamW on GPU: one kernel over all parameters. On CPU the foreach path (the fused
+    # CPU kernel gives the same math; foreach is the one tested with DTensor parameters).
+    kind = {"fused": True} if device == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=1e-8,
+        **kind,
+    )
+
+
+def lr_lambda(cfg: TrainConfig):
+    def f(step: int) -> float:
+        if cfg.lr_warmup_steps and step < cfg.lr_warmup_steps:
+            return (step + 1) / cfg.lr_warmup_steps
+        return 1.0
+
+    return f
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global gradient norm over all ranks (FSDP grads are sharded DTensors), clipped to
+    max_norm when max_norm > 0. Returns the norm before clipping."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()  # sum of squares over the shards
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token loss in float32 whatever the logits' dtype. logits (B, S, V), targets (B, S)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def canonical_name(name: str) -> str:
+    """Parameter name without the wrappers' prefixes (checkpoint wrapper, compile)."""
+    for junk in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        name = name.replace(junk, "")
+    return name
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter gathered in full, float32, on the CPU (a collective: call on all ranks)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if isinstance(p, DTensor) else p
+        out[canonical_name(name)] = t.detach().float().cpu()
+    return out
+
+
+def peak_memory_gib(device: str) -> tuple[float, str]:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30, "CUDA max_memory_allocated per GPU"
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return kib / 2**20, "host peak RSS per process"
+
+
+def summarize_times(times: list[float]) -> dict:
+    s = sorted(times)
+
+    def q(p: float) -> float:  # nearest-rank quantile
+        return s[min(len(s) - 1, max(0, math.ceil(p * len(s)) - 1))]
+
+    median = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+    return {
+        "median": median,
+        "p20": q(0.2),
+        "p80": q(0.8),
+        "min": s[0],
+        "mean": sum(s) / len(s),
+        "n": len(s),
+        "all": times,
+        "unit": "s",
+    }
+
+
+def _reduce_max(x: float, device: str) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _reduce_mean(x: float, device: str) -> float:
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item()) / dist.get_world_size()
+
+
+# ---- the run ------------------------------------------------------------------------------------
+def run_training(
+    cfg: TrainConfig, info: DistInfo, *, template: Transformer | None = None
+) -> tuple[dict, dict[str, torch.Tensor] | None]:
+    """Train `cfg.total_steps()` steps on this rank; return (result, full params or None).
+
+    template: an already initialised CPU model to copy (saves the init when one process runs
+    several configurations); default builds one from cfg.seed.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cfg.validate(info.world_size)
+    device = info.device.type
+    if cfg.attention != "sdpa" and device != "cuda":
+        raise ValueError(f"attention={cfg.attention!r} needs a CUDA GPU; use 'sdpa' on CPU")
+    args = cfg.model_args()
+    seq_len = cfg.resolved_seq_len()
+    micro = cfg.resolved_micro_batch(info.world_size)
+    accum = cfg.grad_accum_steps(info.world_size)
+    local = cfg.local_batch(info.world_size)
+    seed_everything(cfg.seed)
+
+    t0 = time.perf_counter()
+    model = build_cpu_model(args, cfg.seed) if template is None else _copy_model(template)
+    n_params = model.num_params()
+    mesh = init_device_mesh(device, (info.world_size,))
+    parallelize(
+        model,
+        ParallelConfig(
+            param_dtype=cfg.param_dtype,
+            reduce_dtype=cfg.reduce_dtype,
+            reshard_after_forward=cfg.reshard_after_forward,
+            activation_checkpointing=cfg.activation_checkpointing,
+            compile=cfg.compile,
+        ),
+        mesh=mesh,
+    )
+    params = list(model.parameters())
+    opt = build_optimizer(model, cfg, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    loss_fn = torch.compile(cross_entropy) if cfg.compile else cross_entropy
+    log.info(
+        "model %s: %.3f B parameters; world %d (%s); global batch %d x %d tokens, "
+        "micro-batch %d, %d accumulation steps; build %.1f s",
+        cfg.preset, n_params / 1e9, info.world_size, info.backend, cfg.global_batch, seq_len,
+        micro, accum, time.perf_counter() - t0,
+    )  # fmt: skip
+
+    # The whole stream up front (this rank's slice): data generation never lands in step time.
+    data = SyntheticTokens(
+        args.vocab_size, seq_len, cfg.global_batch, cfg.data_seed, info.rank, info.world_size
+    )
+    batches = [data.batch_at(s) for s in range(cfg.total_steps())]
+    if device == "cuda":
+        batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    compute_dtype: list[str] = []
+
+    def train_step(step: int) -> tuple[float, float]:
+        x_all, y_all = batches[step]
+        loss_sum = torch.zeros((), device=info.device)
+        for m in range(accum):
+            x = x_all[m * micro : (m + 1) * micro].to(info.device, non_blocking=True)
+            y = y_all[m * micro : (m + 1) * micro].to(info.device, non_blocking=True)
+            if accum > 1 and not cfg.sync_every_microbatch:
+                model.set_requires_gradient_sync(m == accum - 1)  # reduce-scatter once a step
+            logits = model(x)  # (micro, S, V) in the FSDP compute dtype
+            if not compute_dtype:
+                compute_dtype.append(str(logits.dtype).removeprefix("torch."))
+            loss = loss_fn(logits, y) / accum
+            loss.backward()
+            loss_sum += loss.detach()
+        norm = clip_grad_norm(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)  # mean over ranks: the global batch loss
+        return float(loss_sum.item()) / info.world_size, float(norm.item())
+
+    losses, norms, times = [], [], []
+    n_timed_end = cfg.warmup_steps + cfg.steps
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    with attention_backend(cfg.attention, device):
+        for step in range(n_timed_end):
+            sync()
+            t = time.perf_counter()
+            loss, norm = train_step(step)  # .item() synchronises
+            sync()
+            dt = time.perf_counter() - t
+            losses.append(loss)
+            norms.append(norm)
+            if step >= cfg.warmup_steps:
+                times.append(dt)
+            if cfg.log_every and (step % cfg.log_every == 0 or step == n_timed_end - 1):
+                tag = "warm-up" if step < cfg.warmup_steps else "timed"
+                log.info(
+                    "step %d/%d (%s) loss %.4f grad-norm %.3f  %.3f s  %.0f tokens/s",
+                    step + 1, cfg.total_steps(), tag, loss, norm, dt,
+                    cfg.global_batch * seq_len / dt,
+                )  # fmt: skip
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss is {loss} at step {step}: training diverged")
+        profile = None
+        if cfg.profile:
+            profile = _profile_steps(cfg, info, train_step, n_timed_end, losses, norms, sync)
+
+    mem_gib, mem_kind = peak_memory_gib(device)
+    mem_gib = _reduce_max(mem_gib, device)
+    stats = summarize_times(times)
+    # Slowest rank's median: a step ends when every rank has finished it.
+    stats["median"] = _reduce_max(stats["median"], device)
+    tokens_per_step = cfg.global_batch * seq_len
+    tokens_per_s = tokens_per_step / stats["median"]
+    fpt = train_flops_per_token(args, seq_len)
+    gpu_name, peak = None, None
+    if device == "cuda":
+        from shared.hardware import detect_gpu
+
+        gpu_name = torch.cuda.get_device_name()
+        spec = detect_gpu()
+        if spec is not None:
+            peak = spec.peak_flops(cfg.param_dtype)
+    achieved = tokens_per_s * fpt / info.world_size  # FLOP/s per device
+    result = {
+        "kind": "fsdp2_train",
+        "config": cfg.to_dict(),
+        "model": {
+            "preset": cfg.preset,
+            "args": args.to_dict(),
+            "n_params": n_params,
+            "n_matmul_params": matmul_params(args),
+        },
+        "world_size": info.world_size,
+        "backend": info.backend,
+        "device": device,
+        "gpu": gpu_name,
+        "seq_len": seq_len,
+        "global_batch": cfg.global_batch,
+        "local_batch": local,
+        "micro_batch": micro,
+        "grad_accum_steps": accum,
+        "tokens_per_step": tokens_per_step,
+        "compute_dtype": compute_dtype[0] if compute_dtype else None,
+        "flops_per_token": fpt,
+        "step_time_s": stats,
+        "tokens_per_s": tokens_per_s,
+        "tokens_per_s_per_device": tokens_per_s / info.world_size,
+        "achieved_tflops_per_device": achieved / 1e12,
+        "peak_tflops_per_device": peak / 1e12 if peak else None,
+        "mfu": achieved / peak if peak else None,
+        "peak_memory_gib": mem_gib,
+        "memory_kind": mem_kind,
+        "losses": losses,
+        "grad_norms": norms,
+        "profile": profile,
+    }
+    final = full_params(model) if cfg.save_params else None
+    return result, final
+
+
+def _copy_model(template: Transformer) -> Transformer:
+    import copy
+
+    return copy.deepcopy(template)
+
+
+def _profile_steps(cfg, info, train_step, first_step, losses, norms, sync) -> dict:
+    """Run 1 + profile_steps steps under torch.profiler (one warm-up step, then recorded ones),
+    export this rank's trace and analyse it: compute vs collective vs exposed communication."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from project02_fsdp_scaling.comm_analysis import analyse_trace, load_trace
+
+    activities = [ProfilerActivity.CPU]
+    if info.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    trace_dir = Path(cfg.trace_dir or (Path(cfg.out).parent if cfg.out else "."))
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    tag = f"ws{info.world_size}_rank{info.rank}"
+    trace_path = trace_dir / f"trace_{cfg.preset}_{tag}.json.gz"
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=0, warmup=1, active=cfg.profile_steps, repeat=1),
+        record_shapes=False,
+        with_stack=False,
+    ) as prof:
+        for i in range(1 + cfg.profile_steps):
+            sync()
+            loss, norm = train_step(first_step + i)
+            sync()
+            losses.append(loss)
+            norms.append(norm)
+            prof.step()
+    prof.export_chrome_trace(str(trace_path))
+    summary = analyse_trace(load_trace(trace_path))
+    summaries = [None] * info.world_size
+    dist.all_gather_object(summaries, summary)
+    if info.rank != 0:
+        trace_path.unlink(missing_ok=True)  # rank 0's timeline is kept for reading
+    return {
+        "trace": trace_path.name,
+        "rank0": summaries[0],
+        "per_rank": summaries,
+        "profiled_steps": cfg.profile_steps,
+    }
+
+
+def write_json(path: str | Path, obj: dict) -> None:
+    try:
+        from shared.results import atomic_write_json, environment
+    except ImportError:  # pragma: no cover - shared.results is part of the shared library
+        import json
+        import os
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(obj, indent=2))
+        os.replace(tmp, path)
+        return
+    obj = {**obj, "environment": environment()}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, obj)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_cli(TrainConfig, argv, prog="python -m project02_fsdp_scaling.train")
+    cfg.validate(env_world_size())  # a clear error before any process group exists
+    device = resolve_device(cfg)
+    info = init_distributed(device=device)
+    try:
+        result, final = run_training(cfg, info)
+        if info.is_main:
+            s = result["step_time_s"]
+            mfu = (
+                f"{100 * result['mfu']:.1f}%" if result["mfu"] is not None else "n/a (no GPU peak)"
+            )
+            log.info(
+                "world %d: step %.3f s (median of %d; p20 %.3f, p80 %.3f), %.0f tokens/s, "
+                "%.0f tokens/s/device, MFU %s, peak memory %.2f GiB (%s), compute dtype %s",
+                info.world_size, s["median"], s["n"], s["p20"], s["p80"], result["tokens_per_s"],
+                result["tokens_per_s_per_device"], mfu, result["peak_memory_gib"],
+                result["memory_kind"], result["compute_dtype"],
+            )  # fmt: skip
+            if cfg.out:
+                write_json(cfg.out, result)
+                log.info("wrote %s", cfg.out)
+            if final is not None:
+                Path(cfg.save_params).parent.mkdir(parents=True, exist_ok=True)
+                torch.save(final, cfg.save_params)
+    finally:
+        cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
