@@ -121,6 +121,7 @@ def fork(project: str, dest: Path, *, git: bool = True) -> Path:
     (dest / ".ci").mkdir()
     shutil.copy2(ROOT / ".ci" / "run", dest / ".ci" / "run")
     shutil.copy2(ROOT / ".gitignore", dest / ".gitignore")
+    shutil.copy2(ROOT / "LICENSE", dest / "LICENSE")
     (dest / "Makefile").write_text(_makefile_for(project))
     (dest / "pyproject.toml").write_text(_pyproject_for(project))
     (dest / "README.md").write_text(_readme_for(project))

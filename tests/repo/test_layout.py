@@ -47,7 +47,7 @@ def test_fork_refuses_bad_requests(tmp_path):
 def test_every_fork_is_complete_and_its_tests_collect(project, tmp_path):
     dest = fork_project.fork(project, tmp_path / "fork", git=False)
     for rel in (project, "shared", "tests/conftest.py", "tests/shared", "Makefile",
-                "pyproject.toml", "README.md", ".ci/run", ".gitignore", "scripts/demo.py"):  # fmt: skip
+                "pyproject.toml", "README.md", ".ci/run", ".gitignore", "LICENSE", "scripts/demo.py"):  # fmt: skip
         assert (dest / rel).exists(), rel
     others = set(PROJECTS) - {project}
     assert not any((dest / o).exists() for o in others)
