@@ -1,0 +1,335 @@
+"""Benchmark our FlashAttention against SDPA's backends, in one process, on the papers' shapes.
+
+Shapes (FlashAttention-2 paper, section 4.1): 16k tokens per batch (batch = 16384 / seq), hidden
+2048 (heads = 2048 / head_dim), head dims 64 and 128, sequence 512 to 16k, causal and not.
+For each shape: forward, backward and forward+backward of ours and of SDPA's FLASH (the
+FlashAttention-2 kernels in PyTorch), CUDNN, EFFICIENT and MATH backends (MATH only up to
+`math_max_seq`: it materialises the S x S matrix). Each figure is the median of
+`triton.testing.do_bench` (L2 flushed); FLOPs as in the papers: 4·B·H·S²·D forward (half when
+causal), 2.5x that backward. Also the peak memory of one forward+backward and our output's
+error against SDPA FLASH at every shape (the run fails if it is out of line).
+
+Writes reports/project01_cuda_kernel/attention.json (with the environment) and charts
+attention_{fwd,bwd,fwd_bwd}.png, attention_memory.png. Run: python -m project01_cuda_kernel.bench
+attention [--quick].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+PROJECT = "project01_cuda_kernel"
+PROVIDERS = ("ours", "flash", "cudnn", "efficient", "math")
+MODES = ("fwd", "bwd", "fwd_bwd")
+PROVIDER_LABELS = {
+    "ours": "ours (FA2-style, mma.sync)",
+    "flash": "SDPA FLASH (FlashAttention-2)",
+    "cudnn": "SDPA cuDNN",
+    "efficient": "SDPA EFFICIENT (xFormers)",
+    "math": "SDPA MATH",
+}
+
+
+@dataclass
+class BenchConfig:
+    """Attention benchmark settings (defaults: the FlashAttention-2 paper's sweep)."""
+
+    head_dims: tuple[int, ...] = (64, 128)
+    seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+    causal: tuple[bool, ...] = (False, True)
+    total_tokens: int = 16384  # batch = total_tokens // seq_len
+    hidden: int = 2048  # heads = hidden // head_dim
+    dtype: str = "bfloat16"
+    providers: tuple[str, ...] = PROVIDERS
+    math_max_seq: int = 1024  # MATH materialises (B, H, S, S) float32 scores
+    warmup_ms: float = 10.0
+    rep_ms: float = 50.0
+    quick: bool = False  # head dim 128, seq 1k and 4k only
+    reports_dir: Path | None = None  # default: the repository's reports/
+    name: str = "attention"
+    charts: bool = True
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.head_dims, self.seq_lens = (128,), (1024, 4096)
+        bad = [p for p in self.providers if p not in PROVIDERS]
+        if bad:
+            raise ValueError(f"providers: unknown {bad}; expected some of {PROVIDERS}")
+        if self.dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"dtype must be 'bfloat16' or 'float16', got {self.dtype!r}")
+        for s in self.seq_lens:
+            if s < 1 or self.total_tokens % s:
+                raise ValueError(f"seq_lens: {s} must divide total_tokens {self.total_tokens}")
+        for d in self.head_dims:
+            if self.hidden % d:
+                raise ValueError(f"head_dims: {d} must divide hidden {self.hidden}")
+
+
+def _sdpa_backend(provider: str):
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[provider]
+
+
+def attention_fn(provider: str, causal: bool) -> Callable:
+    """(q, k, v) -> out for one provider; SDPA pinned to one backend (no silent fallback)."""
+    if provider == "ours":
+        from project01_cuda_kernel.attention import flash_attention
+
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+    from torch.nn.attention import sdpa_kernel
+
+    backend = _sdpa_backend(provider)
+
+    def run(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def mode_fn(attn: Callable, mode: str, q, k, v, do) -> Callable[[], object]:
+    """The callable timed for one mode. bwd replays the graph of one saved forward."""
+    if mode == "fwd":
+
+        def fwd():
+            with torch.no_grad():
+                return attn(q, k, v)
+
+        return fwd
+    if mode == "bwd":
+        out = attn(q, k, v)
+        return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+    if mode == "fwd_bwd":
+        return lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do)
+    raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def peak_memory_mib(fn: Callable[[], object]) -> float:
+    """Peak device memory one call of fn allocates beyond what was allocated before, MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def _progress(total: int):
+    try:
+        from rich.progress import Progress
+
+        return Progress(transient=False)
+    except ImportError:  # pragma: no cover - rich is a dependency; keep the bench usable anyway
+        return None
+
+
+def run(cfg: BenchConfig) -> dict:
+    from shared.flops import attention_flops
+    from shared.timing import benchmark
+
+    from ._build import require_cuda
+
+    require_cuda()
+    dtype = getattr(torch, cfg.dtype)
+    shapes = [(d, s, c) for d in cfg.head_dims for c in cfg.causal for s in cfg.seq_lens]
+    rows: list[dict] = []
+    checks: list[dict] = []
+    memory: list[dict] = []
+    skipped: list[dict] = []
+    progress = _progress(len(shapes))
+    ctx = progress if progress is not None else contextlib.nullcontext()
+    with ctx:
+        task = progress.add_task("attention", total=len(shapes)) if progress else None
+        for d, s, causal in shapes:
+            b, h = cfg.total_tokens // s, cfg.hidden // d
+            gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
+            q, k, v, do = (
+                torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4)
+            )
+            for t in (q, k, v):
+                t.requires_grad_(True)
+            shape = {"head_dim": d, "seq_len": s, "batch": b, "heads": h, "causal": causal}
+            # Correctness at every benchmarked shape: ours vs SDPA FLASH, same inputs.
+            with torch.no_grad():
+                ours_out = attention_fn("ours", causal)(q, k, v)
+                ref_out = attention_fn("flash", causal)(q, k, v)
+            err = (ours_out.float() - ref_out.float()).abs().max().item()
+            checks.append({**shape, "max_abs_diff_vs_flash": err})
+            if not math.isfinite(err) or err > 0.05:
+                raise RuntimeError(f"ours differs from SDPA FLASH by {err} at {shape}")
+            del ours_out, ref_out
+            for provider in cfg.providers:
+                if provider == "math" and s > cfg.math_max_seq:
+                    continue
+                attn = attention_fn(provider, causal)
+                try:
+                    mem = peak_memory_mib(mode_fn(attn, "fwd_bwd", q, k, v, do))
+                    memory.append({**shape, "provider": provider, "peak_mib": mem})
+                    for mode in MODES:
+                        fn = mode_fn(attn, mode, q, k, v, do)
+                        t = benchmark(fn, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms)
+                        flops = attention_flops(b, h, s, s, d, causal=causal, mode=mode)
+                        rows.append(
+                            {
+                                **shape,
+                                "provider": provider,
+                                "mode": mode,
+                                "median_ms": t.median_ms,
+                                "p20_ms": t.p20_ms,
+                                "p80_ms": t.p80_ms,
+                                "tflops": t.tflops(flops),
+                                "flops": flops,
+                            }
+                        )
+                        del fn
+                except RuntimeError as e:  # a backend that does not take this shape
+                    skipped.append({**shape, "provider": provider, "reason": str(e)[:200]})
+                torch.cuda.empty_cache()
+            del q, k, v, do
+            torch.cuda.empty_cache()
+            if progress:
+                progress.advance(task)
+    return {"rows": rows, "checks": checks, "memory": memory, "skipped": skipped}
+
+
+def ratios(rows: list[dict], base: str = "flash") -> list[dict]:
+    """ours / base throughput for every (shape, mode) both were measured at."""
+    key = ("head_dim", "seq_len", "causal", "mode")
+    by = {(tuple(r[k] for k in key), r["provider"]): r["tflops"] for r in rows}
+    out = []
+    for r in rows:
+        if r["provider"] != "ours":
+            continue
+        b = by.get((tuple(r[k] for k in key), base))
+        if b:
+            out.append({**{k: r[k] for k in key}, "ours": r["tflops"], base: b,
+                        "ratio": r["tflops"] / b})  # fmt: skip
+    return out
+
+
+def make_charts(result: dict, out_dir: Path, env_line: str) -> list[Path]:
+    """One PNG per mode: TFLOP/s vs sequence length, a panel per (head dim, causal)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    panels = sorted({(r["head_dim"], r["causal"]) for r in rows})
+    paths = []
+    for mode in MODES:
+        fig, axes = plt.subplots(
+            1, len(panels), figsize=(4.2 * len(panels), 4.0), squeeze=False, sharey=True
+        )
+        for ax, (d, causal) in zip(axes[0], panels):
+            for provider in PROVIDERS:
+                pts = sorted(
+                    (r["seq_len"], r["tflops"])
+                    for r in rows
+                    if r["provider"] == provider and r["mode"] == mode
+                    and r["head_dim"] == d and r["causal"] == causal
+                )  # fmt: skip
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, ys, marker="o", lw=2.2 if provider == "ours" else 1.2,
+                            label=PROVIDER_LABELS[provider])  # fmt: skip
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"head dim {d}, {'causal' if causal else 'non-causal'}", fontsize=10)
+            ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel(f"{mode.replace('_', '+')} TFLOP/s")
+        axes[0][0].legend(fontsize=7, loc="lower right")
+        fig.suptitle(f"Attention {mode.replace('_', '+')} throughput, bf16, hidden 2048")
+        fig.text(0.01, 0.005, env_line, fontsize=6, color="0.35")
+        fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+        path = out_dir / f"attention_{mode}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    mem = [m for m in result["memory"] if m["head_dim"] == max(r["head_dim"] for r in rows)
+           and not m["causal"]]  # fmt: skip
+    if mem:
+        fig, ax = plt.subplots(figsize=(6.5, 4.0))
+        for provider in PROVIDERS:
+            pts = sorted((m["seq_len"], m["peak_mib"]) for m in mem if m["provider"] == provider)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", label=PROVIDER_LABELS[provider])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
+        ax.set_ylabel("peak extra memory, fwd+bwd (MiB)")
+        ax.set_title(f"Attention memory, head dim {mem[0]['head_dim']}, non-causal, bf16")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.text(0.01, 0.005, env_line, fontsize=6, color="0.35")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        path = out_dir / "attention_memory.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def print_summary(result: dict) -> None:
+    from shared.results import markdown_table
+
+    table = [
+        {
+            "D": r["head_dim"],
+            "S": r["seq_len"],
+            "causal": r["causal"],
+            "mode": r["mode"],
+            "ours TFLOP/s": r["ours"],
+            "FLASH TFLOP/s": r["flash"],
+            "ours/FLASH": r["ratio"],
+        }
+        for r in ratios(result["rows"])
+    ]
+    print(markdown_table(table, floatfmt=".3g"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tyro
+
+    from shared.results import REPORTS_DIR, environment, environment_line, save_result
+
+    cfg = tyro.cli(BenchConfig, args=sys.argv[1:] if argv is None else argv)
+    result = run(cfg)
+    env = environment()
+    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
+    config = {k: v for k, v in asdict(cfg).items() if k != "reports_dir"}
+    result["ratios_vs_flash"] = ratios(result["rows"])
+    path = save_result(
+        PROJECT,
+        cfg.name,
+        result,
+        baseline="SDPA backends (FLASH, CUDNN, EFFICIENT, MATH) measured in the same process",
+        config=config,
+        reports_dir=reports_dir,
+        env=env,
+    )
+    print(f"wrote {path}")
+    if cfg.charts:
+        for p in make_charts(result, path.parent, environment_line(env)):
+            print(f"wrote {p}")
+    print_summary(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
