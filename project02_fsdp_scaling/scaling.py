@@ -294,17 +294,24 @@ def _run_sweep(cfg: ScalingConfig, plan: Plan) -> dict:
         warmup_steps=cfg.warmup_steps,
         reports_root=str(plan.out_dir.parent),
         max_seconds=cfg.sweep_max_seconds,
+        name="sweep_gpu" if plan.on_gpu else "sweep_cpu",
     )
     # In a child process: the sweep's CUDA memory and compile caches leave with it.
     cmd = [sys.executable, "-m", f"{PROJECT}.sweep", *cli_flags(sweep_cfg)]
     print(f"\n=== one-GPU sweep: {' '.join(cmd[1:])}", flush=True)
-    rc = subprocess.call(cmd, timeout=cfg.timeout_s)
-    path = plan.out_dir / "sweep_gpu.json"
-    if rc != 0 or not path.is_file():
+    path = plan.out_dir / f"{sweep_cfg.name}.json"
+    path.unlink(missing_ok=True)
+    try:
+        rc = subprocess.call(cmd, timeout=cfg.timeout_s)
+    except subprocess.TimeoutExpired:
+        rc = 124
+    if not path.is_file():
         print(f"one-GPU sweep failed (exit {rc}); scaling runs the configuration given", flush=True)
         return {"status": "failed", "returncode": rc}
+    # The sweep rewrites its record after every variant: a cut-short sweep still has a best.
     rec = json.loads(path.read_text())
-    return {"status": "ok", "file": path.name, "best": rec["results"].get("best")}
+    status = "ok" if rc == 0 else f"incomplete (exit {rc})"
+    return {"status": status, "file": path.name, "best": rec["results"].get("best")}
 
 
 def _summary(rec: dict) -> dict:
