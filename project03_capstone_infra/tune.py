@@ -1,0 +1,646 @@
+"""Distributed hyperparameter search with Ray Tune over the project's fault-tolerant trainer.
+
+    python -m project03_capstone_infra.tune                      # local Ray, CPU, tiny preset
+    python -m project03_capstone_infra.tune --address auto --gpus-per-trial 0.5 --preset 125m
+    python -m project03_capstone_infra.tune --resume             # after the driver was killed
+
+What runs:
+- A `Tuner` over three hyperparameters: learning rate (log-uniform), weight decay (uniform) and
+  warm-up fraction (uniform), sampled by Tune's random search with a fixed seed.
+- Each trial is `project03_capstone_infra.train.train(cfg, report_fn)`: the same trainer, with
+  its checkpoints (DCP, checksummed manifests) in the trial's own directory. Every optimiser step
+  is reported to Tune (`step`, `loss`, throughput); every committed trainer checkpoint is handed
+  to Tune as the trial's checkpoint, so Tune persists it in the experiment's storage.
+- ASHA (asynchronous successive halving) stops the weaker trials at rungs of
+  grace x reduction_factor^k steps. `--compare-random` then runs the same sampled configurations
+  without early stopping (plain random search) and measures what ASHA saved.
+- Failures: `FailureConfig(max_failures)` retries a failed trial; the retry copies the trial's
+  latest Tune checkpoint into a clean run directory and the trainer resumes from it (data
+  position, optimiser, RNG included). `--fail-at-step` makes every trial raise once at that step
+  (in its first attempt only) to exercise the path.
+- The driver itself may die: `--resume` calls `Tuner.restore`, which keeps the finished trials'
+  results and re-runs only the unfinished ones, each from its last checkpoint.
+
+Trial placement: `--cpus-per-trial` and `--gpus-per-trial` (fractional: 0.5 puts two trials on
+one GPU); on a GPU the trainer uses bf16 and its pre-flight health checks. `--address` joins a
+running Ray cluster (KubeRay or Slurm: see deploy/README.md); there the storage path must be on
+a file system every node sees (or an object-store URI).
+
+Report: `reports/project03_capstone_infra/tune.{json,md}`, `tune_curves.png` (every trial's loss
+curve, ASHA's stops marked), `tune_random_curves.png` and `tune_compute.png` (ASHA vs random
+search at the same budget).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+PROJECT = "project03_capstone_infra"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+METRIC, MODE = "loss", "min"
+TIME_ATTR = "step"  # ASHA's clock: the trainer's optimiser step, robust to retries
+
+
+@dataclass
+class TuneRunConfig:
+    """Ray Tune HPO (ASHA) over learning rate, weight decay and warm-up of the shared model."""
+
+    # what is trained
+    preset: Literal["tiny", "125m", "1b"] = "tiny"
+    max_steps: int = 32  # optimiser steps of a trial that is never stopped
+    global_batch: int = 8
+    data_seed: int = 0  # model init and data stream: the same for every trial
+    ckpt_every: int = 4  # trainer checkpoint (and Tune checkpoint) cadence, in steps
+    # the search
+    num_samples: int = 12
+    search_seed: int = 0
+    lr_min: float = 1e-4
+    lr_max: float = 3e-2
+    weight_decay_max: float = 0.3
+    warmup_frac_max: float = 0.3
+    scheduler: Literal["asha", "fifo"] = "asha"
+    grace_steps: int = 4  # ASHA: steps before the first rung
+    reduction_factor: int = 2  # ASHA: keep the top 1/rf at each rung
+    compare_random: bool = True  # also run the same configs without early stopping
+    # failures
+    max_failures: int = 1
+    fail_at_step: int = 0  # > 0: every trial raises once at this step (first attempt only)
+    # where it runs
+    address: str = ""  # "" starts a local Ray; "auto" or "ray://host:10001" joins a cluster
+    num_cpus: int = 0  # local Ray only; 0: all cores
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0  # fractional allowed
+    max_concurrent: int = 0  # 0: as many as the resources allow
+    object_store_mb: int = 256  # local Ray only
+    storage_path: str = ".scratch/project03_capstone_infra/tune"
+    name: str = "asha"
+    resume: bool = False  # Tuner.restore the experiment <storage_path>/<name>
+    # output
+    report: bool = True
+    out_name: str = "tune"
+    reports_dir: str = ""
+
+    def validate(self) -> TuneRunConfig:
+        for name in ("max_steps", "global_batch", "ckpt_every", "num_samples", "grace_steps",
+                     "object_store_mb"):  # fmt: skip
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"TuneRunConfig.{name} must be a positive int, got {v!r}")
+        for name in ("max_failures", "fail_at_step", "num_cpus", "max_concurrent", "data_seed",
+                     "search_seed"):  # fmt: skip
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"TuneRunConfig.{name} must be a non-negative int, got {v!r}")
+        if self.reduction_factor < 2:
+            raise ValueError(
+                f"TuneRunConfig.reduction_factor must be >= 2, got {self.reduction_factor}"
+            )
+        if not 0 < self.lr_min < self.lr_max:
+            raise ValueError(
+                f"need 0 < lr_min < lr_max, got lr_min={self.lr_min}, lr_max={self.lr_max}"
+            )
+        for name in ("weight_decay_max", "warmup_frac_max"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TuneRunConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.warmup_frac_max >= 1:
+            raise ValueError(
+                f"TuneRunConfig.warmup_frac_max must be < 1, got {self.warmup_frac_max}"
+            )
+        if not self.cpus_per_trial > 0:
+            raise ValueError(f"TuneRunConfig.cpus_per_trial must be > 0, got {self.cpus_per_trial}")
+        if self.gpus_per_trial < 0 or (self.gpus_per_trial > 1 and self.gpus_per_trial % 1):
+            raise ValueError(
+                "TuneRunConfig.gpus_per_trial must be >= 0, fractional only below 1 "
+                f"(0.25, 0.5 share one GPU), got {self.gpus_per_trial}"
+            )
+        if self.gpus_per_trial > 1:
+            raise ValueError("TuneRunConfig.gpus_per_trial > 1 needs a multi-rank trial; "
+                             "this trainable trains on one device")  # fmt: skip
+        if self.fail_at_step > self.max_steps:
+            raise ValueError(
+                f"fail_at_step ({self.fail_at_step}) is beyond max_steps ({self.max_steps})"
+            )
+        if not self.name or "/" in self.name:
+            raise ValueError(
+                f"TuneRunConfig.name must be a plain directory name, got {self.name!r}"
+            )
+        return self
+
+    def experiment_path(self) -> Path:
+        return Path(self.storage_path).resolve() / self.name
+
+
+# --- the trial ---------------------------------------------------------------------------------
+
+
+def _train_config(config: dict, run_dir: Path):
+    from .config import TrainConfig
+
+    base = config["base"]
+    steps = int(base["max_steps"])
+    on_gpu = float(base.get("gpus_per_trial", 0)) > 0
+    return TrainConfig(
+        preset=base["preset"],
+        steps=steps,
+        global_batch=int(base["global_batch"]),
+        seed=int(base["data_seed"]),
+        lr=float(config["lr"]),
+        weight_decay=float(config["weight_decay"]),
+        warmup_steps=int(round(float(config["warmup_frac"]) * steps)),
+        device="cuda" if on_gpu else "cpu",
+        run_dir=str(run_dir),
+        resume="auto",
+        ckpt_every=int(base["ckpt_every"]),
+        ckpt_mode="sync",  # the checkpoint handed to Tune must be committed when reported
+        keep_last=2,
+        preflight=on_gpu,
+        log_every=steps,
+    ).validate()
+
+
+# Tune uploads checkpoint directories without their dot-files, and DCP's index is `.metadata`:
+# hidden files travel under this prefix and get their names back on restore.
+HIDDEN_PREFIX = "_dot_"
+
+
+def _stage_for_tune(step_dir: Path, staging_root: Path) -> Path:
+    """A view of a trainer step directory that Tune can persist whole: hard links (copies where
+    links are impossible) with dot-files renamed. Older staged views are removed."""
+    if staging_root.exists():
+        shutil.rmtree(staging_root)
+    dest = staging_root / step_dir.name
+    dest.mkdir(parents=True)
+    for f in step_dir.iterdir():
+        if not f.is_file():
+            continue
+        name = HIDDEN_PREFIX + f.name[1:] if f.name.startswith(".") else f.name
+        try:
+            os.link(f, dest / name)
+        except OSError:
+            shutil.copy2(f, dest / name)
+    return dest
+
+
+def _restore_tune_checkpoint(ckpt, ckpt_root: Path) -> int:
+    """Copy a Tune checkpoint (one staged trainer step directory) into an empty trainer root;
+    returns its step. The root is cleared first: the Tune checkpoint is the trial's state, not
+    whatever an earlier attempt left on this node's disk."""
+    from .checkpoint import read_manifest, step_dir_name
+
+    if ckpt_root.exists():
+        shutil.rmtree(ckpt_root)
+    ckpt_root.mkdir(parents=True)
+    with ckpt.as_directory() as src:
+        step = int(read_manifest(Path(src))["step"])
+        dest = ckpt_root / step_dir_name(step)
+        shutil.copytree(src, dest)
+    for f in dest.iterdir():
+        if f.name.startswith(HIDDEN_PREFIX):
+            f.rename(dest / ("." + f.name[len(HIDDEN_PREFIX) :]))
+    return step
+
+
+class InjectedTrialFailure(RuntimeError):
+    """Raised once per trial by --fail-at-step, to exercise Tune's retry and restore."""
+
+
+def train_trial(config: dict) -> None:
+    """Tune's trainable: run the project's trainer and report every step (and checkpoint)."""
+    import torch
+    from ray import tune
+
+    from .checkpoint import list_checkpoints, parse_step
+    from .train import train
+
+    base = config["base"]
+    torch.set_num_threads(max(1, int(base.get("cpus_per_trial", 1))))
+    run_dir = Path(tune.get_context().get_trial_dir()) / "run"
+    ckpt_root = run_dir / "checkpoints"
+    tune_ckpt = tune.get_checkpoint()
+    restored_from = None
+    if tune_ckpt is not None:
+        restored_from = _restore_tune_checkpoint(tune_ckpt, ckpt_root)
+    elif run_dir.exists():
+        shutil.rmtree(run_dir)  # a retry with no checkpoint yet starts over
+    attempt = 0 if restored_from is None else 1
+    os.environ["P03_ATTEMPT"] = str(attempt)  # the trainer's fault injection keys on it
+    cfg = _train_config(config, run_dir)
+    fail_at = int(base.get("fail_at_step", 0))
+    attached = {"step": restored_from if restored_from is not None else 0}
+    pending: dict = {}
+
+    def metrics_of(summary: dict) -> dict:
+        return {
+            "step": summary["step"],
+            "loss": summary["loss"],
+            "tokens_per_s": summary["tokens_per_s"],
+            "attempt": attempt,
+            "restored_from_step": -1 if restored_from is None else restored_from,
+        }
+
+    def newest_checkpoint():
+        found = list_checkpoints(ckpt_root)
+        if not found:
+            return None
+        step = parse_step(found[-1].name)
+        if step is None or step <= attached["step"]:
+            return None
+        attached["step"] = step
+        return tune.Checkpoint.from_directory(
+            str(_stage_for_tune(found[-1], run_dir / "tune_staging"))
+        )
+
+    def report_fn(summary: dict) -> None:
+        if fail_at and summary["step"] == fail_at and restored_from is None:
+            raise InjectedTrialFailure(f"injected failure at step {fail_at} (first attempt)")
+        if summary["step"] >= cfg.steps:
+            pending.update(metrics_of(summary))  # reported below, with the final checkpoint
+            return
+        tune.report(metrics_of(summary), checkpoint=newest_checkpoint())
+
+    out = train(cfg, report_fn)
+    if pending:
+        tune.report(pending, checkpoint=newest_checkpoint())
+    elif out.get("step", 0) >= cfg.steps and restored_from == cfg.steps:
+        # restored from the final checkpoint: nothing left to train, report the end state again
+        tune.report(metrics_of(out))
+
+
+# --- the experiment ----------------------------------------------------------------------------
+
+
+def search_space(cfg: TuneRunConfig) -> dict:
+    from ray import tune
+
+    base = {k: getattr(cfg, k) for k in ("preset", "max_steps", "global_batch", "data_seed",
+                                         "ckpt_every", "fail_at_step", "cpus_per_trial",
+                                         "gpus_per_trial")}  # fmt: skip
+    return {
+        "lr": tune.loguniform(cfg.lr_min, cfg.lr_max),
+        "weight_decay": tune.uniform(0.0, cfg.weight_decay_max),
+        "warmup_frac": tune.uniform(0.0, cfg.warmup_frac_max),
+        "base": base,
+    }
+
+
+def make_scheduler(cfg: TuneRunConfig, kind: str):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if kind == "asha":
+        return ASHAScheduler(time_attr=TIME_ATTR, max_t=cfg.max_steps, grace_period=cfg.grace_steps,
+                             reduction_factor=cfg.reduction_factor)  # fmt: skip
+    if kind == "fifo":
+        return FIFOScheduler()
+    raise ValueError(f"scheduler must be 'asha' or 'fifo', got {kind!r}")
+
+
+def _trainable(cfg: TuneRunConfig):
+    from ray import tune
+
+    resources = {"cpu": cfg.cpus_per_trial}
+    if cfg.gpus_per_trial:
+        resources["gpu"] = cfg.gpus_per_trial
+    return tune.with_resources(train_trial, resources)
+
+
+def make_tuner(cfg: TuneRunConfig, kind: str, name: str):
+    from ray import tune
+    from ray.tune.search import BasicVariantGenerator
+
+    return tune.Tuner(
+        _trainable(cfg),
+        param_space=search_space(cfg),
+        tune_config=tune.TuneConfig(
+            metric=METRIC,
+            mode=MODE,
+            scheduler=make_scheduler(cfg, kind),
+            search_alg=BasicVariantGenerator(random_state=cfg.search_seed),
+            num_samples=cfg.num_samples,
+            max_concurrent_trials=cfg.max_concurrent or None,
+            reuse_actors=False,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(Path(cfg.storage_path).resolve()),
+            failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            verbose=1,
+        ),
+    )
+
+
+def init_ray(cfg: TuneRunConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cfg.address:
+        ray.init(address=cfg.address)
+        return
+    # Local Ray: trial workers import this package from the repo checkout.
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    ray.init(
+        num_cpus=cfg.num_cpus or None,
+        include_dashboard=False,
+        object_store_memory=cfg.object_store_mb * 1024 * 1024,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        log_to_driver=False,
+    )
+
+
+def run_experiment(cfg: TuneRunConfig, kind: str, name: str, *, resume: bool = False):
+    """Fit (or restore and finish) one experiment; returns its ResultGrid."""
+    from ray import tune
+
+    path = Path(cfg.storage_path).resolve() / name
+    if resume:
+        if not tune.Tuner.can_restore(str(path)):
+            raise FileNotFoundError(f"no Tune experiment to restore at {path}")
+        tuner = tune.Tuner.restore(str(path), trainable=_trainable(cfg), resume_errored=True,
+                                   param_space=search_space(cfg))  # fmt: skip
+    else:
+        if path.exists() and tune.Tuner.can_restore(str(path)):
+            raise FileExistsError(
+                f"{path} already holds an experiment: pass --resume to finish it, or another --name"
+            )
+        tuner = make_tuner(cfg, kind, name)
+    return tuner.fit()
+
+
+# --- analysis ----------------------------------------------------------------------------------
+
+
+def trial_records(result_grid, max_steps: int) -> list[dict]:
+    """One record per trial: its config, loss curve (step -> loss, last value per step) and how it
+    ended: completed, stopped by the scheduler (and at which step), or errored."""
+    records = []
+    for result in result_grid:
+        df = result.metrics_dataframe
+        curve: dict[int, float] = {}
+        rows = 0
+        if df is not None and len(df) and TIME_ATTR in df:
+            for step, loss in zip(df[TIME_ATTR], df[METRIC]):
+                if step == step and loss == loss:  # not NaN
+                    curve[int(step)] = float(loss)
+                    rows += 1
+        last = max(curve) if curve else 0
+        cfg = result.config or {}
+        attempts = int(df["attempt"].max()) + 1 if df is not None and "attempt" in df else 1
+        status = "error" if result.error else ("completed" if last >= max_steps else "stopped")
+        records.append({
+            "trial_id": (result.metrics or {}).get("trial_id") or Path(result.path).name,
+            "path_name": Path(result.path).name,
+            "lr": cfg.get("lr"),
+            "weight_decay": cfg.get("weight_decay"),
+            "warmup_frac": cfg.get("warmup_frac"),
+            "status": status,
+            "stopped_at_step": last if status == "stopped" else None,
+            "last_step": last,
+            "final_loss": curve.get(last),
+            "steps_run": rows,  # reported steps, redone ones after a retry included
+            "attempts": attempts,
+            "error": str(result.error)[:300] if result.error else None,
+            "curve": {str(k): v for k, v in sorted(curve.items())},
+        })  # fmt: skip
+    records.sort(key=lambda r: (r["lr"] or 0, r["weight_decay"] or 0))
+    return records
+
+
+def expected_best_of_k(losses: list[float], k: int) -> float:
+    """E[min of k draws without replacement] from `losses`: random search with k full trials."""
+    n = len(losses)
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in 1..{n}, got {k}")
+    s = sorted(losses)
+    total = math.comb(n, k)
+    return sum(s[i] * math.comb(n - i - 1, k - 1) for i in range(n - k + 1)) / total
+
+
+def compare(asha: list[dict], fifo: list[dict], max_steps: int) -> dict:
+    """ASHA against random search (the same configurations, every trial run to the end)."""
+    asha_steps = sum(len(r["curve"]) for r in asha)
+    fifo_done = [r for r in fifo if r["status"] == "completed"]
+    fifo_steps = sum(len(r["curve"]) for r in fifo)
+    asha_best = min((r["final_loss"] for r in asha if r["status"] == "completed"), default=None)
+    fifo_losses = [r["final_loss"] for r in fifo_done]
+    out = {
+        "asha_trial_steps": asha_steps,
+        "random_trial_steps": fifo_steps,
+        "compute_saved_pct": 100 * (1 - asha_steps / fifo_steps) if fifo_steps else None,
+        "asha_best_loss": asha_best,
+        "random_best_loss": min(fifo_losses) if fifo_losses else None,
+    }
+    if fifo_losses and asha_best is not None:
+        k_budget = max(1, min(len(fifo_losses), asha_steps // max_steps))
+        out["random_trials_at_asha_budget"] = k_budget
+        out["random_expected_best_at_asha_budget"] = expected_best_of_k(fifo_losses, k_budget)
+        need = next((k for k in range(1, len(fifo_losses) + 1)
+                     if expected_best_of_k(fifo_losses, k) <= asha_best + 1e-9), None)  # fmt: skip
+        out["random_trials_to_match_asha"] = need
+        out["random_steps_to_match_asha"] = need * max_steps if need else None
+        if need:
+            out["asha_compute_ratio_to_match"] = need * max_steps / asha_steps
+    # the same config, the same steps, the same numbers: determinism check across experiments
+    by_cfg = {(round(r["lr"], 12), round(r["weight_decay"], 12)): r for r in fifo}
+    diffs = []
+    for r in asha:
+        twin = by_cfg.get((round(r["lr"], 12), round(r["weight_decay"], 12)))
+        if twin:
+            diffs += [
+                abs(v - twin["curve"][s]) for s, v in r["curve"].items() if s in twin["curve"]
+            ]
+    out["same_config_max_loss_diff"] = max(diffs) if diffs else None
+    out["configs_matched"] = len(
+        {k for k in by_cfg} & {(round(r["lr"], 12), round(r["weight_decay"], 12)) for r in asha}
+    )
+    return out
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def write_report(cfg: TuneRunConfig, results: dict, reports_dir: Path) -> list[Path]:
+    from shared.charts import bar_chart, line_chart
+    from shared.results import atomic_write_text, environment, environment_line, save_result
+
+    env = environment()
+    out = reports_dir / PROJECT
+    name = cfg.out_name
+    paths = [save_result(PROJECT, name, results, config=asdict(cfg), reports_dir=reports_dir,
+                         env=env, baseline=results.get("comparison"))]  # fmt: skip
+    foot = f"{cfg.preset} preset, {cfg.num_samples} trials, {environment_line(env)}"
+
+    def curves(records: list[dict]) -> dict:
+        series = {}
+        for r in records:
+            xs = [int(s) for s in r["curve"]]
+            tag = {"completed": "", "stopped": f" stopped@{r['stopped_at_step']}",
+                   "error": " error"}[r["status"]]  # fmt: skip
+            series[f"lr {r['lr']:.1e} wd {r['weight_decay']:.2f}{tag}"] = (
+                xs,
+                list(r["curve"].values()),
+            )
+        return series
+
+    paths.append(line_chart(out / f"{name}_curves.png", curves(results["trials"]),
+                            title=f"ASHA: training loss of every trial (grace {cfg.grace_steps}, rf {cfg.reduction_factor})",
+                            xlabel="optimiser step", ylabel="training loss (nats)", footnote=foot))  # fmt: skip
+    comp = results.get("comparison")
+    if results.get("random_trials"):
+        paths.append(line_chart(out / f"{name}_random_curves.png", curves(results["random_trials"]),
+                                title="Random search (no early stopping): the same configurations",
+                                xlabel="optimiser step", ylabel="training loss (nats)", footnote=foot))  # fmt: skip
+    if comp:
+        labels = ["ASHA", "random search"]
+        values = [comp["asha_trial_steps"], comp["random_trial_steps"]]
+        if comp.get("random_steps_to_match_asha"):
+            labels.append("random: expected\nto match ASHA")
+            values.append(comp["random_steps_to_match_asha"])
+        paths.append(bar_chart(out / f"{name}_compute.png", labels, values,
+                               title="Compute to search (trial-steps; lower is better)",
+                               ylabel="optimiser steps over all trials", footnote=foot))  # fmt: skip
+    paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
+    return paths
+
+
+def render_markdown(cfg: TuneRunConfig, results: dict, env: dict) -> str:
+    from shared.results import environment_line, markdown_table
+
+    best = results["best"]
+    lines = [
+        f"# Ray Tune HPO: ASHA over lr, weight decay, warm-up ({cfg.preset} preset)",
+        "",
+        f"Measured with: {environment_line(env)}, Ray {results['ray_version']}. "
+        f"{cfg.num_samples} trials of up to {cfg.max_steps} steps (global batch "
+        f"{cfg.global_batch}); ASHA grace {cfg.grace_steps} steps, reduction factor "
+        f"{cfg.reduction_factor}; search seed {cfg.search_seed}. Wall time "
+        f"{results['wall_s']:.0f} s (ASHA) and {results.get('random_wall_s') or 0:.0f} s (random).",
+        "",
+        f"**Best configuration**: lr {best['lr']:.3g}, weight decay {best['weight_decay']:.3g}, "
+        f"warm-up fraction {best['warmup_frac']:.3g}: loss {best['final_loss']:.4f} at step "
+        f"{best['last_step']}.",
+        "",
+    ]
+    comp = results.get("comparison")
+    if comp:
+        lines += [
+            "## ASHA against random search at the same compute",
+            f"- ASHA used {comp['asha_trial_steps']} trial-steps, random search (every trial to the "
+            f"end) {comp['random_trial_steps']}: **{comp['compute_saved_pct']:.0f}% less compute**.",
+            f"- Best loss: ASHA {comp['asha_best_loss']:.4f}, random search {comp['random_best_loss']:.4f}.",
+        ]
+        if comp.get("random_trials_at_asha_budget"):
+            lines.append(
+                f"- With ASHA's budget, random search affords {comp['random_trials_at_asha_budget']} "
+                f"full trials; their expected best loss is {comp['random_expected_best_at_asha_budget']:.4f} "
+                "(mean over every subset of that size of the measured random-search trials)."
+            )
+        if comp.get("random_trials_to_match_asha"):
+            lines.append(
+                f"- To reach ASHA's best loss in expectation random search needs "
+                f"{comp['random_trials_to_match_asha']} full trials = {comp['random_steps_to_match_asha']} "
+                f"trial-steps, {comp['asha_compute_ratio_to_match']:.1f}x ASHA's compute."
+            )
+        if comp.get("same_config_max_loss_diff") is not None:
+            lines.append(
+                f"- The same configuration gives the same loss at the same step in both "
+                f"experiments (max difference {comp['same_config_max_loss_diff']:.2e} over "
+                f"{comp['configs_matched']} shared configurations): the comparison is like for like."
+            )
+        lines.append("")
+    cols = ["lr", "weight_decay", "warmup_frac", "status", "stopped_at_step", "last_step",
+            "final_loss", "attempts"]  # fmt: skip
+    lines += ["## Trials (ASHA)", "", markdown_table(results["trials"], cols), ""]
+    lines.append("Charts: `tune_curves.png` (ASHA), `tune_random_curves.png`, `tune_compute.png`.")
+    return "\n".join(lines) + "\n"
+
+
+def summarise(cfg: TuneRunConfig, grid, wall_s: float) -> dict:
+    import ray
+
+    trials = trial_records(grid, cfg.max_steps)
+    done = [t for t in trials if t["status"] == "completed"] or [
+        t for t in trials if t["final_loss"] is not None
+    ]
+    best = min(done, key=lambda t: t["final_loss"]) if done else None
+    return {
+        "ray_version": ray.__version__,
+        "wall_s": wall_s,
+        "best": best,
+        "trials": trials,
+        "stopped_by_asha": [
+            {
+                "lr": t["lr"],
+                "weight_decay": t["weight_decay"],
+                "stopped_at_step": t["stopped_at_step"],
+                "loss_at_stop": t["final_loss"],
+            }
+            for t in trials
+            if t["status"] == "stopped"
+        ],  # fmt: skip
+        "errored": [t for t in trials if t["status"] == "error"],
+        "experiment": str(cfg.experiment_path()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tyro
+
+    cfg = tyro.cli(TuneRunConfig, args=argv, description=__doc__.split("\n\n")[0]).validate()
+    import ray
+
+    init_ray(cfg)
+    try:
+        t0 = time.perf_counter()
+        grid = run_experiment(cfg, cfg.scheduler, cfg.name, resume=cfg.resume)
+        results = summarise(cfg, grid, time.perf_counter() - t0)
+        if cfg.compare_random and cfg.scheduler == "asha":
+            t0 = time.perf_counter()
+            rname = f"{cfg.name}-random"
+            rpath = Path(cfg.storage_path).resolve() / rname
+            resume_random = cfg.resume and rpath.exists()
+            rgrid = run_experiment(cfg, "fifo", rname, resume=resume_random)
+            results["random_wall_s"] = time.perf_counter() - t0
+            results["random_trials"] = trial_records(rgrid, cfg.max_steps)
+            results["comparison"] = compare(
+                results["trials"], results["random_trials"], cfg.max_steps
+            )
+    finally:
+        ray.shutdown()
+    best = results["best"]
+    if best:
+        print(f"best: lr {best['lr']:.3g} wd {best['weight_decay']:.3g} warm-up "
+              f"{best['warmup_frac']:.3g} -> loss {best['final_loss']:.4f} (step {best['last_step']})")  # fmt: skip
+    for t in results["stopped_by_asha"]:
+        print(
+            f"ASHA stopped lr {t['lr']:.3g} wd {t['weight_decay']:.3g} at step {t['stopped_at_step']}"
+        )
+    if results.get("comparison"):
+        c = results["comparison"]
+        print(f"ASHA {c['asha_trial_steps']} trial-steps vs random {c['random_trial_steps']}: "
+              f"{c['compute_saved_pct']:.0f}% saved; best loss {c['asha_best_loss']:.4f} vs "
+              f"{c['random_best_loss']:.4f}")  # fmt: skip
+    summary_path = cfg.experiment_path() / "summary.json"
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(results, indent=2, default=str))
+    if cfg.report:
+        reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPO_ROOT / "reports"
+        for p in write_report(cfg, results, reports_dir):
+            print(f"wrote {p}")
+    errored = results["errored"]
+    if errored:
+        print(f"{len(errored)} trial(s) ended in error: {errored[0]['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
