@@ -214,14 +214,22 @@ class Sourced:
         return asdict(self)
 
 
+_CONTEXT_KEYS = ("preset", "dtype", "world_size", "n_gpus", "seq_len")
+
+
+def _context(obj: dict, ctx: dict) -> dict:
+    here = dict(ctx)
+    for key in _CONTEXT_KEYS:
+        if key in obj and isinstance(obj[key], (str, int, float)):
+            here[key] = obj[key]
+    return here
+
+
 def _throughput_rows(obj, ctx: dict, out: list[dict]) -> None:
     """Every dict holding a numeric tokens_per_s, with preset/dtype/world size inherited from
-    the enclosing dicts (result records nest rows inside results and config)."""
+    the record's config and the enclosing dicts (result records nest rows in lists)."""
     if isinstance(obj, dict):
-        here = dict(ctx)
-        for key in ("preset", "dtype", "world_size", "n_gpus", "seq_len"):
-            if key in obj and isinstance(obj[key], (str, int, float)):
-                here[key] = obj[key]
+        here = _context(obj, ctx)
         tps = obj.get("tokens_per_s")
         numeric = isinstance(tps, (int, float)) and not isinstance(tps, bool) and tps > 0
         if numeric and obj.get("status", "ok") == "ok":
@@ -261,8 +269,8 @@ def measured_throughput(reports_dir: Path, gpu_key: str, preset: str) -> list[di
             if spec is None or spec.key != gpu_key:
                 continue
             found: list[dict] = []
-            _throughput_rows({"config": record.get("config"), "results": record.get("results")},
-                             {}, found)  # fmt: skip
+            config = record.get("config") if isinstance(record.get("config"), dict) else {}
+            _throughput_rows(record.get("results"), _context(config, {}), found)
             for r in found:
                 world = r.get("world_size", r.get("n_gpus"))
                 dtype = _dtype_key(r.get("dtype"))
