@@ -99,11 +99,19 @@ def _span(e: dict) -> Interval:
 def analyse_trace(trace: dict) -> dict:
     """Per-step averages (ms) of compute, communication, overlap and exposed communication."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
-    steps = sorted(_span(e) for e in events if _STEP.match(str(e.get("name", ""))))
-    if not steps:
-        raise ValueError("the trace has no ProfilerStep#N spans: was prof.step() called?")
     kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     on_gpu = any(e.get("cat") == "kernel" for e in kernels)
+
+    # Each step is annotated on the host (user_annotation) and, with CUDA, again on the device
+    # timeline (gpu_user_annotation): take the device's copy when there is one, never both.
+    def step_spans(cat: str) -> list[dict]:
+        return [e for e in events if _STEP.match(str(e.get("name", ""))) and e.get("cat") == cat]
+
+    step_events = step_spans("gpu_user_annotation") if on_gpu else []
+    step_events = step_events or step_spans("user_annotation")
+    steps = sorted(_span(e) for e in step_events)
+    if not steps:
+        raise ValueError("the trace has no ProfilerStep#N spans: was prof.step() called?")
 
     comm_raw: list[Interval] = []
     by_kind: dict[str, list[Interval]] = defaultdict(list)
@@ -117,7 +125,7 @@ def analyse_trace(trace: dict) -> dict:
                 comm_raw.append(_span(e))
                 by_kind[kind].append(_span(e))
     else:
-        step_tids = {e.get("tid") for e in events if _STEP.match(str(e.get("name", "")))}
+        step_tids = {e.get("tid") for e in step_events}
         for e in events:
             name = str(e.get("name", ""))
             kind = collective_kind(name)
@@ -168,3 +176,22 @@ def analyse_trace(trace: dict) -> dict:
         },
         "unit": "ms per step",
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(
+        prog="python -m project02_fsdp_scaling.comm_analysis",
+        description="Compute vs communication vs exposed communication of a torch.profiler trace.",
+    )
+    p.add_argument("trace", help="Chrome trace (.json or .json.gz) written by torch.profiler")
+    a = p.parse_args(argv)
+    json.dump(analyse_trace(load_trace(a.trace)), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,6 +13,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Literal, TypeVar, get_args, get_origin
 
 from shared.model import PRESETS, ModelArgs
@@ -156,7 +157,20 @@ class TrainConfig:
         return self
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return portable(dataclasses.asdict(self))
+
+
+_PATH_FIELDS = ("reports_root", "trace_dir", "out", "save_params")
+
+
+def portable(config: dict) -> dict:
+    """A config dict for a result file: machine-specific paths reduced to file names (the
+    record sits next to the files it names), folders to a placeholder."""
+    out = dict(config)
+    for key in _PATH_FIELDS:
+        if out.get(key):
+            out[key] = Path(out[key]).name if key in ("out", "save_params") else "<given>"
+    return out
 
 
 def env_world_size() -> int:

@@ -28,6 +28,19 @@ def _pct(x):
     return None if x is None else 100.0 * x
 
 
+def mfu_all_params(mfu: float | None, preset: str, seq_len: int) -> float | None:
+    """The same measurement under the common convention, 6·N with N = every parameter (the
+    input embedding table included), instead of this repo's strict matmul-parameter count."""
+    if mfu is None:
+        return None
+    from project02_fsdp_scaling.train import matmul_params
+    from shared.model import ModelArgs
+
+    a = ModelArgs.from_preset(preset)
+    attn = 6.0 * a.n_layers * a.dim * seq_len  # 12·L·d·S halved (causal)
+    return mfu * (6.0 * a.num_params() + attn) / (6.0 * matmul_params(a) + attn)
+
+
 def _dev(tier: str, n: int) -> str:
     unit = "GPU" if tier == "gpu" else "proc"
     return f"{n} {unit}" + ("s" if n > 1 else "")
@@ -132,25 +145,26 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
     rows = []
     for r in res["runs"]:
         if r["status"] != "ok":
-            rows.append({"world size": r["world_size"], "status": r["status"]})
             continue
         rows.append(
             {
                 "world size": r["world_size"],
-                "status": "ok",
-                "tokens/s": r["tokens_per_s"],
-                "tokens/s per device": r["tokens_per_s_per_device"],
+                "tokens/s": round(r["tokens_per_s"]),
+                "tokens/s per device": round(r["tokens_per_s_per_device"]),
                 "step time (s), median [p20, p80]": f"{r['step_time_s']:.4g} "
                 f"[{r['step_time_p20_s']:.4g}, {r['step_time_p80_s']:.4g}] of {r['timed_steps']}",
                 "speed-up": r.get("speedup"),
                 "efficiency (%)": _pct(r.get("efficiency")),
                 "MFU (%)": _pct(r.get("mfu")),
+                "MFU, all-param 6N (%)": _pct(
+                    mfu_all_params(r.get("mfu"), res["preset"], res["seq_len"])
+                ),
                 "peak memory (GiB)": r["peak_memory_gib"],
                 "micro-batch x accumulation": f"{r['micro_batch']} x {r['grad_accum_steps']}",
                 "compute dtype": r.get("compute_dtype"),
             }
         )
-    out.append(markdown_table(rows))
+    out.append(markdown_table(rows) if rows else "_No world size completed._")
     ok = [r for r in res["runs"] if r["status"] == "ok"]
     mem_kind = ok[0]["memory_kind"] if ok else ""
     out += [
@@ -164,11 +178,14 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
             else "MFU: n/a on CPU (no peak in the GPU table)."
         ),  # fmt: skip
     ]
-    for r in res["runs"]:
-        if r["status"] == "skipped":
-            out.append(f"\n- {r['note']}")
-        elif r["status"] == "failed":
-            out.append(f"\n- world size {r['world_size']} failed (exit {r.get('returncode')})")
+    notes = [f"- {r['note']}" for r in res["runs"] if r["status"] == "skipped"]
+    notes += [
+        f"- world size {r['world_size']} FAILED (exit {r.get('returncode')}); log tail in the JSON"
+        for r in res["runs"]
+        if r["status"] == "failed"
+    ]
+    if notes:
+        out += ["", *notes]
     if ok:
         out += ["", f"![throughput]({name}_throughput.png)"]
         if res.get("baseline"):
@@ -206,7 +223,13 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
             "other = the device idle (launch gaps, host work, synchronisation). The profiled "
             "steps run after the timed ones (profiler overhead stays out of the throughput). A "
             "collective's time includes waiting for the slowest rank to join it. The traces open "
-            "in Perfetto (ui.perfetto.dev) or chrome://tracing.",
+            "in Perfetto (ui.perfetto.dev) or chrome://tracing."
+            + (
+                " At world size 1 FSDP2 issues no collectives (its all-gather and reduce-scatter "
+                "become local copies, counted as compute), so communication is zero there."
+                if any(r["world_size"] == 1 and r["profile"]["comm_ms"] == 0 for r in prof)
+                else ""
+            ),
             "",
             f"![time breakdown]({name}_breakdown.png)",
         ]
@@ -219,7 +242,7 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
                     {
                         "configuration": c["config"],
                         "measured?": "measured" if c["measured"] else "PROJECTED",
-                        "tokens/s": c["tokens_per_s"],
+                        "tokens/s": round(c["tokens_per_s"]),
                         "USD/GPU-h on-demand": c["price_on_demand_usd_per_gpu_hour"],
                         "USD/GPU-h spot": c["price_spot_usd_per_gpu_hour"],
                         "USD / 1M tokens on-demand": c["usd_per_m_tokens_on_demand"],
@@ -271,9 +294,12 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
                 "status": "ok",
                 "step time (s), median [p20, p80]": f"{v['step_time_s']:.4g} "
                 f"[{v['step_time_p20_s']:.4g}, {v['step_time_p80_s']:.4g}]",
-                "tokens/s": v["tokens_per_s"],
+                "tokens/s": round(v["tokens_per_s"]),
                 "TFLOP/s": v["achieved_tflops_per_device"],
                 "MFU (%)": _pct(v["mfu"]),
+                "MFU, all-param 6N (%)": _pct(
+                    mfu_all_params(v["mfu"], res["preset"], res["seq_len"])
+                ),
                 "vs eager": v.get("speedup_vs_eager"),
                 "peak memory (GiB)": v["peak_memory_gib"],
                 "compute dtype": v["compute_dtype"],
@@ -302,7 +328,8 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
                 else "MFU: n/a (no GPU peak for this device). "
             )
             + "FLOPs per token: 6 x matmul parameters (input embedding excluded) + 6·L·d·S "
-            "causal attention.",
+            "causal attention; the all-param column counts 6 x every parameter instead (the "
+            "common convention), for comparison with figures quoted that way.",
             "",
             (
                 f"Best by MFU: **{best['variant']}**, {100 * best['mfu']:.1f}% "

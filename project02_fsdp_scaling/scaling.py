@@ -29,7 +29,13 @@ from pathlib import Path
 
 import torch
 
-from project02_fsdp_scaling.config import AttentionName, TrainConfig, cli_flags, parse_cli
+from project02_fsdp_scaling.config import (
+    AttentionName,
+    TrainConfig,
+    cli_flags,
+    parse_cli,
+    portable,
+)
 
 PROJECT = "project02_fsdp_scaling"
 
@@ -267,7 +273,7 @@ def run_scaling(cfg: ScalingConfig) -> Path:
         plan.name,
         results,
         baseline=results["baseline"],
-        config={"scaling": asdict(cfg), "train": asdict(train)},
+        config={"scaling": portable(asdict(cfg)), "train": portable(asdict(train))},
         reports_dir=plan.out_dir.parent,
         env=environment(),
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from project02_fsdp_scaling.config import TrainConfig, parse_cli
+from project02_fsdp_scaling.config import TrainConfig, parse_cli, portable
 
 PROJECT = "project02_fsdp_scaling"
 
@@ -192,7 +192,7 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
         name,
         results,
         baseline={"variant": "eager", "tokens_per_s": eager["tokens_per_s"]} if eager else None,
-        config=asdict(cfg),
+        config=portable(asdict(cfg)),
         reports_dir=root,
         env=environment(),
     )
