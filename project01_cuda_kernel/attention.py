@@ -4,9 +4,9 @@
 `softmax(scale * q @ k^T [+ causal mask]) @ v` for (B, H, S, D) tensors, like
 `torch.nn.functional.scaled_dot_product_attention`, with our kernels in both directions:
 
-- forward (csrc/attention/flash_fwd_*.cu): Q tile in registers, K/V streamed through shared
-  memory with cp.async double buffering, mma.sync m16n8k16 tensor-core products, online softmax
-  in float32; saves the row log-sum-exp (B, H, Sq) float32 for the backward;
+- forward (csrc/attention/flash_fwd_*.cu): a Q tile per CTA (32 rows a warp), K/V streamed
+  through shared memory with cp.async double buffering, mma.sync m16n8k16 tensor-core products,
+  online softmax in float32; saves the row log-sum-exp (B, H, Sq) float32 for the backward;
 - backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per key block P
   recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with atomics.
   No S x S tensor is ever stored.
@@ -33,6 +33,10 @@ from ._build import load_extension, require_cuda
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
 _MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensions
+# Forward kernel variant: 16-row MMA tiles per warp. 2 = FlashAttention-2's layout (32 query rows
+# a warp, Q re-read from shared memory); 1 = 16 rows a warp with Q held in registers. Both are
+# built and tested; the benchmark measures both.
+FWD_M_TILES_PER_WARP = 2
 
 _SOURCES = (
     "attention/flash_binding.cpp",
@@ -145,17 +149,21 @@ def flash_forward(
     *,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    m_tiles_per_warp: int = FWD_M_TILES_PER_WARP,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel on checked, kernel-ready inputs: (o (B, H, Sq, D), lse (B, H, Sq) float32).
 
-    `out` and `lse` may be given to write into (the poisoned-output tests do).
+    `out` and `lse` may be given to write into (the poisoned-output tests do);
+    `m_tiles_per_warp` picks the kernel variant (1 or 2, see FWD_M_TILES_PER_WARP).
     """
+    if m_tiles_per_warp not in (1, 2):
+        raise ValueError(f"m_tiles_per_warp must be 1 or 2, got {m_tiles_per_warp!r}")
     B, H, Sq, _ = q.shape
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None:
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    _extension().fwd(q, k, v, out, lse, causal, softmax_scale)
+    _extension().fwd(q, k, v, out, lse, causal, softmax_scale, m_tiles_per_warp)
     return out, lse
 
 

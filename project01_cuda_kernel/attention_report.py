@@ -40,8 +40,10 @@ def _tflops(rows: list[dict]) -> dict:
 def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
     t = _tflops(rows)
     seqs = sorted({r["seq_len"] for r in rows if r["head_dim"] == head_dim})
-    header = ["causal", "seq", "batch x heads", "ours"] + [n for _, n in SDPA_COLUMNS]
-    header.append("ours / FLASH")
+    variant = any(k[4] == "ours_r16" and k[3] == mode and k[0] == head_dim for k in t)
+    header = ["causal", "seq", "batch x heads", "ours"]
+    header += ["ours, 16 rows/warp"] if variant else []
+    header += [n for _, n in SDPA_COLUMNS] + ["ours / FLASH"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     shapes = {(r["seq_len"]): (r["batch"], r["heads"]) for r in rows if r["head_dim"] == head_dim}
     for causal in (False, True):
@@ -52,6 +54,8 @@ def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
             flash = t.get((head_dim, s, causal, mode, "flash"))
             b, h = shapes[s]
             cells = ["yes" if causal else "no", f"{s:,}", f"{b} x {h}", _fmt(ours)]
+            if variant:
+                cells.append(_fmt(t.get((head_dim, s, causal, mode, "ours_r16"))))
             cells += [_fmt(t.get((head_dim, s, causal, mode, p))) for p, _ in SDPA_COLUMNS]
             cells.append(f"{ours / flash:.2f}" if flash else "n/a")
             lines.append("| " + " | ".join(cells) + " |")
@@ -122,6 +126,7 @@ def _ncu_table(ncu: dict | None) -> str:
     kernels = res["kernels"]
     names = [n for n, _ in res["metrics"].values()]
     units = dict(res["metrics"].values())
+    units.update(kernels[0].get("units", {}))  # what ncu reported, after conversion
     cols = [k["kernel_short"] for k in kernels]
     lines = [
         f"Nsight Compute (`--clock-control none`), bf16, head dim {shape['head_dim']}, seq "

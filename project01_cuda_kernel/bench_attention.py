@@ -27,10 +27,12 @@ import torch
 import torch.nn.functional as F
 
 PROJECT = "project01_cuda_kernel"
-PROVIDERS = ("ours", "flash", "cudnn", "efficient", "math")
+PROVIDERS = ("ours", "ours_r16", "flash", "cudnn", "efficient", "math")
+FWD_ONLY = ("ours_r16",)  # forward-kernel variants: measured in the fwd mode only
 MODES = ("fwd", "bwd", "fwd_bwd")
 PROVIDER_LABELS = {
-    "ours": "ours (FA2-style, mma.sync)",
+    "ours": "ours (FA2-style, mma.sync, 32 rows/warp)",
+    "ours_r16": "ours, forward variant: 16 rows/warp, Q in registers",
     "flash": "SDPA FLASH (FlashAttention-2)",
     "cudnn": "SDPA cuDNN",
     "efficient": "SDPA EFFICIENT (xFormers)",
@@ -90,6 +92,14 @@ def attention_fn(provider: str, causal: bool) -> Callable:
         from project01_cuda_kernel.attention import flash_attention
 
         return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+    if provider == "ours_r16":
+        from project01_cuda_kernel.attention import check_inputs, flash_forward
+
+        def forward_r16(q, k, v):
+            scale = check_inputs(q, k, v, causal, None)
+            return flash_forward(q, k, v, causal, scale, m_tiles_per_warp=1)[0]
+
+        return forward_r16
     from torch.nn.attention import sdpa_kernel
 
     backend = _sdpa_backend(provider)
@@ -176,10 +186,12 @@ def run(cfg: BenchConfig) -> dict:
                 if provider == "math" and s > cfg.math_max_seq:
                     continue
                 attn = attention_fn(provider, causal)
+                modes = ("fwd",) if provider in FWD_ONLY else MODES
                 try:
-                    mem = peak_memory_mib(mode_fn(attn, "fwd_bwd", q, k, v, do))
-                    memory.append({**shape, "provider": provider, "peak_mib": mem})
-                    for mode in MODES:
+                    if provider not in FWD_ONLY:
+                        mem = peak_memory_mib(mode_fn(attn, "fwd_bwd", q, k, v, do))
+                        memory.append({**shape, "provider": provider, "peak_mib": mem})
+                    for mode in modes:
                         fn = mode_fn(attn, mode, q, k, v, do)
                         t = benchmark(fn, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms)
                         flops = attention_flops(b, h, s, s, d, causal=causal, mode=mode)

@@ -43,6 +43,24 @@ METRICS = {
 }
 
 
+# (ncu unit, lowercased; unit we report) -> factor
+_UNIT_FACTORS = {
+    ("nsecond", "us"): 1e-3,
+    ("ns", "us"): 1e-3,
+    ("usecond", "us"): 1.0,
+    ("us", "us"): 1.0,
+    ("msecond", "us"): 1e3,
+    ("byte", "KiB"): 1 / 1024,
+    ("b", "KiB"): 1 / 1024,
+    ("kbyte", "KiB"): 1000 / 1024,
+    ("kib", "KiB"): 1.0,
+    ("%", "%"): 1.0,
+    ("register/thread", ""): 1.0,
+    ("block", ""): 1.0,
+    ("", ""): 1.0,
+}
+
+
 def find_ncu() -> str | None:
     found = shutil.which("ncu")
     if found:
@@ -83,7 +101,7 @@ def parse_ncu_csv(text: str) -> list[dict]:
     for r in data:
         if len(r) != len(header):
             continue
-        rec = {"kernel": r[header.index("Kernel Name")]}
+        rec = {"kernel": r[header.index("Kernel Name")], "units": {}}
         for metric, (short, unit) in METRICS.items():
             if metric not in header:
                 continue
@@ -92,16 +110,14 @@ def parse_ncu_csv(text: str) -> list[dict]:
                 val = float(raw)
             except ValueError:
                 continue
-            src_unit = units[header.index(metric)]
-            if unit == "us" and src_unit in ("nsecond", "ns"):
-                val /= 1e3
-            elif unit == "us" and src_unit in ("msecond", "ms"):
-                val *= 1e3
-            elif unit == "KiB" and src_unit in ("byte", "B"):
-                val /= 1024
-            elif unit == "KiB" and src_unit in ("Kbyte", "KB"):
-                val *= 1000 / 1024
+            src = units[header.index(metric)].strip()
+            factor = _UNIT_FACTORS.get((src.lower(), unit))
+            if factor is not None:
+                val *= factor
+            elif src and src != unit:
+                unit = src  # not a conversion we know: keep ncu's own unit
             rec[short] = val
+            rec["units"][short] = unit
         out.append(rec)
     return out
 

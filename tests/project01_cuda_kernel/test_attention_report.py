@@ -15,7 +15,8 @@ def fake_rows(ours_fwd: float, flash_fwd: float) -> list[dict]:
     rows = []
     for s in (1024, 4096):
         for causal in (False, True):
-            for provider, fwd in (("ours", ours_fwd), ("flash", flash_fwd), ("cudnn", 600.0)):
+            for provider, fwd in (("ours", ours_fwd), ("flash", flash_fwd), ("cudnn", 600.0),
+                                  ("ours_r16", 250.0)):  # fmt: skip
                 for mode, scale in (("fwd", 1.0), ("bwd", 0.8), ("fwd_bwd", 0.85)):
                     rows.append({"head_dim": 128, "seq_len": s, "batch": 16384 // s,
                                  "heads": 16, "causal": causal, "provider": provider,
@@ -37,7 +38,7 @@ def write_bench(tmp_path, rows):
 
 
 def test_ratios_pair_ours_with_flash():
-    r = ratios(fake_rows(300.0, 400.0))
+    r = ratios(fake_rows(300.0, 400.0))  # the ours_r16 rows are not paired
     assert len(r) == 2 * 2 * 3
     assert all(x["ratio"] == pytest.approx(0.75) for x in r)
 
@@ -49,7 +50,7 @@ def test_report_states_missed_target(tmp_path):
     assert "Forward >= 90% of SDPA FLASH" in md and "**not met**" in md
     assert "0.75" in md  # the measured ratio is shown
     assert "Hopper forward" in md and "not implemented" in md
-    assert "| no | 4,096 | 4 x 16 | 300 | 400 | 600 |" in md
+    assert "| no | 4,096 | 4 x 16 | 300 | 250 | 400 | 600 |" in md  # ours, ours_r16, FLASH, cuDNN
     assert "Nsight Compute figures: not measured yet" in md
 
 
@@ -91,6 +92,8 @@ def test_parse_ncu_csv_converts_units():
     assert rows[0]["registers/thread"] == 242
     assert rows[0]["dynamic shared/CTA"] == pytest.approx(64.0)  # KiB
     assert rows[1]["achieved occupancy"] == pytest.approx(12.1)
+    assert rows[0]["units"]["dynamic shared/CTA"] == "KiB"
+    assert rows[0]["units"]["duration"] == "us"
 
 
 def test_parse_ncu_csv_without_header():

@@ -27,6 +27,9 @@ struct FwdParams {
   float softmax_scale;
   bool causal;  // top-left aligned; callers require seqlen_q == seqlen_k
   DType dtype;
+  // 16-row MMA tiles per warp: 1 (Q held in registers) or 2 (Q re-read from shared memory, the
+  // FlashAttention-2 layout; the default). Kept selectable so the benchmark can compare them.
+  int m_tiles_per_warp;
 };
 
 struct BwdParams {

@@ -36,9 +36,12 @@ void check_f32(const at::Tensor& t, at::IntArrayRef shape, const char* name) {
   TORCH_CHECK(t.sizes() == shape, name, " has shape ", t.sizes(), ", expected ", shape);
 }
 
-// Forward: writes o (B, H, Sq, D) and lse (B, H, Sq) float32.
+// Forward: writes o (B, H, Sq, D) and lse (B, H, Sq) float32. m_tiles_per_warp: 1 or 2 (the
+// kernel variant; see flash_api.h).
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
-         at::Tensor& lse, bool causal, double softmax_scale) {
+         at::Tensor& lse, bool causal, double softmax_scale, int64_t m_tiles_per_warp) {
+  TORCH_CHECK(m_tiles_per_warp == 1 || m_tiles_per_warp == 2,
+              "m_tiles_per_warp must be 1 or 2, got ", m_tiles_per_warp);
   check_kernel_layout(q, "q");
   check_kernel_layout(k, "k");
   check_kernel_layout(v, "v");
@@ -74,6 +77,7 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   p.softmax_scale = static_cast<float>(softmax_scale);
   p.causal = causal;
   p.dtype = to_dtype(q);
+  p.m_tiles_per_warp = static_cast<int>(m_tiles_per_warp);
   const cudaError_t err = flash::flash_fwd(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "flash_fwd launch failed: ", cudaGetErrorString(err));
 }
@@ -142,7 +146,8 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "FlashAttention-2 forward and backward (mma.sync, cp.async), float16 and bfloat16";
-  m.def("fwd", &fwd, "forward: (q, k, v, o, lse, causal, softmax_scale) -> None");
+  m.def("fwd", &fwd,
+        "forward: (q, k, v, o, lse, causal, softmax_scale, m_tiles_per_warp) -> None");
   m.def("bwd", &bwd,
         "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, softmax_scale) -> None");
 }

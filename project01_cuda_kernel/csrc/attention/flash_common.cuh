@@ -52,6 +52,8 @@ struct TypeTraits<__nv_bfloat16> {
 };
 
 // ---- tensor-core MMA: C(16x8 f32) += A(16x16) * B(16x8) -------------------------------------
+// Not volatile: a pure register operation, which the compiler may schedule freely. (ldmatrix
+// and cp.async stay volatile: they must not move across barriers.)
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1);
@@ -59,7 +61,7 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4],
                                                   uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -69,7 +71,7 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t 
 template <>
 __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
                                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -141,17 +143,24 @@ template <int ROWS, int COLS, int NTHREADS, typename T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t row_stride,
                                                 int rows_valid, int tid) {
   constexpr int kChunksPerRow = COLS / 8;
-  constexpr int kChunks = ROWS * kChunksPerRow;
-  static_assert(kChunks % NTHREADS == 0, "tile chunks must divide evenly among threads");
+  constexpr int kRowsPerPass = NTHREADS / kChunksPerRow;
+  static_assert(NTHREADS % kChunksPerRow == 0 && ROWS % kRowsPerPass == 0,
+                "tile chunks must divide evenly among threads");
+  static_assert(kRowsPerPass % 8 == 0, "passes must keep the swizzle phase (row % 8)");
+  const int row = tid / kChunksPerRow;
+  const int col = (tid % kChunksPerRow) * 8;
+  // One pointer advanced pass by pass (not ROWS / kRowsPerPass precomputed 64-bit offsets,
+  // which the compiler would keep live across the whole main loop). Shared addresses differ by
+  // constants because kRowsPerPass keeps row % 8, hence the swizzle, fixed.
+  const T* src = gmem + row * row_stride + col;
+  const int64_t pass_stride = kRowsPerPass * row_stride;
+  const uint32_t dst = smem_u32(smem + swz<COLS>(row, col));
 #pragma unroll
-  for (int i = 0; i < kChunks / NTHREADS; ++i) {
-    const int chunk = tid + i * NTHREADS;
-    const int row = chunk / kChunksPerRow;
-    const int col = (chunk % kChunksPerRow) * 8;
-    const bool valid = row < rows_valid;
-    // Clamp the address of a masked row to row 0 so no out-of-range pointer is formed.
-    const T* src = gmem + (valid ? row * row_stride : 0) + col;
-    cp_async_16(smem_u32(smem + swz<COLS>(row, col)), src, valid);
+  for (int i = 0; i < ROWS / kRowsPerPass; ++i) {
+    const bool valid = row + i * kRowsPerPass < rows_valid;
+    // A masked row reads nothing (zero fill); point it at the tile start, which is mapped.
+    cp_async_16(dst + i * kRowsPerPass * COLS * sizeof(T), valid ? src : gmem, valid);
+    src += pass_stride;
   }
 }
 

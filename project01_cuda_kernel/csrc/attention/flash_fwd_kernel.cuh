@@ -1,7 +1,11 @@
 // FlashAttention-2 forward: O = softmax(scale * Q K^T) V and the row log-sum-exp, one pass.
 //
-// One CTA owns BM = 16 * NWARPS rows of Q for one (batch, head); warp w owns rows 16w..16w+15.
-//   1. Q tile -> shared (cp.async) -> registers as mma A fragments (ldmatrix), kept for the CTA.
+// One CTA owns BM = 16 * NWARPS * MT rows of Q for one (batch, head); warp w owns MT tiles of 16
+// rows (rows 16w + 16 NWARPS mt + 0..15, mt < MT).
+//   1. Q tile -> shared (cp.async). MT = 1: Q -> registers as mma A fragments (ldmatrix), kept
+//      for the CTA. MT = 2 (FlashAttention-2's layout): Q stays in shared memory and is re-read
+//      each step, which leaves registers for twice the rows, so every K/V fragment a warp loads
+//      from shared memory feeds two MMAs: half the shared-memory traffic per FLOP.
 //   2. K/V tiles of BN rows stream through two shared-memory stages: block n+1 is in flight
 //      (cp.async) while block n is multiplied.
 //   3. S = Q K^T (16 x BN per warp, float32), masked (sequence tail, causal diagonal), then the
@@ -21,20 +25,25 @@
 
 namespace flash {
 
-template <typename T, int D, int NWARPS, int BN, bool CAUSAL>
+template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL>
 __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdParams p) {
-  constexpr int BM = 16 * NWARPS;
+  constexpr int WROWS = 16 * NWARPS;  // rows covered by one m-tile of every warp
+  constexpr int BM = WROWS * MT;
   constexpr int NTHREADS = NWARPS * 32;
   constexpr int KCHUNKS = D / 16;  // k-steps of Q K^T
-  constexpr int STILES = BN / 8;   // 8-wide column tiles of S per warp
-  constexpr int OTILES = D / 8;    // 8-wide column tiles of O per warp
-  static_assert(BM <= 2 * BN, "the Q tile is staged in the second K/V stage");
+  constexpr int STILES = BN / 8;   // 8-wide column tiles of S per m-tile
+  constexpr int OTILES = D / 8;    // 8-wide column tiles of O per m-tile
+  constexpr bool kQInRegs = (MT == 1);
+  constexpr int kStageElems = 2 * BN * D;  // K then V, BN x D each
+  static_assert(!kQInRegs || BM <= 2 * BN, "the Q tile is staged in the second K/V stage");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
-  // Stage s holds K then V, BN x D each. Q (and at the end O) is staged in stage 1's space.
-  constexpr int kStageElems = 2 * BN * D;
-  T* const s_q = smem + kStageElems;
+  // MT = 1: [stage 0][stage 1], Q staged in stage 1 before the loop, O staged in stage 0 after.
+  // MT = 2: [Q][stage 0][stage 1], O staged in Q's space after the loop.
+  T* const s_kv = kQInRegs ? smem : smem + BM * D;
+  T* const s_q = kQInRegs ? smem + kStageElems : smem;
+  T* const s_o = smem;  // MT = 1: stage 0; MT = 2: the Q tile's space
 
   const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // heavy blocks first
   const int head = blockIdx.y;
@@ -56,8 +65,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
 
   // Prologue: Q and the first K/V block in one group.
   load_tile_async<BM, D, NTHREADS>(s_q, q, p.q_row_stride, p.seqlen_q - m0, tid);
-  load_tile_async<BN, D, NTHREADS>(smem, k, p.k_row_stride, p.seqlen_k, tid);
-  load_tile_async<BN, D, NTHREADS>(smem + BN * D, v, p.v_row_stride, p.seqlen_k, tid);
+  load_tile_async<BN, D, NTHREADS>(s_kv, k, p.k_row_stride, p.seqlen_k, tid);
+  load_tile_async<BN, D, NTHREADS>(s_kv + BN * D, v, p.v_row_stride, p.seqlen_k, tid);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -69,26 +78,37 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   const uint32_t a_lane = swz_lane<RB>(lane & 15, lane >> 4);
   const uint32_t k_lane = swz_lane<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
   const uint32_t v_lane = swz_lane<RB>((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+  const uint32_t q_addr = smem_u32(s_q) + warp * 16 * RB;  // + mt * WROWS * RB
 
-  uint32_t q_frag[KCHUNKS][4];
-  const uint32_t q_addr = smem_u32(s_q) + warp * 16 * RB;
+  uint32_t q_frag[kQInRegs ? KCHUNKS : 1][4];
+  if constexpr (kQInRegs) {
 #pragma unroll
-  for (int kk = 0; kk < KCHUNKS; ++kk) ldmatrix_x4(q_frag[kk], q_addr + (a_lane ^ (kk * 32)));
-  __syncthreads();  // stage 1 is free for K/V block 1
+    for (int kk = 0; kk < KCHUNKS; ++kk) ldmatrix_x4(q_frag[kk], q_addr + (a_lane ^ (kk * 32)));
+    __syncthreads();  // stage 1 is free for K/V block 1
+  }
 
-  float o_acc[OTILES][4];
+  float o_acc[MT][OTILES][4];
+  float row_max[MT][2];  // raw (unscaled) scores
+  float row_sum[MT][2];  // this thread's partial sums; quad-reduced at the end
 #pragma unroll
-  for (int i = 0; i < OTILES; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // raw (unscaled) scores
-  float row_sum[2] = {0.f, 0.f};              // this thread's partial sums; quad-reduced at the end
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < OTILES; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o_acc[mt][i][e] = 0.f;
+    }
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
   const float scale_log2 = p.softmax_scale * kLog2e;
-  const int row0 = m0 + warp * 16 + g;  // global rows of this thread: row0 and row0 + 8
+  // Global row of this thread's first fragment row in m-tile mt: row0 + mt * WROWS (and +8).
+  const int row0 = m0 + warp * 16 + g;
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb & 1;
     if (nb + 1 < n_blocks) {
       const int n1 = (nb + 1) * BN;
-      T* dst = smem + (stage ^ 1) * kStageElems;
+      T* dst = s_kv + (stage ^ 1) * kStageElems;
       load_tile_async<BN, D, NTHREADS>(dst, k + n1 * p.k_row_stride, p.k_row_stride,
                                        p.seqlen_k - n1, tid);
       load_tile_async<BN, D, NTHREADS>(dst + BN * D, v + n1 * p.v_row_stride, p.v_row_stride,
@@ -98,22 +118,38 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
     cp_async_wait<1>();
     __syncthreads();
 
-    const uint32_t k_addr = smem_u32(smem + stage * kStageElems);
+    const uint32_t k_addr = smem_u32(s_kv + stage * kStageElems);
     const uint32_t v_addr = k_addr + BN * RB;
     const int n0 = nb * BN;
 
-    // S = Q K^T for this warp's 16 rows and BN keys.
-    float s[STILES][4];
+    // S = Q K^T for this warp's MT x 16 rows and BN keys.
+    float s[MT][STILES][4];
 #pragma unroll
-    for (int j = 0; j < STILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < STILES; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+    }
 #pragma unroll
     for (int kk = 0; kk < KCHUNKS; ++kk) {
+      uint32_t qf[MT][4];
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qf[0][e] = q_frag[kk][e];
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          ldmatrix_x4(qf[mt], q_addr + mt * WROWS * RB + (a_lane ^ (kk * 32)));
+        }
+      }
 #pragma unroll
       for (int np = 0; np < STILES / 2; ++np) {
         uint32_t kf[4];
         ldmatrix_x4(kf, k_addr + np * 16 * RB + (k_lane ^ (kk * 32)));
-        mma_16816<T>(s[2 * np], q_frag[kk], kf[0], kf[1]);
-        mma_16816<T>(s[2 * np + 1], q_frag[kk], kf[2], kf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], qf[mt], kf[0], kf[1]);
+          mma_16816<T>(s[mt][2 * np + 1], qf[mt], kf[2], kf[3]);
+        }
       }
     }
 
@@ -121,109 +157,128 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
     const bool need_mask = (n0 + BN > p.seqlen_k) || (CAUSAL && n0 + BN - 1 > m0);
     if (need_mask) {
 #pragma unroll
-      for (int j = 0; j < STILES; ++j) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n0 + j * 8 + 2 * t + (e & 1);
-          const int row = row0 + (e >> 1) * 8;
-          if (col >= p.seqlen_k || (CAUSAL && col > row)) s[j][e] = -INFINITY;
+        for (int j = 0; j < STILES; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n0 + j * 8 + 2 * t + (e & 1);
+            const int row = row0 + mt * WROWS + (e >> 1) * 8;
+            if (col >= p.seqlen_k || (CAUSAL && col > row)) s[mt][j][e] = -INFINITY;
+          }
         }
       }
     }
 
-    // Online softmax, rows row0 (rr = 0) and row0 + 8 (rr = 1).
+    // Online softmax, per m-tile rows row0 (rr = 0) and row0 + 8 (rr = 1).
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float mx = row_max[rr];
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int j = 0; j < STILES; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * rr], s[j][2 * rr + 1]));
-      mx = quad_max(mx);
-      // A row with every key masked so far keeps max -inf; subtract 0 then so exp gives 0, not NaN.
-      const float mx_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
-      const float correction = exp2f(row_max[rr] * scale_log2 - mx_scaled);
-      row_max[rr] = mx;
-      float sum = 0.f;
+      for (int rr = 0; rr < 2; ++rr) {
+        float mx = row_max[mt][rr];
 #pragma unroll
-      for (int j = 0; j < STILES; ++j) {
-        s[j][2 * rr] = exp2f(fmaf(s[j][2 * rr], scale_log2, -mx_scaled));
-        s[j][2 * rr + 1] = exp2f(fmaf(s[j][2 * rr + 1], scale_log2, -mx_scaled));
-        sum += s[j][2 * rr] + s[j][2 * rr + 1];
-      }
-      row_sum[rr] = row_sum[rr] * correction + sum;
+        for (int j = 0; j < STILES; ++j) {
+          mx = fmaxf(mx, fmaxf(s[mt][j][2 * rr], s[mt][j][2 * rr + 1]));
+        }
+        mx = quad_max(mx);
+        // A row whose keys are all masked so far keeps max -inf; subtract 0 then, so exp gives
+        // 0 rather than NaN.
+        const float mx_scaled = (mx == -INFINITY) ? 0.f : mx * scale_log2;
+        const float correction = exp2f(row_max[mt][rr] * scale_log2 - mx_scaled);
+        row_max[mt][rr] = mx;
+        float sum = 0.f;
 #pragma unroll
-      for (int i = 0; i < OTILES; ++i) {
-        o_acc[i][2 * rr] *= correction;
-        o_acc[i][2 * rr + 1] *= correction;
+        for (int j = 0; j < STILES; ++j) {
+          s[mt][j][2 * rr] = exp2f(fmaf(s[mt][j][2 * rr], scale_log2, -mx_scaled));
+          s[mt][j][2 * rr + 1] = exp2f(fmaf(s[mt][j][2 * rr + 1], scale_log2, -mx_scaled));
+          sum += s[mt][j][2 * rr] + s[mt][j][2 * rr + 1];
+        }
+        row_sum[mt][rr] = row_sum[mt][rr] * correction + sum;
+#pragma unroll
+        for (int i = 0; i < OTILES; ++i) {
+          o_acc[mt][i][2 * rr] *= correction;
+          o_acc[mt][i][2 * rr + 1] *= correction;
+        }
       }
     }
 
     // O += P V. Two 8-column tiles of S form the A fragment of one 16-key step.
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
-      uint32_t p_frag[4];
-      p_frag[0] = TypeTraits<T>::pack(s[2 * kc][0], s[2 * kc][1]);
-      p_frag[1] = TypeTraits<T>::pack(s[2 * kc][2], s[2 * kc][3]);
-      p_frag[2] = TypeTraits<T>::pack(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-      p_frag[3] = TypeTraits<T>::pack(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+      uint32_t p_frag[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        p_frag[mt][0] = TypeTraits<T>::pack(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+        p_frag[mt][1] = TypeTraits<T>::pack(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+        p_frag[mt][2] = TypeTraits<T>::pack(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+        p_frag[mt][3] = TypeTraits<T>::pack(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vf[4];
         ldmatrix_x4_trans(vf, v_addr + kc * 16 * RB + (v_lane ^ (dp * 32)));
-        mma_16816<T>(o_acc[2 * dp], p_frag, vf[0], vf[1]);
-        mma_16816<T>(o_acc[2 * dp + 1], p_frag, vf[2], vf[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(o_acc[mt][2 * dp], p_frag[mt], vf[0], vf[1]);
+          mma_16816<T>(o_acc[mt][2 * dp + 1], p_frag[mt], vf[2], vf[3]);
+        }
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
-  // Epilogue: normalise, stage this warp's 16 rows in shared memory, store 16 bytes a lane.
-  float inv_sum[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    row_sum[rr] = quad_sum(row_sum[rr]);
-    inv_sum[rr] = row_sum[rr] > 0.f ? 1.f / row_sum[rr] : 0.f;
-  }
-  T* s_o = smem;  // free: the loop ended with a barrier and no copy is in flight
-#pragma unroll
-  for (int i = 0; i < OTILES; ++i) {
-    const int r = warp * 16 + g;
-    const int c = i * 8 + 2 * t;
-    *reinterpret_cast<uint32_t*>(s_o + swz<D>(r, c)) =
-        TypeTraits<T>::pack(o_acc[i][0] * inv_sum[0], o_acc[i][1] * inv_sum[0]);
-    *reinterpret_cast<uint32_t*>(s_o + swz<D>(r + 8, c)) =
-        TypeTraits<T>::pack(o_acc[i][2] * inv_sum[1], o_acc[i][3] * inv_sum[1]);
-  }
-  __syncwarp();
+  // Epilogue: normalise, stage this warp's rows in shared memory (rows no other warp touches;
+  // for MT = 1 stage 0 is free after the loop's last barrier), store 16 bytes a lane.
   T* o = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+  float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads + head) * p.seqlen_q;
   constexpr int kChunksPerRow = D / 8;
 #pragma unroll
-  for (int i = 0; i < 16 * kChunksPerRow / 32; ++i) {
-    const int chunk = lane + i * 32;
-    const int r = warp * 16 + chunk / kChunksPerRow;
-    const int c = (chunk % kChunksPerRow) * 8;
-    if (m0 + r < p.seqlen_q) {
-      *reinterpret_cast<uint4*>(o + (m0 + r) * p.o_row_stride + c) =
-          *reinterpret_cast<const uint4*>(s_o + swz<D>(r, c));
-    }
-  }
-  if (t == 0) {
-    float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads + head) * p.seqlen_q;
+  for (int mt = 0; mt < MT; ++mt) {
+    float inv_sum[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int row = row0 + rr * 8;
-      if (row < p.seqlen_q) {
-        lse[row] = row_sum[rr] > 0.f ? row_max[rr] * p.softmax_scale + logf(row_sum[rr])
-                                     : INFINITY;
+      row_sum[mt][rr] = quad_sum(row_sum[mt][rr]);
+      inv_sum[rr] = row_sum[mt][rr] > 0.f ? 1.f / row_sum[mt][rr] : 0.f;
+    }
+    const int r_base = mt * WROWS + warp * 16;  // this warp's first row of the m-tile, local
+#pragma unroll
+    for (int i = 0; i < OTILES; ++i) {
+      const int c = i * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(s_o + swz<D>(r_base + g, c)) = TypeTraits<T>::pack(
+          o_acc[mt][i][0] * inv_sum[0], o_acc[mt][i][1] * inv_sum[0]);
+      *reinterpret_cast<uint32_t*>(s_o + swz<D>(r_base + g + 8, c)) = TypeTraits<T>::pack(
+          o_acc[mt][i][2] * inv_sum[1], o_acc[mt][i][3] * inv_sum[1]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 16 * kChunksPerRow / 32; ++i) {
+      const int chunk = lane + i * 32;
+      const int r = r_base + chunk / kChunksPerRow;
+      const int c = (chunk % kChunksPerRow) * 8;
+      if (m0 + r < p.seqlen_q) {
+        *reinterpret_cast<uint4*>(o + (m0 + r) * p.o_row_stride + c) =
+            *reinterpret_cast<const uint4*>(s_o + swz<D>(r, c));
+      }
+    }
+    if (t == 0) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int row = row0 + mt * WROWS + rr * 8;
+        if (row < p.seqlen_q) {
+          lse[row] = row_sum[mt][rr] > 0.f
+                         ? row_max[mt][rr] * p.softmax_scale + logf(row_sum[mt][rr])
+                         : INFINITY;
+        }
       }
     }
   }
 }
 
-template <typename T, int D, int NWARPS, int BN, bool CAUSAL>
+template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  constexpr int BM = 16 * NWARPS;
-  constexpr size_t smem_bytes = 2 * 2 * BN * D * sizeof(T);
-  auto kernel = flash_fwd_kernel<T, D, NWARPS, BN, CAUSAL>;
+  constexpr int BM = 16 * NWARPS * MT;
+  constexpr size_t smem_bytes = ((MT == 1 ? 0 : BM * D) + 2 * 2 * BN * D) * sizeof(T);
+  auto kernel = flash_fwd_kernel<T, D, NWARPS, MT, BN, CAUSAL>;
   if (smem_bytes > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem_bytes));
@@ -234,14 +289,14 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D, int NWARPS, int BN>
+template <int D, int NWARPS, int MT, int BN>
 cudaError_t dispatch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (p.dtype == DType::kFloat16) {
-    return p.causal ? launch_fwd<__half, D, NWARPS, BN, true>(p, stream)
-                    : launch_fwd<__half, D, NWARPS, BN, false>(p, stream);
+    return p.causal ? launch_fwd<__half, D, NWARPS, MT, BN, true>(p, stream)
+                    : launch_fwd<__half, D, NWARPS, MT, BN, false>(p, stream);
   }
-  return p.causal ? launch_fwd<__nv_bfloat16, D, NWARPS, BN, true>(p, stream)
-                  : launch_fwd<__nv_bfloat16, D, NWARPS, BN, false>(p, stream);
+  return p.causal ? launch_fwd<__nv_bfloat16, D, NWARPS, MT, BN, true>(p, stream)
+                  : launch_fwd<__nv_bfloat16, D, NWARPS, MT, BN, false>(p, stream);
 }
 
 }  // namespace flash
