@@ -1,0 +1,107 @@
+"""The Tune driver is killed (SIGKILL) mid-experiment; `--resume` (Tuner.restore) in a fresh
+process finishes the experiment without re-running the trials that had finished, and the
+interrupted trials continue from their checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="Ray Tune is not installed (pip install 'ray[tune]')")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MAX_STEPS = 10
+
+
+def _tune_state(exp: Path) -> dict[str, str] | None:
+    """{trial directory name: status} from Tune's newest experiment-state snapshot."""
+    snaps = sorted(exp.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    if not snaps:
+        return None
+    try:
+        state = json.loads(snaps[-1].read_text())
+        trials = [json.loads(t[0]) for t in state["trial_data"]]
+    except (json.JSONDecodeError, KeyError, OSError):
+        return None  # caught mid-write: look again
+    return {Path(t["relative_logdir"]).name: t["status"] for t in trials}
+
+
+def _rows(trial_dir: Path) -> list[dict]:
+    path = trial_dir / "result.json"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_experiment_then_restored(tmp_path):
+    storage = tmp_path / "tune"
+    exp = storage / "restore"
+    argv = [sys.executable, "-m", "project03_capstone_infra.tune", "--preset", "tiny",
+            "--num-samples", "4", "--max-steps", str(MAX_STEPS), "--ckpt-every", "2",
+            "--scheduler", "fifo", "--max-concurrent", "2", "--num-cpus", "2",
+            "--object-store-mb", "128", "--storage-path", str(storage), "--name", "restore",
+            "--no-compare-random", "--no-report"]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    with open(tmp_path / "driver1.log", "w") as log:
+        driver = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+    finished: dict[str, bytes] = {}
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert time.monotonic() < deadline, "no trial finished within 300 s"
+            assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
+            state = _tune_state(exp) or {}
+            done = [n for n, s in state.items() if s == "TERMINATED"]
+            # one running trial that has already handed Tune a checkpoint
+            running_ckpt = [n for n, s in state.items() if s == "RUNNING"
+                            and any(r.get("checkpoint_dir_name") for r in _rows(exp / n))]  # fmt: skip
+            if done and running_ckpt:
+                finished = {n: (exp / n / "result.json").read_bytes() for n in done}
+                break
+            time.sleep(0.3)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and every process it started
+        driver.wait(timeout=60)
+    assert 1 <= len(finished) < 4
+
+    restored = subprocess.run(argv + ["--resume"], cwd=REPO_ROOT, env=env, capture_output=True,
+                              text=True, timeout=400, start_new_session=True)  # fmt: skip
+    assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
+    summary = json.loads((exp / "summary.json").read_text())
+    assert len(summary["trials"]) == 4
+    assert all(
+        t["status"] == "completed" and t["last_step"] == MAX_STEPS for t in summary["trials"]
+    )
+    # finished trials were not run again: their results are byte for byte what they were
+    for name, blob in finished.items():
+        assert (exp / name / "result.json").read_bytes() == blob, f"{name} was re-run"
+    # an interrupted trial resumed from its Tune checkpoint and replayed identically
+    resumed = []
+    for trial_dir in (p for p in exp.iterdir() if p.is_dir() and p.name not in finished):
+        rows = _rows(trial_dir)
+        later = [r for r in rows if r.get("restored_from_step", -1) > 0]
+        if later:
+            resumed.append(trial_dir.name)
+            first = {r["step"]: r["loss"] for r in rows if r["attempt"] == 0}
+            for r in later:
+                if r["step"] in first:
+                    assert r["loss"] == first[r["step"]]
+            assert max(r["step"] for r in later) == MAX_STEPS
+    assert resumed, "no interrupted trial resumed from a checkpoint"
