@@ -214,15 +214,37 @@ class Sourced:
         return asdict(self)
 
 
-_CONTEXT_KEYS = ("preset", "dtype", "world_size", "n_gpus", "seq_len")
+# Keys that say what a throughput row measured, as the project02/project03 records name them
+# (in increasing priority when one dict holds several: the compute dtype wins).
+_CONTEXT_KEYS = {
+    "preset": "preset",
+    "seq_len": "seq_len",
+    "n_gpus": "world_size",
+    "world_size": "world_size",
+    "param_dtype": "dtype",
+    "dtype": "dtype",
+    "compute_dtype": "dtype",
+}
 
 
 def _context(obj: dict, ctx: dict) -> dict:
     here = dict(ctx)
-    for key in _CONTEXT_KEYS:
-        if key in obj and isinstance(obj[key], (str, int, float)):
-            here[key] = obj[key]
+    for key, norm in _CONTEXT_KEYS.items():
+        v = obj.get(key)
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+            here[norm] = v
     return here
+
+
+def _config_context(config) -> dict:
+    """Context keys anywhere in a record's config (nested dataclass dumps)."""
+    ctx: dict = {}
+    if isinstance(config, dict):
+        ctx = _context(config, ctx)
+        for v in config.values():
+            if isinstance(v, dict):
+                ctx.update(_config_context(v))
+    return ctx
 
 
 def _throughput_rows(obj, ctx: dict, out: list[dict]) -> None:
@@ -269,10 +291,9 @@ def measured_throughput(reports_dir: Path, gpu_key: str, preset: str) -> list[di
             if spec is None or spec.key != gpu_key:
                 continue
             found: list[dict] = []
-            config = record.get("config") if isinstance(record.get("config"), dict) else {}
-            _throughput_rows(record.get("results"), _context(config, {}), found)
+            _throughput_rows(record.get("results"), _config_context(record.get("config")), found)
             for r in found:
-                world = r.get("world_size", r.get("n_gpus"))
+                world = r.get("world_size")
                 dtype = _dtype_key(r.get("dtype"))
                 if r.get("preset") != preset or dtype is None or not world:
                     continue
@@ -506,6 +527,29 @@ def interval_sweep(cfg: CostConfig, plan: Plan, points: int = 40) -> dict:
     }
 
 
+SAVE_COST_GRID_S = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def save_cost_sensitivity(cfg: CostConfig, plan: Plan) -> list[dict]:
+    """What the checkpoint's blocking time (fast local disk vs slow object storage) costs one
+    plan when its interval is re-chosen by Young/Daly for each save time."""
+    restart_h = cfg.restart_s / 3600
+    usd_per_h = plan.price_per_gpu_hour * cfg.n_gpus
+    rows = []
+    for save_s in SAVE_COST_GRID_S:
+        save_h = save_s / 3600
+        tau = min(young_daly_interval(save_h, plan.rate_per_h), plan.work_h)
+        hours = expected_hours(plan.work_h, tau, save_h, plan.rate_per_h, restart_h)
+        rows.append({
+            "save_s": save_s,
+            "interval_h": tau,
+            "expected_h": hours,
+            "overhead_pct": 100 * (hours / plan.work_h - 1),
+            "expected_usd": hours * usd_per_h,
+        })  # fmt: skip
+    return rows
+
+
 def run(cfg: CostConfig) -> dict:
     """Evaluate every plan; returns the result record's `results` (also used by the tests)."""
     from shared.hardware import get_gpu
@@ -561,6 +605,7 @@ def run(cfg: CostConfig) -> dict:
         "savings_vs_on_demand_bf16_pct": 100
         * (1 - cheapest["expected_usd"] / on_demand_bf16["expected_usd"]),
         "interval_sweep_spot_bf16": interval_sweep(cfg, yd_plan),
+        "save_cost_sensitivity_spot_bf16": save_cost_sensitivity(cfg, yd_plan),
     }
 
 
@@ -672,6 +717,20 @@ def render_markdown(cfg: CostConfig, results: dict, env: dict) -> str:
         f"(expected ${sweep['young_daly_usd']:,.0f}); the exact optimum of the model is "
         f"{sweep['optimal_h'] * 60:.1f} min (${sweep['optimal_usd']:,.0f}). "
         "Chart: `cost_interval.png`.",
+        "",
+        "## Checkpoint save time (spot, bf16, Young/Daly interval for each)",
+        "",
+        markdown_table(
+            results["save_cost_sensitivity_spot_bf16"],
+            ["save_s", "interval_h", "expected_h", "overhead_pct", "expected_usd"],
+            headers=[
+                "save blocks (s)",
+                "ckpt every (h)",
+                "E[wall] (h)",
+                "overhead %",
+                "E[cost] USD",
+            ],
+        ),
         "",
         "## Inputs and where they come from",
         f"- Prices: on-demand ${results['prices']['on_demand']['value']}/GPU-h "

@@ -161,6 +161,36 @@ def test_measured_throughput_and_ratio_are_taken_from_reports(tmp_path):
     assert not tput_h100.measured and not ratio_h100.measured
 
 
+def test_project02_shaped_records_are_read(tmp_path):
+    """project02 nests the preset in config.train and names the dtype compute_dtype."""
+    folder = tmp_path / "project02_fsdp_scaling"
+    folder.mkdir()
+    for name, dtype, tps in (("bf16", "bfloat16", 70_000.0), ("fp32", "float32", 20_000.0)):
+        rec = {
+            "environment": {"gpu": "NVIDIA H200"},
+            "config": {"scaling": {"gpus": "1,2"}, "train": {"preset": "1b", "param_dtype": dtype}},
+            "results": {"runs": [
+                {"world_size": 2, "status": "ok", "tokens_per_s": 2 * tps, "compute_dtype": dtype},
+                {"world_size": 4, "status": "failed", "returncode": 1},
+            ]},
+        }  # fmt: skip
+        (folder / f"scaling_{name}.json").write_text(json.dumps(rec))
+    tput, ratio = cost.resolve_throughput(_small(tmp_path), tmp_path)
+    assert tput.measured and tput.value == pytest.approx(70_000.0)
+    assert ratio.measured and ratio.value == pytest.approx(3.5)
+
+
+def test_slower_checkpoint_saves_cost_more(tmp_path):
+    rows = cost.run(_small(tmp_path))["save_cost_sensitivity_spot_bf16"]
+    assert [r["save_s"] for r in rows] == sorted(r["save_s"] for r in rows)
+    usd = [r["expected_usd"] for r in rows]
+    assert all(a < b for a, b in zip(usd, usd[1:]))
+    # Young/Daly: the interval grows as the square root of the save time
+    assert rows[-1]["interval_h"] / rows[0]["interval_h"] == pytest.approx(
+        math.sqrt(rows[-1]["save_s"] / rows[0]["save_s"]), rel=1e-6
+    )
+
+
 def test_trace_drives_the_spot_monte_carlo(tmp_path):
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps([2.0, 6.0, 12.0, 4.0]))
