@@ -1,0 +1,20 @@
+"""`python -m project03_capstone_infra`: the entry points of this package."""
+
+ENTRY_POINTS = {
+    "train": "fault-tolerant FSDP training (run under torchrun for several ranks)",
+    "ckpt": "list | verify | prune | compare checkpoints",
+    "chaos": "reference run vs the same run under injected faults; writes the report",
+    "health": "GPU health snapshot, pre-flight checks, Prometheus metrics",
+    "bench_checkpoint": "GPU: sync vs async checkpoint blocking time and time to resume (1b)",
+}
+
+
+def main() -> int:
+    print("python -m project03_capstone_infra.<command> --help\n")
+    for name, what in ENTRY_POINTS.items():
+        print(f"  {name:<17} {what}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

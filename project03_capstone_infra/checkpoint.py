@@ -1,0 +1,746 @@
+"""Versioned, verified, sharded checkpoints on top of `torch.distributed.checkpoint` (DCP).
+
+Layout of a checkpoint root:
+
+    root/
+      step_00000100/             one committed checkpoint per step
+        .metadata                DCP's index of every shard
+        __0_0.distcp ...         each rank's shards (DCP names them __<rank>_<n>.distcp)
+        manifest.json            step, config hash, git commit, world size, time, sha256 per file
+      latest                     text: the name of the newest committed step directory
+      .tmp-step_00000110-<pid>/  a save in progress (never loaded; removed at the next start)
+      quarantine/                checkpoints that failed verification, kept for inspection
+
+Commit protocol (why a crash never leaves a checkpoint that looks whole): every rank writes its
+shards into the temporary directory (DCP fsyncs each file), hashes its own files and sends the
+digests to rank 0; rank 0 writes manifest.json, fsyncs it and the directory, then renames the
+directory to step_XXXXXXXX and fsyncs the root. A directory named step_* therefore always has a
+manifest that lists every file with its checksum. `latest` is replaced atomically after that; the
+loader does not trust it blindly: it walks the step directories newest first, verifies each, and
+loads the first good one, logging why each newer one was skipped.
+
+What a checkpoint holds: the caller's state (model and optimizer from
+`torch.distributed.checkpoint.state_dict.get_state_dict`, sharded DTensors), a JSON blob of
+trainer state (step, LR schedule, data position, counters) and, per rank, the RNG states of
+Python, NumPy, torch CPU and every CUDA device under the key `rng.rank_<r>`. DCP reshards model
+and optimizer on load, so a run saved on N ranks resumes on M.
+
+Saves are synchronous or asynchronous (`dcp.async_save`). An asynchronous save blocks training
+only while the state is staged into host memory; the write, the checksums and the commit run on
+a background thread with their own gloo process group, so they never interleave with the
+training collectives. `SaveStats.blocking_s` is the time training was actually held.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import datetime as _dt
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+QUARANTINE = "quarantine"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d{8})$")
+_HASH_CHUNK = 8 << 20  # bytes read per hashlib update (hashlib releases the GIL on large blocks)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or no good checkpoint could be loaded."""
+
+
+def step_dir_name(step: int) -> str:
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    return f"step_{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+# --- files: fsync, hashing -------------------------------------------------------------------
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a directory's entries (new, renamed or removed files) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_files(paths: Iterable[Path], threads: int = 8) -> dict[str, dict]:
+    """{file name: {"sha256", "bytes"}}, hashed on a thread pool (one file per thread)."""
+    paths = list(paths)
+    if not paths:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as ex:
+        digests = list(ex.map(sha256_file, paths))
+    return {p.name: {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(paths, digests)}
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# --- retention -------------------------------------------------------------------------------
+
+
+def retained_steps(steps: Iterable[int], keep_last: int, milestone_every: int = 0) -> set[int]:
+    """The steps a retention policy keeps: the newest `keep_last`, plus every step that is a
+    multiple of `milestone_every` (when > 0) as a milestone."""
+    if keep_last < 1:
+        raise ValueError(
+            f"keep_last must be >= 1 (the newest checkpoint is always kept), got {keep_last}"
+        )
+    if milestone_every < 0:
+        raise ValueError(
+            f"milestone_every must be >= 0 (0 disables milestones), got {milestone_every}"
+        )
+    ordered = sorted(set(steps))
+    keep = set(ordered[-keep_last:])
+    if milestone_every:
+        keep |= {s for s in ordered if s % milestone_every == 0}
+    return keep
+
+
+# --- RNG state (per rank), as JSON: no pickle in the checkpoint -------------------------------
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def capture_rng_state() -> str:
+    """The RNG states of Python, NumPy, torch CPU and every CUDA device, as a JSON string."""
+    np_state = np.random.get_state()
+    state = {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": {
+            "kind": np_state[0],
+            "key": np_state[1].tolist(),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "gauss": float(np_state[4]),
+        },
+        "torch_cpu": _b64(torch.get_rng_state()),
+        "torch_cuda": (
+            [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_initialized() else []
+        ),
+    }
+    return json.dumps(state)
+
+
+def restore_rng_state(blob: str) -> None:
+    state = json.loads(blob)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state(
+        (n["kind"], np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
+    torch.set_rng_state(_unb64(state["torch_cpu"]))
+    cuda_states = state.get("torch_cuda") or []
+    if cuda_states and torch.cuda.is_available():
+        # A run resumed on fewer devices restores the ones it has.
+        for i, s in enumerate(cuda_states[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(_unb64(s), device=i)
+
+
+# --- verification (no process group needed: used by the CLI too) -----------------------------
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    step: int
+    ok: bool
+    problems: list[str]
+    manifest: dict | None
+
+    @property
+    def total_bytes(self) -> int:
+        files = (self.manifest or {}).get("files", {})
+        return sum(int(v.get("bytes", 0)) for v in files.values())
+
+
+def read_manifest(path: Path) -> dict:
+    mpath = path / MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.name}: no {MANIFEST}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path.name}: {MANIFEST} is not valid JSON ({e})") from None
+    for key in ("format_version", "step", "files", "world_size", "config_hash"):
+        if key not in manifest:
+            raise CheckpointError(f"{path.name}: {MANIFEST} lacks {key!r}")
+    return manifest
+
+
+def verify_checkpoint(
+    path: str | os.PathLike, *, checksums: bool = True, threads: int = 8
+) -> CheckpointInfo:
+    """Check a step directory against its manifest: every listed file present, of the listed size
+    and (with `checksums`) sha256; DCP's `.metadata` listed. Returns the problems found."""
+    path = Path(path)
+    step = parse_step(path.name)
+    problems: list[str] = []
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError as e:
+        return CheckpointInfo(path, step if step is not None else -1, False, [str(e)], None)
+    if step is not None and manifest["step"] != step:
+        problems.append(f"manifest says step {manifest['step']} but the directory is {path.name}")
+    files: dict = manifest["files"]
+    if ".metadata" not in files:
+        problems.append("manifest does not list DCP's .metadata")
+    to_hash = []
+    for name, meta in sorted(files.items()):
+        f = path / name
+        if not f.is_file():
+            problems.append(f"{name}: missing")
+            continue
+        size = f.stat().st_size
+        if size != meta["bytes"]:
+            problems.append(
+                f"{name}: {size} bytes on disk, manifest says {meta['bytes']} (truncated or overwritten)"
+            )
+            continue
+        to_hash.append(f)
+    if checksums and to_hash:
+        got = hash_files(to_hash, threads=threads)
+        for name, meta in got.items():
+            if meta["sha256"] != files[name]["sha256"]:
+                problems.append(
+                    f"{name}: sha256 {meta['sha256'][:12]}... does not match the manifest's "
+                    f"{files[name]['sha256'][:12]}... (corrupted)"
+                )
+    return CheckpointInfo(path, int(manifest["step"]), not problems, problems, manifest)
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Committed step directories under root, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(parse_step(p.name), p) for p in root.iterdir() if p.is_dir()]
+    return [p for s, p in sorted((s, p) for s, p in found if s is not None)]
+
+
+def read_latest(root: str | os.PathLike) -> str | None:
+    try:
+        return (Path(root) / LATEST).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def prune(root: str | os.PathLike, keep_last: int, milestone_every: int = 0) -> list[Path]:
+    """Delete the step directories the retention policy does not keep; returns what was removed.
+    The one `latest` names is always kept."""
+    root = Path(root)
+    dirs = {parse_step(p.name): p for p in list_checkpoints(root)}
+    keep = retained_steps(dirs, keep_last, milestone_every)
+    latest = read_latest(root)
+    removed = []
+    for step, p in sorted(dirs.items()):
+        if step in keep or p.name == latest:
+            continue
+        shutil.rmtree(p)
+        removed.append(p)
+    if removed:
+        fsync_dir(root)
+    return removed
+
+
+def read_full_state(path: str | os.PathLike) -> dict[str, Any]:
+    """Every entry of a DCP checkpoint as plain CPU tensors / objects, keyed by flat name
+    (e.g. 'model.layers.0.attention.wqkv.weight'), whatever world size wrote it."""
+    import io
+    import warnings
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    buf = io.BytesIO()
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": intended here
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_to_torch_save(str(path), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, obj: Any) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = obj
+
+    walk("", state)
+    return flat
+
+
+def compare_states(
+    a: dict[str, Any], b: dict[str, Any], prefixes=("model.", "optim.")
+) -> list[str]:
+    """Bitwise comparison of the tensors under `prefixes`; returns the differences (empty: equal)."""
+    diffs = []
+    keys_a = {k for k in a if k.startswith(prefixes)}
+    keys_b = {k for k in b if k.startswith(prefixes)}
+    for k in sorted(keys_a ^ keys_b):
+        diffs.append(f"{k}: only in {'first' if k in keys_a else 'second'}")
+    for k in sorted(keys_a & keys_b):
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            if x.dtype != y.dtype or x.shape != y.shape:
+                diffs.append(f"{k}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}")
+                continue
+            xb = x.contiguous().reshape(-1).view(torch.uint8)
+            yb = y.contiguous().reshape(-1).view(torch.uint8)
+            if not torch.equal(xb, yb):
+                diff = (
+                    (x.double() - y.double()).abs().max().item() if x.is_floating_point() else None
+                )
+                diffs.append(f"{k}: bits differ (max abs diff {diff})")
+        elif x != y:
+            diffs.append(f"{k}: {repr(x)[:200]} vs {repr(y)[:200]}")
+    return diffs
+
+
+# --- the manager -----------------------------------------------------------------------------
+
+
+@dataclass
+class SaveStats:
+    step: int
+    mode: str  # "sync" or "async"
+    blocking_s: float  # training held: the whole save (sync) or staging only (async)
+    total_s: float | None = None  # until committed (async: filled in when the commit lands)
+    bytes: int | None = None
+    path: str | None = None
+
+
+@dataclass
+class LoadResult:
+    step: int
+    path: Path
+    extra: dict
+    seconds: float  # verification + read + resharding
+    verify_s: float
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (directory, why)
+    rng_restored: bool = True
+
+
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _single_process_quiet():
+    """DCP warns on every call without a process group, which is the intended use here."""
+    import contextlib
+    import warnings
+
+    stack = contextlib.ExitStack()
+    if not _dist_on():
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    return stack
+
+
+class CheckpointManager:
+    """Saves, verifies, loads and prunes checkpoints of one run (see the module docstring).
+
+    Every rank constructs one with the same arguments; with a process group, `save` and `load`
+    are collective. Without one (a single process), they run locally.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        keep_last: int = 3,
+        milestone_every: int = 0,
+        config_hash: str = "",
+        config: dict | None = None,
+        git_commit: str | None = None,
+        write_threads: int = 1,
+        verify_threads: int = 8,
+        async_staging: bool | None = None,
+        log: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None,
+        on_commit: Callable[[SaveStats], None] | None = None,
+    ) -> None:
+        retained_steps([], keep_last, milestone_every)  # validates both
+        if write_threads < 1:
+            raise ValueError(f"write_threads must be >= 1, got {write_threads}")
+        self.root = Path(root)
+        self.keep_last, self.milestone_every = keep_last, milestone_every
+        self.config_hash, self.config, self.git_commit = config_hash, config or {}, git_commit
+        self.write_threads, self.verify_threads = write_threads, verify_threads
+        self._log = log or (lambda msg: None)
+        self._warn = warn or self._log
+        self._on_commit = on_commit
+        self.rank = dist.get_rank() if _dist_on() else 0
+        self.world_size = dist.get_world_size() if _dist_on() else 1
+        # A gloo group of our own: async saves run collectives on a background thread, which
+        # must never interleave with the training collectives on the default group; gloo also
+        # gives DCP the CPU backend that async_save needs next to NCCL.
+        self.pg = dist.new_group(backend="gloo") if _dist_on() else None
+        use_cuda = torch.cuda.is_available()
+        self.async_staging = use_cuda if async_staging is None else async_staging
+        self._stager = None
+        self._pending: tuple[SaveStats, concurrent.futures.Future, float] | None = None
+        self._staging_future: concurrent.futures.Future | None = None
+        self._finalizer: threading.Thread | None = None
+        self._finalizer_error: BaseException | None = None
+        self.last_committed: SaveStats | None = None
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for stale in self.root.glob(".tmp-step_*"):
+                shutil.rmtree(stale, ignore_errors=True)  # an interrupted save: never loadable
+        self._barrier()
+
+    # -- small collective helpers on our group --
+
+    def _barrier(self) -> None:
+        if self.pg is not None:
+            dist.barrier(group=self.pg)
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self.pg is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.pg)
+        return box[0]
+
+    def _gather(self, obj: Any) -> list[Any] | None:
+        if self.pg is None:
+            return [obj]
+        out = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.pg)
+        return out
+
+    # -- saving --
+
+    def _tmp_dir(self, step: int) -> Path:
+        # Same name on every rank (rank 0 chooses it), unique per save attempt.
+        name = f".tmp-{step_dir_name(step)}-{os.getpid()}-{time.monotonic_ns()}"
+        return self.root / self._broadcast(name)
+
+    def _state(self, state: dict, extra: dict) -> dict:
+        full = dict(state)
+        full["extra"] = json.dumps(extra, sort_keys=True)
+        full[f"rng.rank_{self.rank}"] = capture_rng_state()
+        return full
+
+    def save(
+        self, step: int, state: dict, extra: dict | None = None, *, mode: str = "sync"
+    ) -> SaveStats:
+        """Save `state` (a dict of state dicts / Stateful objects) as step `step`.
+
+        mode "sync": returns once the checkpoint is committed. mode "async": returns once the
+        state is staged (on GPU with async staging, once the copy is enqueued: call
+        `wait_staging()` before the next optimizer step); the write and commit finish on a
+        background thread. A save first waits for the previous one to commit.
+        """
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        tmp = self._tmp_dir(step)
+        if self.rank == 0:
+            tmp.mkdir(parents=True)
+        self._barrier()
+        full = self._state(state, extra or {})
+        writer = dcp.FileSystemWriter(str(tmp), thread_count=self.write_threads, sync_files=True)
+        stats = SaveStats(step=step, mode=mode, blocking_s=0.0)
+        if mode == "sync":
+            with _single_process_quiet():
+                dcp.save(
+                    full, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None
+                )
+            self._commit(stats, tmp, t0)
+            stats.blocking_s = time.perf_counter() - t0
+            return stats
+
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            on = self.async_staging
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=on,
+                    use_shared_memory=False,
+                    use_async_staging=on,
+                    use_non_blocking_copy=on,
+                )
+            )
+        if torch.cuda.is_available():
+            # The staging copy runs on its own stream: let the optimizer step it copies finish.
+            torch.cuda.current_stream().synchronize()
+        with _single_process_quiet():
+            resp = dcp.async_save(
+                full,
+                storage_writer=writer,
+                process_group=self.pg,
+                async_stager=self._stager,
+                no_dist=self.pg is None,
+            )
+        if hasattr(resp, "upload_completion"):  # async staging: AsyncSaveResponse
+            self._staging_future, upload = resp.staging_completion, resp.upload_completion
+        else:
+            self._staging_future, upload = None, resp
+        stats.blocking_s = time.perf_counter() - t0
+        self._pending = (stats, upload, t0)
+        self._finalizer_error = None
+        self._finalizer = threading.Thread(
+            target=self._finalize, args=(stats, upload, tmp, t0), name="ckpt-commit", daemon=True
+        )
+        self._finalizer.start()
+        return stats
+
+    def wait_staging(self) -> float:
+        """Block until the async staging copy is done (call before mutating parameters);
+        returns the seconds blocked here."""
+        if self._staging_future is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._staging_future.result()
+        self._staging_future = None
+        waited = time.perf_counter() - t0
+        if self._pending is not None:
+            self._pending[0].blocking_s += waited
+        return waited
+
+    def _finalize(
+        self, stats: SaveStats, upload: concurrent.futures.Future, tmp: Path, t0: float
+    ) -> None:
+        try:
+            upload.result()
+            self._commit(stats, tmp, t0)
+        except BaseException as e:  # surfaced by wait()
+            self._finalizer_error = e
+
+    def wait(self) -> SaveStats | None:
+        """Wait for an in-flight async save to commit; re-raise its error if it failed."""
+        self.wait_staging()
+        if self._finalizer is None:
+            return None
+        self._finalizer.join()
+        self._finalizer = None
+        stats = self._pending[0] if self._pending else None
+        self._pending = None
+        if self._finalizer_error is not None:
+            err, self._finalizer_error = self._finalizer_error, None
+            raise CheckpointError(f"async save failed: {err}") from err
+        return stats
+
+    @property
+    def in_flight(self) -> bool:
+        return self._finalizer is not None and self._finalizer.is_alive()
+
+    def _commit(self, stats: SaveStats, tmp: Path, t0: float) -> None:
+        # Each rank hashes the shards it wrote; rank 0 writes the manifest and renames.
+        mine = sorted(tmp.glob(f"__{self.rank}_*.distcp"))
+        digests = hash_files(mine, threads=self.verify_threads)
+        gathered = self._gather(digests)
+        final = self.root / step_dir_name(stats.step)
+        if self.rank == 0:
+            files: dict = {}
+            for d in gathered or []:
+                files.update(d)
+            files.update(hash_files([tmp / ".metadata"]))
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "step": stats.step,
+                "config_hash": self.config_hash,
+                "config": self.config,
+                "git_commit": self.git_commit,
+                "world_size": self.world_size,
+                "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "unix_time": time.time(),
+                "save_mode": stats.mode,
+                "torch": torch.__version__,
+                "files": files,
+            }
+            mpath = tmp / MANIFEST
+            with open(mpath, "w") as f:
+                json.dump(manifest, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_dir(tmp)
+            if final.exists():  # a re-save of the same step (e.g. after a rollback): replace it
+                trash = self.root / f".tmp-replaced-{final.name}-{os.getpid()}"
+                os.replace(final, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(tmp, final)
+            fsync_dir(self.root)
+            atomic_write_text(self.root / LATEST, final.name + "\n")
+            stats.bytes = sum(v["bytes"] for v in files.values())
+            removed = prune(self.root, self.keep_last, self.milestone_every)
+            if removed:
+                self._log(f"retention: removed {', '.join(p.name for p in removed)}")
+        stats.bytes = self._broadcast(stats.bytes)
+        stats.total_s = time.perf_counter() - t0
+        stats.path = str(final)
+        self.last_committed = stats
+        if self._on_commit is not None:
+            self._on_commit(stats)
+
+    # -- loading --
+
+    def _choose(self, explicit: Path | None) -> tuple[Path | None, list[tuple[str, str]], float]:
+        """Rank 0 verifies candidates newest first; everyone gets the choice."""
+        choice, skipped, verify_s = None, [], 0.0
+        if self.rank == 0:
+            t0 = time.perf_counter()
+            candidates = (
+                [explicit] if explicit is not None else list(reversed(list_checkpoints(self.root)))
+            )
+            for path in candidates:
+                info = verify_checkpoint(path, threads=self.verify_threads)
+                if info.ok:
+                    choice = path
+                    break
+                why = "; ".join(info.problems)
+                skipped.append((path.name, why))
+                self._warn(f"checkpoint {path.name} is not usable: {why}")
+                if explicit is None:
+                    self._quarantine(path, why)
+            verify_s = time.perf_counter() - t0
+            latest = read_latest(self.root)
+            if choice is not None and explicit is None and latest and latest != choice.name:
+                self._warn(
+                    f"'latest' names {latest} but the newest good checkpoint is {choice.name}"
+                )
+        choice, skipped, verify_s = self._broadcast((choice, skipped, verify_s))
+        return choice, skipped, verify_s
+
+    def _quarantine(self, path: Path, why: str) -> None:
+        qdir = self.root / QUARANTINE
+        qdir.mkdir(exist_ok=True)
+        dest = qdir / f"{path.name}-{int(time.time())}"
+        os.replace(path, dest)
+        (dest / "QUARANTINE_REASON.txt").write_text(why + "\n")
+        fsync_dir(self.root)
+        self._warn(f"moved {path.name} to {QUARANTINE}/{dest.name}")
+
+    def has_checkpoint(self) -> bool:
+        found = bool(list_checkpoints(self.root)) if self.rank == 0 else False
+        return bool(self._broadcast(found))
+
+    def load(self, state: dict, path: str | os.PathLike | None = None) -> LoadResult | None:
+        """Load the newest good checkpoint (or `path`) into `state` in place (DCP reshards).
+
+        Returns None when no checkpoint exists. Raises CheckpointError when checkpoints exist
+        but none verifies (or the explicit `path` does not)."""
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        self.wait()
+        explicit = Path(path) if path is not None else None
+        if explicit is None and not self.has_checkpoint():
+            return None
+        choice, skipped, verify_s = self._choose(explicit)
+        if choice is None:
+            reasons = "; ".join(f"{n}: {w}" for n, w in skipped)
+            raise CheckpointError(f"no good checkpoint under {self.root}: {reasons}")
+        reader = dcp.FileSystemReader(str(choice))
+        keys = reader.read_metadata().state_dict_metadata
+        rng_key = f"rng.rank_{self.rank}"
+        full = dict(state)
+        full["extra"] = ""
+        if rng_key in keys:
+            full[rng_key] = ""
+        with _single_process_quiet():
+            dcp.load(full, storage_reader=reader, process_group=self.pg, no_dist=self.pg is None)
+        for k in state:
+            state[k] = full[k]
+        rng_restored = rng_key in keys
+        if rng_restored:
+            restore_rng_state(full[rng_key])
+        else:
+            self._warn(
+                f"{choice.name} has no RNG state for rank {self.rank} (saved on fewer ranks): "
+                "this rank keeps its seeded RNG"
+            )
+        extra = json.loads(full["extra"])
+        manifest = read_manifest(choice) if self.rank == 0 else None
+        manifest = self._broadcast(manifest)
+        if (
+            manifest.get("config_hash")
+            and self.config_hash
+            and manifest["config_hash"] != self.config_hash
+        ):
+            self._warn(
+                f"{choice.name} was saved with config hash {manifest['config_hash']}, this run has "
+                f"{self.config_hash}: resuming anyway, the trajectory will differ"
+            )
+        return LoadResult(
+            step=int(manifest["step"]),
+            path=choice,
+            extra=extra,
+            seconds=time.perf_counter() - t0,
+            verify_s=verify_s,
+            skipped=skipped,
+            rng_restored=rng_restored,
+        )
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
+
+def stats_dict(stats: SaveStats | None) -> dict | None:
+    return None if stats is None else asdict(stats)

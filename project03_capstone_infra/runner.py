@@ -1,0 +1,141 @@
+"""Launching the trainer under torchrun from Python, and reading a run back.
+
+Used by the chaos demonstration and the tests: real processes (torchrun's elastic agent, which
+restarts the worker group after a failure, up to --max-restarts), real signals, real files.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkpoint import list_checkpoints
+from .faults import FAULTS_ENV, read_events
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_args(**overrides) -> list[str]:
+    """TrainConfig overrides as command-line flags (tyro spelling: --ckpt-every 3)."""
+    out = []
+    for key, value in overrides.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def torchrun_cmd(nproc: int, train_args: list[str], *, max_restarts: int = 0) -> list[str]:
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
+        "-m", "project03_capstone_infra.train", *train_args,
+    ]  # fmt: skip
+
+
+def child_env(faults: list[dict] | None = None, extra: dict | None = None) -> dict:
+    import json
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")  # small CPU runs: threads only contend
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop(FAULTS_ENV, None)
+    if faults:
+        env[FAULTS_ENV] = json.dumps(faults)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Finished:
+    returncode: int
+    seconds: float
+    output: str
+
+
+def start(run_dir: str | Path, *, nproc: int = 2, max_restarts: int = 0, faults: list[dict] | None = None,
+          env: dict | None = None, **overrides) -> subprocess.Popen:  # fmt: skip
+    """Start torchrun on the trainer (its own process group, so a signal reaches only it)."""
+    args = cli_args(run_dir=str(run_dir), **overrides)
+    return subprocess.Popen(
+        torchrun_cmd(nproc, args, max_restarts=max_restarts),
+        cwd=REPO_ROOT,
+        env=child_env(faults, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen, t0: float, timeout: float) -> Finished:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise TimeoutError(
+            f"torchrun did not finish within {timeout:.0f} s; output:\n{out[-4000:]}"
+        ) from None
+    return Finished(proc.returncode, time.time() - t0, out)
+
+
+def launch(run_dir: str | Path, *, timeout: float = 300, **kwargs) -> Finished:
+    """Run torchrun to completion (see `start` for the arguments)."""
+    t0 = time.time()
+    return finish(start(run_dir, **kwargs), t0, timeout)
+
+
+def wait_for_step(
+    run_dir: str | Path, step: int, proc: subprocess.Popen, timeout: float = 120
+) -> None:
+    """Poll the event log until rank 0 reports `step` done (or the run ends)."""
+    deadline = time.time() + timeout
+    events = Path(run_dir) / "events.jsonl"
+    while time.time() < deadline:
+        if any(e["event"] == "step" and e["step"] >= step for e in read_events(events)):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"the run ended (rc {proc.returncode}) before step {step}")
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step} not reached within {timeout:.0f} s")
+
+
+def loss_curve(run_dir: str | Path) -> dict[int, float]:
+    """step -> loss of the run's final trajectory (a replayed step keeps its last value)."""
+    curve: dict[int, float] = {}
+    for e in read_events(Path(run_dir) / "events.jsonl"):
+        if e["event"] == "step":
+            curve[e["step"]] = e["loss"]
+    return dict(sorted(curve.items()))
+
+
+def replay_mismatches(run_dir: str | Path) -> list[str]:
+    """Steps run more than once (after a resume or rollback) whose losses differ: should be none."""
+    seen: dict[int, float] = {}
+    bad = []
+    for e in read_events(Path(run_dir) / "events.jsonl"):
+        if e["event"] != "step":
+            continue
+        s, loss = e["step"], e["loss"]
+        if s in seen and seen[s] != loss:
+            bad.append(f"step {s}: {seen[s]!r} then {loss!r}")
+        seen[s] = loss
+    return bad
+
+
+def final_checkpoint(run_dir: str | Path) -> Path:
+    dirs = list_checkpoints(Path(run_dir) / "checkpoints")
+    if not dirs:
+        raise FileNotFoundError(f"no checkpoint under {run_dir}/checkpoints")
+    return dirs[-1]
