@@ -524,6 +524,7 @@ class Trainer:
             "world_size": self.world,
             "resume": self.resume_info,
             "checkpoints": [s.__dict__ for s in self.saves],
+            "metrics_url": self.server.url if self.server is not None else None,
         }
 
     def run(self) -> dict:
