@@ -82,24 +82,44 @@ def label_rows(rows: list[dict], kernels: list[str]) -> list[dict]:
     return out
 
 
+def short_name(kernel: str) -> str:
+    """'void <unnamed>::hgemm_mma_kernel<__nv_bfloat16, true>(const T *, ...)' ->
+    'hgemm_mma_kernel<__nv_bfloat16, true>' (the function and template arguments only)."""
+    name = (
+        kernel.removeprefix("void ")
+        .replace("<unnamed>::", "")
+        .replace("(anonymous namespace)::", "")
+    )
+    depth, out = 0, []
+    for ch in name:
+        if ch == "(" and depth == 0:
+            break
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        out.append(ch)
+    return "".join(out)[:60]
+
+
 def summary_rows(rows: list[dict]) -> list[dict]:
-    def pct(v):
+    def num(v):
         return v if isinstance(v, float) else None
+
+    def whole(v):
+        return int(v) if isinstance(v, float) else None
 
     return [
         {
             "kernel": r["label"],
-            "cuda kernel": r["kernel"][:48],
-            "regs": r.get("registers_per_thread"),
+            "CUDA kernel": f"`{short_name(r['kernel'])}`",
+            "regs": whole(r.get("registers_per_thread")),
             "smem KiB": ((r.get("static_smem_bytes") or 0) + (r.get("dynamic_smem_bytes") or 0))
             / 1024,
-            "block": r.get("block_size_threads"),
-            "theor. occ. %": pct(r.get("theoretical_occupancy_pct")),
-            "achieved occ. %": pct(r.get("achieved_occupancy_pct")),
+            "block": whole(r.get("block_size_threads")),
+            "theor. occ. %": num(r.get("theoretical_occupancy_pct")),
+            "achieved occ. %": num(r.get("achieved_occupancy_pct")),
             "limited by": r.get("occupancy_limiter"),
-            "DRAM %": pct(r.get("dram_throughput_pct")),
-            "SM %": pct(r.get("sm_throughput_pct")),
-            "time us": (r["duration_ns"] / 1e3)
+            "DRAM %": num(r.get("dram_throughput_pct")),
+            "SM %": num(r.get("sm_throughput_pct")),
+            "time (us)": whole(r["duration_ns"] / 1e3)
             if isinstance(r.get("duration_ns"), float)
             else None,
         }

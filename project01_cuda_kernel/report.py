@@ -87,7 +87,7 @@ def render_ladder(gemm: dict) -> str:
         b8 = _pick(base, shape="8192x8192x8192", dtype=dtype)
         if b4 or b8:
             table.append({
-                "step": None, "kernel": f"cuBLAS {dtype}", "what changed": "baseline, same run",
+                "step": "", "kernel": f"cuBLAS {dtype}", "what changed": "baseline, same run",
                 "TFLOP/s 4096³": (b4 or {}).get("tflops"), "% cuBLAS 4096³": 100.0 if b4 else None,
                 "TFLOP/s 8192³": (b8 or {}).get("tflops"), "% cuBLAS 8192³": 100.0 if b8 else None,
                 "GB/s 4096³": (b4 or {}).get("gbps"), "% of roof 4096³": (b4 or {}).get("pct_of_roof"),
@@ -153,7 +153,7 @@ def render_compile(compile_rec: dict) -> str:
             continue
         for k in f["kernels"]:
             table.append({
-                "file": f["file"], "kernel": k["kernel"].split("(")[0],
+                "file": f["file"], "kernel": f"`{k['kernel'].split('(')[0]}`",
                 "registers": k["registers"], "static smem (B)": k["smem_bytes"],
                 "stack (B)": k["stack_frame_bytes"],
                 "spills st/ld (B)": f"{k['spill_store_bytes']}/{k['spill_load_bytes']}",
