@@ -136,3 +136,13 @@ def test_the_committed_readme_has_every_marker():
                    "attention"):  # fmt: skip
         assert f"<!-- {marker} -->" in text and f"<!-- /{marker} -->" in text, marker
     assert "## FlashAttention" in text
+
+
+def test_charts_regenerate_from_a_recorded_json(recorded, tmp_path):
+    rec = json.loads((recorded / "project01_cuda_kernel" / "gemm.json").read_text())
+    rec["results"]["gpu_spec"] = {"key": "h200-sxm", "peak_tflops": {"fp32": 67, "bf16": 989.4},
+                                  "bandwidth_gbs": 4800}  # fmt: skip
+    paths = bench_gemm.make_charts(rec["results"], tmp_path / "charts", "recorded test data")
+    names = {p.name for p in paths}
+    assert {"gemm_ladder.png", "gemm_sizes.png", "gemm_roofline_bf16.png"} <= names
+    assert all(p.stat().st_size > 10_000 for p in paths)  # real PNGs, not empty files
