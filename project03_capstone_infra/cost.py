@@ -254,7 +254,8 @@ def _throughput_rows(obj, ctx: dict, out: list[dict]) -> None:
         here = _context(obj, ctx)
         tps = obj.get("tokens_per_s")
         numeric = isinstance(tps, (int, float)) and not isinstance(tps, bool) and tps > 0
-        if numeric and obj.get("status", "ok") == "ok":
+        # projections (e.g. a cost table's "measured": false rows) are not measurements
+        if numeric and obj.get("status", "ok") == "ok" and obj.get("measured", True) is not False:
             out.append({**here, "tokens_per_s": float(tps)})
         for v in obj.values():
             if isinstance(v, (dict, list)):
@@ -319,8 +320,13 @@ def resolve_throughput(cfg: CostConfig, reports_dir: Path) -> tuple[Sourced, Sou
         tput = Sourced(cfg.bf16_tokens_per_s_per_gpu, "given on the command line", True)
     elif bf16:
         best = max(bf16, key=lambda r: (r["world_size"], r["tokens_per_s_per_gpu"]))
-        tput = Sourced(best["tokens_per_s_per_gpu"],
-                       f"{best['file']} (world size {best['world_size']})", True)  # fmt: skip
+        value, note = best["tokens_per_s_per_gpu"], ""
+        if best["world_size"] < cfg.n_gpus:
+            value *= cfg.assumed_scaling_efficiency
+            note = (f"; x {cfg.assumed_scaling_efficiency:.0%} assumed scaling efficiency from "
+                    f"{best['world_size']} to {cfg.n_gpus} GPUs")  # fmt: skip
+        tput = Sourced(value, f"{best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU measured in "
+                       f"{best['file']} (world size {best['world_size']}){note}", True)  # fmt: skip
     else:
         args = ModelArgs.from_preset(cfg.preset)
         seq = cfg.seq_len or args.max_seq_len
@@ -378,6 +384,7 @@ class CostConfig:
     total_tokens: float = 2e10  # tokens to train (1b preset: ~18 tokens per parameter)
     bf16_tokens_per_s_per_gpu: float = 0.0  # 0: measured from the reports, else from assumed_mfu
     assumed_mfu: float = 0.40  # used only when no throughput is measured or given
+    assumed_scaling_efficiency: float = 0.95  # applied when measured on fewer GPUs than n_gpus
     bf16_speedup: float = 0.0  # bf16 / fp32 throughput; 0: measured from the reports, else 2.0
     spot_preemptions_per_node_hour: float = 0.1  # assumed: one preemption per node per 10 h
     gpu_failures_per_gpu_hour: float = LLAMA3_GPU_FAILURES_PER_HOUR
@@ -409,6 +416,11 @@ class CostConfig:
                 raise ValueError(f"CostConfig.{name} must be a finite number >= 0, got {v!r}")
         if not 0 < self.assumed_mfu <= 1:
             raise ValueError(f"CostConfig.assumed_mfu must be in (0, 1], got {self.assumed_mfu}")
+        if not 0 < self.assumed_scaling_efficiency <= 1:
+            raise ValueError(
+                "CostConfig.assumed_scaling_efficiency must be in (0, 1], "
+                f"got {self.assumed_scaling_efficiency}"
+            )
         return self
 
     @property

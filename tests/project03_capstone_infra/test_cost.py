@@ -175,9 +175,29 @@ def test_project02_shaped_records_are_read(tmp_path):
             ]},
         }  # fmt: skip
         (folder / f"scaling_{name}.json").write_text(json.dumps(rec))
+    # measured on 2 GPUs, planned on 8: the assumed scaling efficiency is applied and named
     tput, ratio = cost.resolve_throughput(_small(tmp_path), tmp_path)
-    assert tput.measured and tput.value == pytest.approx(70_000.0)
+    assert tput.measured and tput.value == pytest.approx(70_000.0 * 0.95)
+    assert "95% assumed scaling efficiency" in tput.source
     assert ratio.measured and ratio.value == pytest.approx(3.5)
+    tput2, _ = cost.resolve_throughput(_small(tmp_path, n_gpus=2), tmp_path)
+    assert tput2.value == pytest.approx(70_000.0)
+
+
+def test_projected_rows_are_not_taken_for_measurements(tmp_path):
+    folder = tmp_path / "project02_fsdp_scaling"
+    folder.mkdir()
+    rec = {
+        "environment": {"gpu": "NVIDIA H200"},
+        "config": {"train": {"preset": "1b", "param_dtype": "bfloat16"}},
+        "results": {"cost": {"lines": [
+            {"n_gpus": 1, "tokens_per_s": 78_000.0, "measured": True},
+            {"n_gpus": 8, "tokens_per_s": 8 * 90_000.0, "measured": False},
+        ]}},
+    }  # fmt: skip
+    (folder / "scaling_gpu.json").write_text(json.dumps(rec))
+    tput, _ = cost.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
+    assert tput.value == pytest.approx(78_000.0)
 
 
 def test_slower_checkpoint_saves_cost_more(tmp_path):
