@@ -1,4 +1,4 @@
-"""Run Nsight Compute on a Python command and read its metrics: a helper for the profile modules.
+"""Run Nsight Compute on a Python command and read its metrics (used by the profile modules).
 
 `profile_command(cmd, kernel_regex=..., metrics=...)` runs
 `ncu --clock-control none --csv --page raw --metrics ... <cmd>` (clocks left as the GPU runs them,

@@ -1,4 +1,4 @@
-// Small helpers shared by the GEMM kernel files (pure CUDA, no torch headers).
+// Small utilities shared by the GEMM kernel files (pure CUDA, no torch headers).
 #pragma once
 
 #include <cstdint>
