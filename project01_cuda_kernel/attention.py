@@ -7,8 +7,9 @@
 - forward (csrc/attention/flash_fwd_*.cu): a Q tile per CTA (32 rows a warp), K/V streamed
   through shared memory with cp.async double buffering, mma.sync m16n8k16 tensor-core products,
   online softmax in float32; saves the row log-sum-exp (B, H, Sq) float32 for the backward;
-- backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per key block P
-  recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with atomics.
+- backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per 128-key block
+  P recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with
+  atomics.
   No S x S tensor is ever stored.
 
 Supported: float16 and bfloat16; head dims 64 and 128; any sequence lengths; k/v length may
@@ -37,6 +38,9 @@ _MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensio
 # a warp, Q re-read from shared memory); 1 = 16 rows a warp with Q held in registers. Both are
 # built and tested; the benchmark measures both.
 FWD_M_TILES_PER_WARP = 2
+# Backward kernel variant: warps per CTA, 16 keys each. 8 = 128 keys a CTA (half the dQ atomics
+# of 4 = 64 keys a CTA).
+BWD_WARPS = 8
 
 _SOURCES = (
     "attention/flash_binding.cpp",
@@ -180,12 +184,18 @@ def flash_backward(
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
     dv: torch.Tensor | None = None,
+    warps: int = BWD_WARPS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward kernels on kernel-ready inputs: (dq, dk, dv)."""
+    """Backward kernels on kernel-ready inputs: (dq, dk, dv); `warps` picks the variant (8 or 4,
+    see BWD_WARPS)."""
+    if warps not in (4, 8):
+        raise ValueError(f"warps must be 4 or 8, got {warps!r}")
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if dk is None else dk
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if dv is None else dv
-    _extension().bwd(_kernel_layout(dout), q, k, v, out, lse, dq, dk, dv, causal, softmax_scale)
+    _extension().bwd(
+        _kernel_layout(dout), q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, warps
+    )
     return dq, dk, dv
 
 

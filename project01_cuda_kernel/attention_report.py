@@ -15,6 +15,7 @@ from pathlib import Path
 PROJECT = "project01_cuda_kernel"
 TARGET_FWD = 0.90  # ours / SDPA FLASH, head dim 128, seq >= 2k
 TARGET_BWD = 0.75
+VARIANT_LABELS = {"ours_r16": "ours, 16 rows/warp", "ours_k64": "ours, 64 keys/CTA"}
 SDPA_COLUMNS = (("flash", "FLASH"), ("cudnn", "cuDNN"), ("efficient", "EFFICIENT"),
                 ("math", "MATH"))  # fmt: skip
 
@@ -40,9 +41,10 @@ def _tflops(rows: list[dict]) -> dict:
 def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
     t = _tflops(rows)
     seqs = sorted({r["seq_len"] for r in rows if r["head_dim"] == head_dim})
-    variant = any(k[4] == "ours_r16" and k[3] == mode and k[0] == head_dim for k in t)
+    variant_name = {"fwd": "ours_r16", "bwd": "ours_k64"}.get(mode)
+    variant = any(k[4] == variant_name and k[3] == mode and k[0] == head_dim for k in t)
     header = ["causal", "seq", "batch x heads", "ours"]
-    header += ["ours, 16 rows/warp"] if variant else []
+    header += [VARIANT_LABELS[variant_name]] if variant else []
     header += [n for _, n in SDPA_COLUMNS] + ["ours / FLASH"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     shapes = {(r["seq_len"]): (r["batch"], r["heads"]) for r in rows if r["head_dim"] == head_dim}
@@ -55,7 +57,7 @@ def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
             b, h = shapes[s]
             cells = ["yes" if causal else "no", f"{s:,}", f"{b} x {h}", _fmt(ours)]
             if variant:
-                cells.append(_fmt(t.get((head_dim, s, causal, mode, "ours_r16"))))
+                cells.append(_fmt(t.get((head_dim, s, causal, mode, variant_name))))
             cells += [_fmt(t.get((head_dim, s, causal, mode, p))) for p, _ in SDPA_COLUMNS]
             cells.append(f"{ours / flash:.2f}" if flash else "n/a")
             lines.append("| " + " | ".join(cells) + " |")

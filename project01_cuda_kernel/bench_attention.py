@@ -27,12 +27,15 @@ import torch
 import torch.nn.functional as F
 
 PROJECT = "project01_cuda_kernel"
-PROVIDERS = ("ours", "ours_r16", "flash", "cudnn", "efficient", "math")
-FWD_ONLY = ("ours_r16",)  # forward-kernel variants: measured in the fwd mode only
+PROVIDERS = ("ours", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math")
+# Kernel variants of ours, measured in one mode only: the forward with 16 query rows a warp, the
+# backward with 64 keys a CTA (its kernels called directly, after one forward).
+VARIANT_MODE = {"ours_r16": "fwd", "ours_k64": "bwd"}
 MODES = ("fwd", "bwd", "fwd_bwd")
 PROVIDER_LABELS = {
     "ours": "ours (FA2-style, mma.sync, 32 rows/warp)",
     "ours_r16": "ours, forward variant: 16 rows/warp, Q in registers",
+    "ours_k64": "ours, backward variant: 64 keys/CTA (4 warps)",
     "flash": "SDPA FLASH (FlashAttention-2)",
     "cudnn": "SDPA cuDNN",
     "efficient": "SDPA EFFICIENT (xFormers)",
@@ -92,6 +95,8 @@ def attention_fn(provider: str, causal: bool) -> Callable:
         from project01_cuda_kernel.attention import flash_attention
 
         return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+    if provider == "ours_k64":
+        return None  # timed through backward_k64_fn
     if provider == "ours_r16":
         from project01_cuda_kernel.attention import check_inputs, flash_forward
 
@@ -126,6 +131,16 @@ def mode_fn(attn: Callable, mode: str, q, k, v, do) -> Callable[[], object]:
     if mode == "fwd_bwd":
         return lambda: torch.autograd.grad(attn(q, k, v), (q, k, v), do)
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+def backward_k64_fn(q, k, v, do, causal: bool) -> Callable[[], object]:
+    """Our backward kernels with 4 warps (64 keys) a CTA, on one saved forward."""
+    from project01_cuda_kernel.attention import check_inputs, flash_backward, flash_forward
+
+    scale = check_inputs(q, k, v, causal, None)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    out, lse = flash_forward(qd, kd, vd, causal, scale)
+    return lambda: flash_backward(do, qd, kd, vd, out, lse, causal, scale, warps=4)
 
 
 def peak_memory_mib(fn: Callable[[], object]) -> float:
@@ -186,13 +201,17 @@ def run(cfg: BenchConfig) -> dict:
                 if provider == "math" and s > cfg.math_max_seq:
                     continue
                 attn = attention_fn(provider, causal)
-                modes = ("fwd",) if provider in FWD_ONLY else MODES
+                modes = (VARIANT_MODE[provider],) if provider in VARIANT_MODE else MODES
                 try:
-                    if provider not in FWD_ONLY:
+                    if provider not in VARIANT_MODE:
                         mem = peak_memory_mib(mode_fn(attn, "fwd_bwd", q, k, v, do))
                         memory.append({**shape, "provider": provider, "peak_mib": mem})
                     for mode in modes:
-                        fn = mode_fn(attn, mode, q, k, v, do)
+                        fn = (
+                            backward_k64_fn(q, k, v, do, causal)
+                            if provider == "ours_k64"
+                            else mode_fn(attn, mode, q, k, v, do)
+                        )
                         t = benchmark(fn, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms)
                         flops = attention_flops(b, h, s, s, d, causal=causal, mode=mode)
                         rows.append(

@@ -54,6 +54,8 @@ struct BwdParams {
   float softmax_scale;
   bool causal;
   DType dtype;
+  // Warps per CTA of the main kernel, 16 keys each: 8 (128 keys a CTA, the default) or 4 (64).
+  int warps;
 };
 
 // Per head-dimension launchers (one .cu file each, so they compile in parallel). Each returns

@@ -83,9 +83,11 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
 }
 
 // Backward: writes dq, dk, dv (shapes of q, k, v). dq is accumulated in float32 and cast.
+// warps: 8 or 4 warps (128 or 64 keys) per CTA of the main kernel (see flash_api.h).
 void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
-         at::Tensor& dv, bool causal, double softmax_scale) {
+         at::Tensor& dv, bool causal, double softmax_scale, int64_t warps) {
+  TORCH_CHECK(warps == 4 || warps == 8, "warps must be 4 or 8, got ", warps);
   const std::pair<const at::Tensor*, const char*> tensors[] = {
       {&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
       {&dq, "dq"},     {&dk, "dk"}, {&dv, "dv"}};
@@ -137,6 +139,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   p.softmax_scale = static_cast<float>(softmax_scale);
   p.causal = causal;
   p.dtype = to_dtype(q);
+  p.warps = static_cast<int>(warps);
   const cudaError_t err = flash::flash_bwd(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "flash_bwd launch failed: ", cudaGetErrorString(err));
   dq.copy_(dq_accum);
@@ -149,5 +152,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd", &fwd,
         "forward: (q, k, v, o, lse, causal, softmax_scale, m_tiles_per_warp) -> None");
   m.def("bwd", &bwd,
-        "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, softmax_scale) -> None");
+        "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, softmax_scale, warps) -> None");
 }

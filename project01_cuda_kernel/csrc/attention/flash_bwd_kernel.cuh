@@ -1,7 +1,9 @@
 // FlashAttention-2 backward: dQ, dK, dV from Q, K, V, O, dO and the forward's log-sum-exp.
 //
 // Pre-pass (flash_bwd_dot_do_o_kernel): Dpre_i = rowsum(dO_i * O_i) in float32, (B, H, Sq).
-// Main kernel: one CTA owns BN = 64 keys of one (batch, head); warp w owns keys 16w..16w+15 and
+// Main kernel: one CTA owns BN = 16 * NWARPS keys of one (batch, head) (8 warps, 128 keys by
+// default: each dQ atomic then carries the sum over 128 keys, half the atomic traffic of 64, and
+// each Q/dO tile is fetched once per 128 keys); warp w owns keys 16w..16w+15 and
 // holds their dK and dV (16 x D, float32) in registers for the whole kernel. For each 64-row
 // block of queries (two shared-memory stages, cp.async prefetch of the next block):
 //   S^T  = K_w Q^T                      (16 x 64 per warp; K is the A operand, Q the B operand)
@@ -66,16 +68,16 @@ __device__ __forceinline__ void atomic_add_f32x2(float* dst, float x, float y) {
 #endif
 }
 
-template <typename T, int D, bool CAUSAL>
-__global__ void __launch_bounds__(128, 2) flash_bwd_kernel(const BwdParams p) {
-  constexpr int NWARPS = 4;
-  constexpr int NTHREADS = 128;
+template <typename T, int D, int NWARPS, bool CAUSAL>
+__global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(const BwdParams p) {
+  constexpr int NTHREADS = NWARPS * 32;
   constexpr int BN = 16 * NWARPS;  // keys per CTA
   constexpr int BM = 64;           // query rows per step
   constexpr int RB = D * 2;        // bytes per row of a (., D) tile
   constexpr int SRB = BM * 2;      // bytes per row of the dS^T tile (BN x BM)
   constexpr int QTILES = BM / 8;   // 8-wide column tiles of S^T per warp
   constexpr int DTILES = D / 8;    // 8-wide column tiles of dK, dV per warp
+  static_assert(NWARPS % (BM / 16) == 0, "dQ: warps split into BM / 16 row groups");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* const s_k = reinterpret_cast<T*>(smem_raw);  // BN x D
@@ -269,15 +271,22 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(const BwdParams p) {
     }
     __syncthreads();  // the whole dS^T tile is written (and Q, dO of this stage are read)
 
-    // dQ rows m0 + 16w .. +15 of this block += scale * dS (16 x BN) K (BN x D).
+    // dQ += scale * dS (BM x BN) K (BN x D). Warp w takes query rows 16 (w % 4) .. +15 and the
+    // w / 4 -th of NWARPS / 4 column slices of D.
+    constexpr int kRowGroups = BM / 16;
+    constexpr int kColSlices = NWARPS / kRowGroups;
+    constexpr int kSliceCols = D / kColSlices;
+    const int row_group = warp % kRowGroups;
+    const int col_base = kColSlices == 1 ? 0 : (warp / kRowGroups) * kSliceCols;
     uint32_t ds_frag[BN / 16][4];
 #pragma unroll
     for (int kc = 0; kc < BN / 16; ++kc) {
-      ldmatrix_x4_trans(ds_frag[kc], ds_addr + kc * 16 * SRB + (ds_lane ^ (warp * 32)));
+      ldmatrix_x4_trans(ds_frag[kc], ds_addr + kc * 16 * SRB + (ds_lane ^ (row_group * 32)));
     }
-    const int qrow = m0 + warp * 16 + g;
+    const int qrow = m0 + row_group * 16 + g;
 #pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
+    for (int j = 0; j < kSliceCols / 16; ++j) {
+      const int dp = col_base / 16 + j;
       float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int kc = 0; kc < BN / 16; ++kc) {
@@ -321,9 +330,9 @@ __global__ void __launch_bounds__(128, 2) flash_bwd_kernel(const BwdParams p) {
   }
 }
 
-template <typename T, int D, bool CAUSAL>
+template <typename T, int D, int NWARPS, bool CAUSAL>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  constexpr int BN = 64;
+  constexpr int BN = 16 * NWARPS;
   constexpr int BM = 64;
   constexpr size_t smem_bytes =
       (2 * BN * D + 4 * BM * D + BN * BM) * sizeof(T) + 4 * BM * sizeof(float);
@@ -336,25 +345,25 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  auto kernel = flash_bwd_kernel<T, D, CAUSAL>;
+  auto kernel = flash_bwd_kernel<T, D, NWARPS, CAUSAL>;
   if (smem_bytes > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem_bytes));
     if (err != cudaSuccess) return err;
   }
   const dim3 grid((p.seqlen_k + BN - 1) / BN, p.heads, p.batch);
-  kernel<<<grid, 128, smem_bytes, stream>>>(p);
+  kernel<<<grid, NWARPS * 32, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-template <int D>
+template <int D, int NWARPS>
 cudaError_t dispatch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (p.dtype == DType::kFloat16) {
-    return p.causal ? launch_bwd<__half, D, true>(p, stream)
-                    : launch_bwd<__half, D, false>(p, stream);
+    return p.causal ? launch_bwd<__half, D, NWARPS, true>(p, stream)
+                    : launch_bwd<__half, D, NWARPS, false>(p, stream);
   }
-  return p.causal ? launch_bwd<__nv_bfloat16, D, true>(p, stream)
-                  : launch_bwd<__nv_bfloat16, D, false>(p, stream);
+  return p.causal ? launch_bwd<__nv_bfloat16, D, NWARPS, true>(p, stream)
+                  : launch_bwd<__nv_bfloat16, D, NWARPS, false>(p, stream);
 }
 
 }  // namespace flash
