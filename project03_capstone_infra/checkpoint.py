@@ -511,17 +511,20 @@ class CheckpointManager:
             return stats
 
         if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            on = self.async_staging
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=on,
-                    use_shared_memory=False,
-                    use_async_staging=on,
-                    use_non_blocking_copy=on,
+            try:
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            except ImportError:  # torch < 2.9: async_save stages synchronously in the call
+                DefaultStager = None  # noqa: N806
+            if DefaultStager is not None:
+                on = self.async_staging
+                self._stager = DefaultStager(
+                    StagingOptions(
+                        use_pinned_memory=on,
+                        use_shared_memory=False,
+                        use_async_staging=on,
+                        use_non_blocking_copy=on,
+                    )
                 )
-            )
         if torch.cuda.is_available():
             # The staging copy runs on its own stream: let the optimizer step it copies finish.
             torch.cuda.current_stream().synchronize()
