@@ -178,6 +178,15 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
             else "MFU: n/a on CPU (no peak in the GPU table)."
         ),  # fmt: skip
     ]
+    load = res.get("host_load_average_1min") or {}
+    if tier == "cpu" and load.get("before") is not None:
+        out += [
+            "",
+            f"Host load average (1 min) {load['before']:.1f} before and {load['after']:.1f} after "
+            f"the runs, on {rec['environment'].get('cpu_count')} cores: on a shared machine the "
+            "CPU tier's step times spread widely (see p20/p80). It shows the pipeline end to "
+            "end; its speed figures are not a performance result.",
+        ]
     notes = [f"- {r['note']}" for r in res["runs"] if r["status"] == "skipped"]
     notes += [
         f"- world size {r['world_size']} FAILED (exit {r.get('returncode')}); log tail in the JSON"
@@ -345,8 +354,9 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
 
 
 # ---- FSDP vs DeepSpeed --------------------------------------------------------------------------
-def compare_markdown(rec: dict, heading: str = "#") -> str:
+def compare_markdown(rec: dict, heading: str = "#", name: str | None = None) -> str:
     res = rec["results"]
+    name = name or rec.get("name", "compare")
     h = heading
     rows = []
     for key, label in (("fsdp", "FSDP2 (torch)"), ("deepspeed", "DeepSpeed ZeRO-3")):
@@ -360,7 +370,7 @@ def compare_markdown(rec: dict, heading: str = "#") -> str:
             {
                 "path": label,
                 "status": "ok",
-                "tokens/s": r["tokens_per_s"],
+                "tokens/s": round(r["tokens_per_s"]),
                 "step time (s)": r["step_time_s"],
                 "peak memory (GiB)": r["peak_memory_gib"],
                 "final loss": r["last_loss"],
@@ -387,6 +397,8 @@ def compare_markdown(rec: dict, heading: str = "#") -> str:
         ]
     if res.get("note"):
         lines += [res["note"], ""]
+    if any((res.get(k) or {}).get("status") == "ok" for k in ("fsdp", "deepspeed")):
+        lines += [f"![loss curves]({name}_loss.png)", ""]
     return "\n".join(lines)
 
 

@@ -70,8 +70,9 @@ class ScalingConfig:
     """sequences per forward on one rank; 0 = min(8, local batch) on GPUs, the local batch on CPU"""
     seq_len: int = 0
     """tokens per sequence; 0 = the preset's max_seq_len"""
-    steps: int = 5
-    """timed optimizer steps per world size (after warm-up)"""
+    steps: int = 0
+    """timed optimizer steps per world size (after warm-up); 0 = 5 on GPUs, 30 on CPU (short,
+    noisy steps there)"""
     warmup_steps: int = 2
     """untimed steps first (compilation, allocator)"""
     compile: bool = True
@@ -104,7 +105,9 @@ class ScalingConfig:
     def validate(self) -> ScalingConfig:
         parse_world_sizes(self.gpus) if self.gpus != "auto" else None
         parse_cost_configs(self.cost_configs)
-        for name in ("steps", "sweep_steps", "timeout_s", "sweep_global_batch"):
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0 (0 = the tier's default), got {self.steps}")
+        for name in ("sweep_steps", "timeout_s", "sweep_global_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:
@@ -167,7 +170,7 @@ def make_plan(cfg: ScalingConfig) -> Plan:
         seq_len=cfg.seq_len,
         global_batch=global_batch,
         micro_batch=cfg.micro_batch,
-        steps=cfg.steps,
+        steps=cfg.steps or (5 if on_gpu else 30),
         warmup_steps=cfg.warmup_steps,
         compile=cfg.compile and on_gpu,
         activation_checkpointing=cfg.activation_checkpointing,
@@ -190,13 +193,16 @@ def _default_reports_root() -> Path:
     return Path(REPORTS_DIR)
 
 
-def launch(ws: int, train: TrainConfig, plan: Plan, timeout_s: int) -> tuple[int, str]:
-    """One torchrun job of `ws` processes; its output streams through. Returns (rc, tail)."""
+def launch(
+    ws: int, module: str, flags: list[str], *, on_gpu: bool, timeout_s: int
+) -> tuple[int, str]:
+    """One `torchrun --standalone` job of `ws` processes running `python -m module flags`; its
+    output streams through, prefixed. Returns (exit code, last lines of output)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(ws), "-m", f"{PROJECT}.train", *cli_flags(train)]  # fmt: skip
+           "--nproc-per-node", str(ws), "-m", module, *flags]  # fmt: skip
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if not plan.on_gpu:
+    if not on_gpu:
         # On CPU a "device" is one process with one thread (one core). Several threads per
         # process on a small host spin against gloo's threads and the other ranks: measured 15x
         # slower steps for the tiny model with 2 threads on a 2-core machine.
@@ -241,6 +247,7 @@ def run_scaling(cfg: ScalingConfig) -> Path:
             train = TrainConfig(**{**asdict(train), **best})
             print(f"one-GPU sweep: best variant {sweep_info['best']['variant']!r} -> {best}")
 
+    load_before = _load_average()
     runs = []
     for ws in plan.world_sizes:
         unit = "GPUs" if plan.on_gpu else "CPU cores"
@@ -260,7 +267,9 @@ def run_scaling(cfg: ScalingConfig) -> Path:
             }  # fmt: skip
         )
         run_json.unlink(missing_ok=True)
-        rc, tail = launch(ws, run_cfg, plan, cfg.timeout_s)
+        rc, tail = launch(
+            ws, f"{PROJECT}.train", cli_flags(run_cfg), on_gpu=plan.on_gpu, timeout_s=cfg.timeout_s
+        )
         if rc != 0 or not run_json.is_file():
             runs.append({"world_size": ws, "status": "failed", "returncode": rc, "log_tail": tail})
             continue
@@ -268,6 +277,8 @@ def run_scaling(cfg: ScalingConfig) -> Path:
         runs.append({"world_size": ws, "status": "ok", "file": run_json.name, **_summary(rec)})
 
     results = build_results(runs, plan, cfg, train, sweep_info)
+    # Other work on the host skews short CPU steps: keep the load next to the numbers.
+    results["host_load_average_1min"] = {"before": load_before, "after": _load_average()}
     path = save_result(
         PROJECT,
         plan.name,
@@ -318,6 +329,13 @@ def _run_sweep(cfg: ScalingConfig, plan: Plan) -> dict:
     rec = json.loads(path.read_text())
     status = "ok" if rc == 0 else f"incomplete (exit {rc})"
     return {"status": status, "file": path.name, "best": rec["results"].get("best")}
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return None
 
 
 def _summary(rec: dict) -> dict:

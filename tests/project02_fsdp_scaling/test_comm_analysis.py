@@ -1,0 +1,101 @@
+"""Compute vs communication vs exposed communication, on traces whose answer is known."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from project02_fsdp_scaling.comm_analysis import (
+    analyse_trace,
+    collective_kind,
+    load_trace,
+    merge,
+    subtract,
+)
+
+
+def X(name, ts, dur, cat, tid=1, pid=1):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "tid": tid, "pid": pid}
+
+
+def test_interval_algebra():
+    assert merge([(5, 7), (0, 2), (1, 3), (7, 8)]) == [(0, 3), (5, 8)]
+    assert subtract([(0, 10), (20, 30)], [(2, 3), (5, 25)]) == [(0, 2), (3, 5), (25, 30)]
+    assert subtract([(0, 10)], []) == [(0, 10)]
+    assert subtract([(0, 10)], [(0, 10)]) == []
+
+
+def test_collective_names():
+    assert (
+        collective_kind("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+        == "allgather"
+    )
+    assert collective_kind("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "reducescatter"
+    assert collective_kind("gloo:all_reduce") == "allreduce"
+    assert collective_kind("triton_poi_fused_add_0") is None
+    assert collective_kind("nvjet_sm90_tst_128x256") is None
+
+
+def gpu_trace():
+    # One step of 100 us on the device; compute 0-40 and 50-80; NCCL 30-60 (10 us hidden under
+    # compute 30-40, 10 exposed 40-50, 10 hidden 50-60) and a second NCCL 90-95 (exposed).
+    return {
+        "traceEvents": [
+            X("ProfilerStep#3", 0, 100, "user_annotation"),  # host copy: must not count twice
+            X("ProfilerStep#3", 0, 100, "gpu_user_annotation", tid=7, pid=0),
+            X("nvjet_sm90_gemm", 0, 40, "kernel", tid=7, pid=0),
+            X("triton_poi_fused_mul_0", 10, 20, "kernel", tid=7, pid=0),  # nested in compute
+            X("nvjet_sm90_gemm", 50, 30, "kernel", tid=7, pid=0),
+            X("ncclDevKernel_AllGather_RING_LL", 30, 30, "kernel", tid=20, pid=0),
+            X("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 90, 5, "kernel", tid=20, pid=0),
+            X("aten::mm", 0, 100, "cpu_op"),  # host ops are ignored on a GPU trace
+        ]
+    }
+
+
+def test_gpu_trace_breakdown():
+    r = analyse_trace(gpu_trace())
+    assert r["steps"] == 1
+    assert r["step_ms"] == pytest.approx(0.100)
+    assert r["compute_ms"] == pytest.approx(0.070)
+    assert r["comm_ms"] == pytest.approx(0.035)
+    assert r["exposed_comm_ms"] == pytest.approx(0.015)
+    assert r["overlapped_comm_ms"] == pytest.approx(0.020)
+    assert r["other_ms"] == pytest.approx(0.015)  # 80-90 and 95-100 idle
+    # compute + exposed + other = the step
+    assert r["compute_ms"] + r["exposed_comm_ms"] + r["other_ms"] == pytest.approx(r["step_ms"])
+    assert r["collectives"]["allgather"]["count_per_step"] == 1
+    assert r["collectives"]["reducescatter"]["ms_per_step"] == pytest.approx(0.005)
+
+
+def test_cpu_trace_breakdown(tmp_path):
+    # gloo runs collectives on its own thread (tid 9) while the training thread (tid 1) computes.
+    trace = {
+        "traceEvents": [
+            X("ProfilerStep#1", 0, 100, "user_annotation"),
+            X("aten::mm", 0, 50, "cpu_op"),
+            X("aten::add", 10, 5, "cpu_op"),
+            X("aten::mm", 60, 20, "cpu_op", tid=9),  # another thread: not the training thread
+            X("gloo:all_gather", 40, 30, "user_annotation", tid=9),
+        ]
+    }
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    r = analyse_trace(load_trace(path))
+    assert r["compute_ms"] == pytest.approx(0.050)
+    assert r["comm_ms"] == pytest.approx(0.030)
+    assert r["exposed_comm_ms"] == pytest.approx(0.020)
+    assert r["other_ms"] == pytest.approx(0.030)
+
+
+def test_bad_traces(tmp_path):
+    with pytest.raises(ValueError, match="ProfilerStep"):
+        analyse_trace({"traceEvents": [X("aten::mm", 0, 1, "cpu_op")]})
+    with pytest.raises(FileNotFoundError):
+        load_trace(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="Chrome trace"):
+        load_trace(tmp_path / "x.json")

@@ -1,0 +1,39 @@
+"""GPU tier: a short compiled bf16 FSDP2 run on one GPU (make gpu-test)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _needs_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+
+
+def test_compiled_bf16_run_on_one_gpu(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+           "-m", "project02_fsdp_scaling.train", "--preset", "125m", "--global-batch", "8",
+           "--micro-batch", "4", "--seq-len", "1024", "--steps", "3", "--warmup-steps", "2",
+           "--compile", "--profile", "--out", str(out), "--trace-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rec = json.loads(out.read_text())
+    assert rec["backend"] == "nccl" and rec["compute_dtype"] == "bfloat16"
+    assert all(math.isfinite(x) for x in rec["losses"]) and rec["losses"][-1] < rec["losses"][0]
+    assert 0.05 < rec["mfu"] < 1.0
+    assert rec["profile"]["rank0"]["source"].startswith("GPU kernels")
