@@ -37,7 +37,9 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -82,7 +84,8 @@ class TuneRunConfig:
     object_store_mb: int = 256  # local Ray only
     storage_path: str = ".scratch/project03_capstone_infra/tune"
     name: str = "asha"
-    resume: bool = False  # Tuner.restore the experiment <storage_path>/<name>
+    resume: bool = False  # Tuner.restore the experiment <storage_path>/<name> (must exist)
+    resume_if_exists: bool = False  # restore when it exists, else start it (restartable jobs)
     # output
     report: bool = True
     out_name: str = "tune"
@@ -134,8 +137,21 @@ class TuneRunConfig:
             )
         return self
 
+    @property
+    def is_remote_storage(self) -> bool:
+        return "://" in self.storage_path  # s3://, gs://, ...: Tune's pyarrow file systems
+
+    def storage_root(self) -> str:
+        """The storage path as Tune needs it: absolute for a local path, a URI as given."""
+        if self.is_remote_storage:
+            return self.storage_path.rstrip("/")
+        return str(Path(self.storage_path).resolve())
+
+    def experiment_uri(self, name: str | None = None) -> str:
+        return f"{self.storage_root()}/{name or self.name}"
+
     def experiment_path(self) -> Path:
-        return Path(self.storage_path).resolve() / self.name
+        return Path(self.storage_root()) / self.name
 
 
 # --- the trial ---------------------------------------------------------------------------------
@@ -208,6 +224,19 @@ def _restore_tune_checkpoint(ckpt, ckpt_root: Path) -> int:
     return step
 
 
+SCRATCH_ENV = "P03_TUNE_SCRATCH"
+
+
+def trial_scratch_dir(ctx) -> Path:
+    """Node-local working directory of a trial's trainer (checkpoints being written, events).
+
+    Kept out of Tune's trial directory, which Tune copies to the experiment storage: the
+    trainer's files change under the copy (temporary save directories, retention). What must
+    survive is handed to Tune as checkpoints. Under $P03_TUNE_SCRATCH, else the temp dir."""
+    root = Path(os.environ.get(SCRATCH_ENV) or tempfile.gettempdir()) / "project03_tune"
+    return root / ctx.get_experiment_name() / ctx.get_trial_id()
+
+
 class InjectedTrialFailure(RuntimeError):
     """Raised once per trial by --fail-at-step, to exercise Tune's retry and restore."""
 
@@ -222,7 +251,7 @@ def train_trial(config: dict) -> None:
 
     base = config["base"]
     torch.set_num_threads(max(1, int(base.get("cpus_per_trial", 1))))
-    run_dir = Path(tune.get_context().get_trial_dir()) / "run"
+    run_dir = trial_scratch_dir(tune.get_context())
     ckpt_root = run_dir / "checkpoints"
     tune_ckpt = tune.get_checkpoint()
     restored_from = None
@@ -272,6 +301,7 @@ def train_trial(config: dict) -> None:
     elif out.get("step", 0) >= cfg.steps and restored_from == cfg.steps:
         # restored from the final checkpoint: nothing left to train, report the end state again
         tune.report(metrics_of(out))
+    shutil.rmtree(run_dir, ignore_errors=True)  # the trial's state now lives in Tune's storage
 
 
 # --- the experiment ----------------------------------------------------------------------------
@@ -329,7 +359,7 @@ def make_tuner(cfg: TuneRunConfig, kind: str, name: str):
         ),
         run_config=tune.RunConfig(
             name=name,
-            storage_path=str(Path(cfg.storage_path).resolve()),
+            storage_path=cfg.storage_root(),
             failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             verbose=1,
@@ -360,14 +390,14 @@ def run_experiment(cfg: TuneRunConfig, kind: str, name: str, *, resume: bool = F
     """Fit (or restore and finish) one experiment; returns its ResultGrid."""
     from ray import tune
 
-    path = Path(cfg.storage_path).resolve() / name
+    path = cfg.experiment_uri(name)
     if resume:
-        if not tune.Tuner.can_restore(str(path)):
+        if not tune.Tuner.can_restore(path):
             raise FileNotFoundError(f"no Tune experiment to restore at {path}")
-        tuner = tune.Tuner.restore(str(path), trainable=_trainable(cfg), resume_errored=True,
+        tuner = tune.Tuner.restore(path, trainable=_trainable(cfg), resume_errored=True,
                                    param_space=search_space(cfg))  # fmt: skip
     else:
-        if path.exists() and tune.Tuner.can_restore(str(path)):
+        if tune.Tuner.can_restore(path):
             raise FileExistsError(
                 f"{path} already holds an experiment: pass --resume to finish it, or another --name"
             )
@@ -394,6 +424,12 @@ def trial_records(result_grid, max_steps: int) -> list[dict]:
         last = max(curve) if curve else 0
         cfg = result.config or {}
         attempts = int(df["attempt"].max()) + 1 if df is not None and "attempt" in df else 1
+        # seconds from trial start to its first report (actor, imports, model, first step), and
+        # the median seconds per later step
+        times = list(df["time_total_s"]) if df is not None and "time_total_s" in df else []
+        per_iter = (
+            list(df["time_this_iter_s"])[1:] if df is not None and "time_this_iter_s" in df else []
+        )
         status = "error" if result.error else ("completed" if last >= max_steps else "stopped")
         records.append({
             "trial_id": (result.metrics or {}).get("trial_id") or Path(result.path).name,
@@ -408,6 +444,9 @@ def trial_records(result_grid, max_steps: int) -> list[dict]:
             "steps_run": rows,  # reported steps, redone ones after a retry included
             "attempts": attempts,
             "error": str(result.error)[:300] if result.error else None,
+            "first_report_s": float(times[0]) if times else None,
+            "trial_s": float(times[-1]) if times else None,
+            "median_step_s": float(statistics.median(per_iter)) if per_iter else None,
             "curve": {str(k): v for k, v in sorted(curve.items())},
         })  # fmt: skip
     records.sort(key=lambda r: (r["lr"] or 0, r["weight_decay"] or 0))
@@ -442,12 +481,18 @@ def compare(asha: list[dict], fifo: list[dict], max_steps: int) -> dict:
         k_budget = max(1, min(len(fifo_losses), asha_steps // max_steps))
         out["random_trials_at_asha_budget"] = k_budget
         out["random_expected_best_at_asha_budget"] = expected_best_of_k(fifo_losses, k_budget)
-        need = next((k for k in range(1, len(fifo_losses) + 1)
-                     if expected_best_of_k(fifo_losses, k) <= asha_best + 1e-9), None)  # fmt: skip
-        out["random_trials_to_match_asha"] = need
-        out["random_steps_to_match_asha"] = need * max_steps if need else None
-        if need:
-            out["asha_compute_ratio_to_match"] = need * max_steps / asha_steps
+        # chance that k random full trials include a configuration as good as ASHA's best
+        n = len(fifo_losses)
+        m = sum(1 for v in fifo_losses if v <= asha_best + 1e-9)
+
+        def p_match(k: int) -> float:
+            return 1 - math.comb(n - m, k) / math.comb(n, k)
+
+        out["random_p_match_at_asha_budget"] = p_match(k_budget)
+        for q in (50, 90):
+            k = next((k for k in range(1, n + 1) if p_match(k) >= q / 100), n)
+            out[f"random_trials_for_p{q}_match"] = k
+            out[f"random_steps_for_p{q}_match"] = k * max_steps
     # the same config, the same steps, the same numbers: determinism check across experiments
     by_cfg = {(round(r["lr"], 12), round(r["weight_decay"], 12)): r for r in fifo}
     diffs = []
@@ -501,9 +546,10 @@ def write_report(cfg: TuneRunConfig, results: dict, reports_dir: Path) -> list[P
     if comp:
         labels = ["ASHA", "random search"]
         values = [comp["asha_trial_steps"], comp["random_trial_steps"]]
-        if comp.get("random_steps_to_match_asha"):
-            labels.append("random: expected\nto match ASHA")
-            values.append(comp["random_steps_to_match_asha"])
+        for q in (50, 90):
+            if comp.get(f"random_steps_for_p{q}_match"):
+                labels.append(f"random: {q}% chance\nto match ASHA")
+                values.append(comp[f"random_steps_for_p{q}_match"])
         paths.append(bar_chart(out / f"{name}_compute.png", labels, values,
                                title="Compute to search (trial-steps; lower is better)",
                                ylabel="optimiser steps over all trials", footnote=foot))  # fmt: skip
@@ -524,6 +570,11 @@ def render_markdown(cfg: TuneRunConfig, results: dict, env: dict) -> str:
         f"{cfg.reduction_factor}; search seed {cfg.search_seed}. Wall time "
         f"{results['wall_s']:.0f} s (ASHA) and {results.get('random_wall_s') or 0:.0f} s (random).",
         "",
+        f"Per trial (median): {results['median_first_report_s'] or 0:.1f} s from start to its "
+        f"first report (actor start, imports, model build, first step), then "
+        f"{results['median_step_s'] or 0:.3f} s per step: at this size start-up dominates, so "
+        "ASHA's saving in trial-steps shows only partly in wall time.",
+        "",
         f"**Best configuration**: lr {best['lr']:.3g}, weight decay {best['weight_decay']:.3g}, "
         f"warm-up fraction {best['warmup_frac']:.3g}: loss {best['final_loss']:.4f} at step "
         f"{best['last_step']}.",
@@ -543,11 +594,13 @@ def render_markdown(cfg: TuneRunConfig, results: dict, env: dict) -> str:
                 f"full trials; their expected best loss is {comp['random_expected_best_at_asha_budget']:.4f} "
                 "(mean over every subset of that size of the measured random-search trials)."
             )
-        if comp.get("random_trials_to_match_asha"):
+        if comp.get("random_p_match_at_asha_budget") is not None:
             lines.append(
-                f"- To reach ASHA's best loss in expectation random search needs "
-                f"{comp['random_trials_to_match_asha']} full trials = {comp['random_steps_to_match_asha']} "
-                f"trial-steps, {comp['asha_compute_ratio_to_match']:.1f}x ASHA's compute."
+                f"- The chance that those {comp['random_trials_at_asha_budget']} trials include a "
+                f"configuration as good as ASHA's best is {comp['random_p_match_at_asha_budget']:.0%}; "
+                f"a 50% chance needs {comp['random_steps_for_p50_match']} trial-steps, a 90% "
+                f"chance {comp['random_steps_for_p90_match']} (ASHA: {comp['asha_trial_steps']}, "
+                "found with certainty among the same configurations)."
             )
         if comp.get("same_config_max_loss_diff") is not None:
             lines.append(
@@ -561,6 +614,11 @@ def render_markdown(cfg: TuneRunConfig, results: dict, env: dict) -> str:
     lines += ["## Trials (ASHA)", "", markdown_table(results["trials"], cols), ""]
     lines.append("Charts: `tune_curves.png` (ASHA), `tune_random_curves.png`, `tune_compute.png`.")
     return "\n".join(lines) + "\n"
+
+
+def _median(values) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(statistics.median(vals)) if vals else None
 
 
 def summarise(cfg: TuneRunConfig, grid, wall_s: float) -> dict:
@@ -587,7 +645,9 @@ def summarise(cfg: TuneRunConfig, grid, wall_s: float) -> dict:
             if t["status"] == "stopped"
         ],  # fmt: skip
         "errored": [t for t in trials if t["status"] == "error"],
-        "experiment": str(cfg.experiment_path()),
+        "median_first_report_s": _median(t["first_report_s"] for t in trials),
+        "median_step_s": _median(t["median_step_s"] for t in trials),
+        "experiment": cfg.experiment_uri(),
     }
 
 
@@ -600,14 +660,20 @@ def main(argv: list[str] | None = None) -> int:
     init_ray(cfg)
     try:
         t0 = time.perf_counter()
-        grid = run_experiment(cfg, cfg.scheduler, cfg.name, resume=cfg.resume)
+        from ray import tune
+
+        def resuming(name: str) -> bool:
+            exists = tune.Tuner.can_restore(cfg.experiment_uri(name))
+            return (cfg.resume or cfg.resume_if_exists) and exists
+
+        if cfg.resume and not tune.Tuner.can_restore(cfg.experiment_uri()):
+            raise FileNotFoundError(f"--resume: no Tune experiment at {cfg.experiment_uri()}")
+        grid = run_experiment(cfg, cfg.scheduler, cfg.name, resume=resuming(cfg.name))
         results = summarise(cfg, grid, time.perf_counter() - t0)
         if cfg.compare_random and cfg.scheduler == "asha":
             t0 = time.perf_counter()
             rname = f"{cfg.name}-random"
-            rpath = Path(cfg.storage_path).resolve() / rname
-            resume_random = cfg.resume and rpath.exists()
-            rgrid = run_experiment(cfg, "fifo", rname, resume=resume_random)
+            rgrid = run_experiment(cfg, "fifo", rname, resume=resuming(rname))
             results["random_wall_s"] = time.perf_counter() - t0
             results["random_trials"] = trial_records(rgrid, cfg.max_steps)
             results["comparison"] = compare(
@@ -628,9 +694,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ASHA {c['asha_trial_steps']} trial-steps vs random {c['random_trial_steps']}: "
               f"{c['compute_saved_pct']:.0f}% saved; best loss {c['asha_best_loss']:.4f} vs "
               f"{c['random_best_loss']:.4f}")  # fmt: skip
-    summary_path = cfg.experiment_path() / "summary.json"
-    summary_path.parent.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(results, indent=2, default=str))
+    if not cfg.is_remote_storage:  # beside Tune's own state, for scripts and tests
+        summary_path = cfg.experiment_path() / "summary.json"
+        summary_path.parent.mkdir(parents=True, exist_ok=True)
+        summary_path.write_text(json.dumps(results, indent=2, default=str))
     if cfg.report:
         reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPO_ROOT / "reports"
         for p in write_report(cfg, results, reports_dir):

@@ -121,7 +121,10 @@ def test_compare_counts_compute_and_the_random_search_budget():
     assert c["random_expected_best_at_asha_budget"] == pytest.approx(
         expected_best_of_k([1.6, 5, 4.3, 2.1], 2)
     )
-    assert c["random_trials_to_match_asha"] == 4  # only all four trials are sure to hold the best
+    # one configuration in four reaches ASHA's best: k random trials find it with chance k / 4
+    assert c["random_p_match_at_asha_budget"] == pytest.approx(0.5)
+    assert c["random_trials_for_p50_match"] == 2 and c["random_steps_for_p50_match"] == 16
+    assert c["random_trials_for_p90_match"] == 4 and c["random_steps_for_p90_match"] == 32
     assert c["same_config_max_loss_diff"] == 0.0 and c["configs_matched"] == 4
 
 
@@ -176,3 +179,24 @@ def test_bad_settings_give_clear_errors(kw, match):
 
 def test_fractional_gpus_are_accepted():
     assert TuneRunConfig(gpus_per_trial=0.25).validate().gpus_per_trial == 0.25
+
+
+def test_deploy_files_parse():
+    """The KubeRay manifests are valid YAML of the expected kinds; the Slurm script parses."""
+    import shutil
+    import subprocess
+
+    yaml = pytest.importorskip("yaml")
+    deploy = Path(ptune.__file__).parent / "deploy"
+    kinds = {}
+    for path in sorted((deploy / "kuberay").glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        kinds[path.name] = doc["kind"]
+    assert kinds == {"raycluster.yaml": "RayCluster", "rayjob.yaml": "RayJob",
+                     "tune-storage.yaml": "PersistentVolumeClaim"}  # fmt: skip
+    job = yaml.safe_load((deploy / "kuberay" / "rayjob.yaml").read_text())
+    assert "project03_capstone_infra.tune" in job["spec"]["entrypoint"]
+    assert "--resume-if-exists" in job["spec"]["entrypoint"]
+    bash = shutil.which("bash")
+    if bash:
+        subprocess.run([bash, "-n", str(deploy / "slurm" / "ray_tune.sbatch")], check=True)
