@@ -291,7 +291,7 @@ def run_scaling(cfg: ScalingConfig) -> Path:
     report.render_scaling(path)
     if cfg.readme and plan.out_dir.parent.resolve() == _default_reports_root().resolve():
         report.refresh_readme(plan.out_dir)
-    print(report.scaling_markdown(load_result(path)).split("## ")[1][:4000], flush=True)
+    print(report.scaling_markdown(load_result(path), name=plan.name), flush=True)
     failed = [r["world_size"] for r in runs if r["status"] == "failed"]
     if failed:
         raise RuntimeError(f"world sizes {failed} failed; their log tails are in {path}")
