@@ -62,24 +62,26 @@ class SyntheticTokens:
     def uniform_loss(self) -> float:
         return math.log(self.vocab_size)
 
-    def _sample(self, g: int) -> np.ndarray:
-        """Sequence g of the stream: seq_len + 1 tokens (inputs and shifted targets)."""
+    def _draws(self, g: int) -> tuple[int, np.ndarray]:
+        """Sequence g's random draws: its first token and its successor choices (seq_len,)."""
         rng = np.random.default_rng([self.seed, g])
         u = rng.random(self.seq_len)
+        first = int(rng.integers(0, self.vocab_size))
         choice = np.searchsorted(self._cdf, u, side="right").clip(max=len(self._cdf) - 1)
-        out = np.empty(self.seq_len + 1, dtype=np.int64)
-        out[0] = rng.integers(0, self.vocab_size)
-        succ = self._successors
-        for t in range(self.seq_len):
-            out[t + 1] = succ[out[t], choice[t]]
-        return out
+        return first, choice
 
     def batch_at(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (inputs, targets) of global step `step`, each (local_batch, seq_len)."""
         first = step * self.global_batch + self.rank * self.local_batch
-        seqs = np.stack([self._sample(first + j) for j in range(self.local_batch)])
-        t = torch.from_numpy(seqs)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        draws = [self._draws(first + j) for j in range(self.local_batch)]
+        seqs = np.empty((self.local_batch, self.seq_len + 1), dtype=np.int64)
+        seqs[:, 0] = [d[0] for d in draws]
+        choice = np.stack([d[1] for d in draws])  # (local_batch, seq_len)
+        # The walk is sequential in t but vectorised over the batch.
+        for t in range(self.seq_len):
+            seqs[:, t + 1] = self._successors[seqs[:, t], choice[:, t]]
+        out = torch.from_numpy(seqs)
+        return out[:, :-1].contiguous(), out[:, 1:].contiguous()
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.batch_at(self.step)

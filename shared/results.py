@@ -132,7 +132,8 @@ def environment() -> dict:
         "gpu_count": 0,
         "compute_capability": None,
         "driver": None,
-        "git_commit": _git("rev-parse", "HEAD"),
+        # GIT_COMMIT: for copies of the tree without git metadata (a remote GPU box, say)
+        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT"),
         "git_dirty": None,
     }
     status = _git("status", "--porcelain", "--untracked-files=no")
