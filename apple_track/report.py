@@ -1,0 +1,500 @@
+"""The track's report, from the result record `python -m apple_track.export` wrote.
+
+    python -m apple_track.report                       # reports/apple_track/export.json
+    python -m apple_track.report --record path/to/export.json --no-readme
+
+Writes next to the record: `tradeoff.png` (size vs error per variant, and CPU latency against
+PyTorch eager, same colours), `summary.md` (the tables, for
+the root README's refresh), and regenerates `apple_track/README.md`. Needs only matplotlib and
+the shared library, not coremltools, LiteRT or MLX, so the main test tier checks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from shared.results import (
+    REPO_ROOT,
+    REPORTS_DIR,
+    atomic_write_text,
+    environment_line,
+    load_result,
+    markdown_table,
+)
+
+README = REPO_ROOT / "apple_track" / "README.md"
+DEFAULT_RECORD = REPORTS_DIR / "apple_track" / "export.json"
+RUNTIME_LABELS = {"coreml": "Core ML", "litert": "LiteRT", "mlx": "MLX"}
+RUNTIME_COLORS = {"coreml": "#4C72B0", "litert": "#DD8452", "mlx": "#55A868"}
+
+
+def _kib(n: int | None) -> float | None:
+    return None if n is None else n / 1024
+
+
+def variant_rows(record: dict) -> list[dict]:
+    """One row per variant: the columns of the README's main table."""
+    base = record.get("baseline") or {}
+    base_ms = (base.get("latency") or {}).get("median_ms")
+    base_bytes = base.get("bytes")
+    rows = []
+    for v in record["results"]["variants"]:
+        lat = v.get("latency") or {}
+        par = v.get("parity") or {}
+        ms = lat.get("median_ms")
+        rows.append({
+            "runtime": RUNTIME_LABELS.get(v["runtime"], v["runtime"]),
+            "variant": v["variant"],
+            "size_kib": _kib(v.get("bytes")),
+            "vs_fp32": (v["bytes"] / base_bytes) if v.get("bytes") and base_bytes else None,
+            "ops": v.get("n_ops"),
+            "compressed": v.get("compressed_weight_ops"),
+            "rel_l2": par.get("rel_l2"),
+            "max_abs": par.get("max_abs"),
+            "top1": par.get("top1_agree"),
+            "loss_delta": par.get("loss_delta"),
+            "tol": (v.get("tolerance") or {}).get("rel_l2"),
+            "ok": v.get("within_tolerance"),
+            "source": "emulated" if "emulated" in (v.get("parity_source") or "") else "measured",
+            "latency_ms": ms,
+            "speedup": (base_ms / ms) if ms and base_ms else None,
+        })  # fmt: skip
+    return rows
+
+
+_COLUMNS = ["runtime", "variant", "size_kib", "vs_fp32", "ops", "compressed", "rel_l2",
+            "max_abs", "top1", "loss_delta", "tol", "ok", "source", "latency_ms", "speedup"]  # fmt: skip
+_HEADERS = ["runtime", "variant", "size (KiB)", "size / PyTorch fp32", "ops", "compressed weights",
+            "rel. L2 error", "max abs error", "top-1 agree", "loss change (nats)",
+            "tolerance (rel. L2)", "within", "parity", "latency (ms)",
+            "speed vs PyTorch"]  # fmt: skip
+
+
+def variants_table(record: dict) -> str:
+    return markdown_table(variant_rows(record), _COLUMNS, headers=_HEADERS)
+
+
+def _context(record: dict) -> str:
+    r, env = record["results"], record["environment"]
+    m = r["model"]
+    versions = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items() if v)
+    return (
+        f"Model: shared transformer, preset `{m['preset']}` ({m['num_params']:,} parameters), "
+        f"trained {m['train_steps']} steps on the synthetic stream, exported for input "
+        f"(batch {m['batch']}, seq {m['seq_len']}) int32 tokens. Parity: logits against "
+        f"PyTorch float32 on a held-out batch. Latency: median of repeated single-threaded CPU "
+        f"runs (shared.timing, torch.utils.benchmark) in the same process as the PyTorch eager "
+        f"baseline. Measured on: {environment_line(env)}; {r['platform']['system']} "
+        f"{r['platform']['machine']}. Versions: {versions}."
+    )
+
+
+def summary_markdown(record: dict, chart_dir: str = "") -> str:
+    """The results section: context, the variant table, baseline, notes on skipped parts."""
+    r = record["results"]
+    base = record.get("baseline") or {}
+    lat = base.get("latency") or {}
+    lines = [
+        _context(record),
+        "",
+        f"Baseline: PyTorch float32 eager, {lat.get('median_ms', float('nan')):.3f} ms per "
+        f"forward (p20-p80 {lat.get('p20_ms', float('nan')):.3f}-"
+        f"{lat.get('p80_ms', float('nan')):.3f} ms, n={lat.get('n')}), state dict "
+        f"{(base.get('bytes') or 0) / 1024:,.1f} KiB, held-out loss {base.get('loss', 0):.4f} nats.",
+        "",
+        variants_table(record),
+        "",
+    ]
+    skipped = sorted(
+        {v["prediction"] for v in r["variants"] if str(v.get("prediction", "")).startswith("skip")}
+    )
+    for s in skipped:
+        lines.append(
+            f"- Core ML prediction: {s}. Its parity column is an emulation (the package's own "
+            "weights, decompressed, in PyTorch float16 on the CPU); its latency is not measured."
+        )
+    for runtime, why in sorted(r.get("runtime_failures", {}).items()):
+        lines.append(f"- {RUNTIME_LABELS.get(runtime, runtime)}: {why}")
+    metal = r.get("metal") or {}
+    if not metal.get("ran"):
+        lines.append(f"- Metal kernels: not run: {metal.get('reason', 'unknown')}.")
+    if chart_dir is not None:
+        lines += [
+            "",
+            f"![size vs error vs latency]({chart_dir}tradeoff.png)",
+        ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def metal_markdown(record: dict) -> str:
+    metal = record["results"].get("metal") or {}
+    if not metal.get("ran"):
+        return f"_Not measured in this run: {metal.get('reason', 'no record')}._\n"
+    mm = markdown_table(
+        metal["matmul"],
+        ["kernel", "dtype", "shape", "max_abs_err", "median_ms", "tflops", "mlx_matmul_tflops"],
+        headers=[
+            "kernel",
+            "dtype",
+            "M, N, K",
+            "max abs err vs mx.matmul",
+            "ms",
+            "TFLOP/s",
+            "mx.matmul TFLOP/s",
+        ],  # fmt: skip
+    )
+    att = markdown_table(
+        metal["attention"],
+        ["shape", "causal", "dtype", "max_abs_err", "median_ms", "tflops", "mlx_sdpa_tflops"],
+        headers=[
+            "B, H, S, D",
+            "causal",
+            "dtype",
+            "max abs err vs MLX SDPA",
+            "ms",
+            "TFLOP/s",
+            "MLX SDPA TFLOP/s",
+        ],  # fmt: skip
+    )
+    return f"Device: {metal.get('device')}\n\n{mm}\n\n{att}\n"
+
+
+def io_markdown(record: dict) -> str:
+    rows = []
+    for v in record["results"]["variants"]:
+        io = v.get("io")
+        if not io:
+            continue
+
+        def fmt(items):
+            return "; ".join(f"`{i['name']}` {i['dtype']} {tuple(i['shape'])}" for i in items)
+
+        rows.append({
+            "runtime": RUNTIME_LABELS.get(v["runtime"], v["runtime"]), "variant": v["variant"],
+            "inputs": fmt(io["inputs"]), "outputs": fmt(io["outputs"]),
+        })  # fmt: skip
+    return markdown_table(rows, ["runtime", "variant", "inputs", "outputs"]) if rows else "_none_"
+
+
+def ops_markdown(record: dict) -> str:
+    """Op counts of the first variant of each runtime, and what compression adds."""
+    out = []
+    for runtime in ("coreml", "litert"):
+        vs = [v for v in record["results"]["variants"] if v["runtime"] == runtime]
+        if not vs or not vs[0].get("op_counts"):
+            continue
+        first = vs[0]
+        ops = ", ".join(f"{op} {n}" for op, n in first["op_counts"].items())
+        out.append(f"- {RUNTIME_LABELS[runtime]} `{first['variant']}`: {ops}.")
+        for v in vs[1:]:
+            diff = {
+                op: n - first["op_counts"].get(op, 0)
+                for op, n in (v.get("op_counts") or {}).items()
+                if n != first["op_counts"].get(op, 0)
+            }
+            change = ", ".join(f"{op} {d:+d}" for op, d in diff.items()) or "no change"
+            out.append(f"  - `{v['variant']}`: {change}.")
+    return "\n".join(out) if out else "_none_"
+
+
+# --- charts ----------------------------------------------------------------------------------
+
+
+def write_charts(record: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = record["results"]["variants"]
+    base = record.get("baseline") or {}
+    env_note = environment_line(record["environment"])
+    written = []
+
+    # Left: size vs error, the trade-off of compression. Right: latency, same colours.
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [3, 2]})
+    offsets = {"coreml": (6, -11), "litert": (6, 4), "mlx": (-8, 6)}
+    for v in variants:
+        par = v.get("parity") or {}
+        if not v.get("bytes") or par.get("rel_l2") is None:
+            continue
+        err = max(par["rel_l2"], 1e-8)  # float32 runtimes can be exact: keep them on a log axis
+        emulated = "emulated" in (v.get("parity_source") or "")
+        ax.scatter(v["bytes"] / 1024, err, s=70, color=RUNTIME_COLORS.get(v["runtime"], "0.4"),
+                   marker="s" if emulated else "o", edgecolors="black", linewidths=0.5,
+                   label=RUNTIME_LABELS.get(v["runtime"], v["runtime"])
+                   + (" (error emulated)" if emulated else ""))  # fmt: skip
+        dx, dy = offsets.get(v["runtime"], (6, 4))
+        ax.annotate(v["variant"], (v["bytes"] / 1024, err), textcoords="offset points",
+                    xytext=(dx, dy), fontsize=7, ha="right" if dx < 0 else "left")  # fmt: skip
+    if base.get("bytes"):
+        ax.axvline(base["bytes"] / 1024, color="#C44E52", ls="--", lw=1.2,
+                   label="PyTorch fp32 state dict")  # fmt: skip
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    ax.legend(uniq.values(), uniq.keys(), loc="center left", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("size on disk (KiB, log)")
+    ax.set_ylabel("relative L2 error of logits vs PyTorch fp32 (log)")
+    ax.set_title("size vs error", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+
+    timed = [v for v in variants if (v.get("latency") or {}).get("median_ms")]
+    names = [f"{RUNTIME_LABELS.get(v['runtime'], v['runtime'])} {v['variant']}" for v in timed]
+    ax2.barh(range(len(timed)), [v["latency"]["median_ms"] for v in timed],
+             color=[RUNTIME_COLORS.get(v["runtime"], "0.4") for v in timed])  # fmt: skip
+    ax2.set_yticks(range(len(timed)), names, fontsize=8)
+    ax2.invert_yaxis()
+    base_ms = (base.get("latency") or {}).get("median_ms")
+    if base_ms:
+        ax2.axvline(base_ms, color="#C44E52", ls="--", lw=1.2, label="PyTorch fp32 eager")
+        ax2.legend(loc="lower right", fontsize=8)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("CPU latency per forward, ms (median, 1 thread, log)")
+    ax2.set_title("latency (variants without a runtime here are absent)", fontsize=10)
+    ax2.grid(alpha=0.3, axis="x", which="both")
+    fig.suptitle("On-device variants of the shared transformer: size vs error vs latency")
+    fig.text(0.01, 0.005, env_note, fontsize=6, color="0.35")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    path = out_dir / "tradeoff.png"
+    tmp = path.with_name(".tradeoff.tmp.png")
+    fig.savefig(tmp, dpi=130)
+    plt.close(fig)
+    os.replace(tmp, path)
+    written.append(path)
+
+    return written
+
+
+# --- README ----------------------------------------------------------------------------------
+
+
+def render_readme(record: dict | None, chart_dir: str) -> str:
+    if record is None:
+        results = "_No results recorded yet: run `make apple` (writes reports/apple_track/)._\n"
+        metal = ops = io = "_No results recorded yet._"
+    else:
+        results = summary_markdown(record, chart_dir)
+        metal, ops, io = metal_markdown(record), ops_markdown(record), io_markdown(record)
+    return README_TEMPLATE.format(results=results, metal=metal, ops=ops, io=io).rstrip() + "\n"
+
+
+def write_report(record_path: str | os.PathLike, *, readme: bool | Path = True) -> list[Path]:
+    record_path = Path(record_path)
+    record = load_result(record_path)
+    out_dir = record_path.parent
+    written = write_charts(record, out_dir)
+    summary = out_dir / "summary.md"
+    atomic_write_text(summary, summary_markdown(record, chart_dir=""))
+    written.append(summary)
+    if readme:
+        target = README if readme is True else Path(readme)
+        rel = os.path.relpath(out_dir, target.parent).replace(os.sep, "/") + "/"
+        atomic_write_text(target, render_readme(record, rel))
+        written.append(target)
+    return written
+
+
+def console_summary(record_path: str | os.PathLike) -> str:
+    record = load_result(record_path)
+    lines = ["runtime  variant      KiB      rel_l2   within  latency_ms"]
+    for r in variant_rows(record):
+        ok = {True: "yes", False: "NO", None: "n/a"}[r["ok"]]
+        lat = f"{r['latency_ms']:.3f}" if r["latency_ms"] else "n/a"
+        rel = f"{r['rel_l2']:.2e}" if r["rel_l2"] is not None else "n/a"
+        lines.append(f"{r['runtime']:<8} {r['variant']:<10} {r['size_kib'] or 0:>8.1f}  {rel:>9}"
+                     f"  {ok:>6}  {lat:>10}  ({r['source']})")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m apple_track.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--record", type=Path, default=DEFAULT_RECORD)
+    p.add_argument("--no-readme", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        written = write_report(args.record, readme=not args.no_readme)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"apple_track.report: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(f"wrote {w}" for w in written))
+    return 0
+
+
+README_TEMPLATE = """\
+# apple_track: the on-device path
+
+The shared transformer (`shared.model`, the model every project trains) taken to the runtimes
+that ship on phones and laptops: **Core ML** (an ML program in float16, plus palettized and
+int8 variants), **LiteRT** (TFLite, float32 and int8 dynamic-range), an **MLX** port that loads
+the PyTorch weights, and **Metal kernels** (a matmul ladder ending in simdgroup matrices, and a
+fused attention) that mirror project01's CUDA ones. Every variant is measured against the
+PyTorch float32 model in the same run: size on disk, op counts, input/output descriptions,
+parity, CPU latency.
+
+This file is generated by `make apple` (`apple_track/report.py`): edit the template there.
+
+## Run it
+
+```bash
+make apple                                  # from the repo root: the whole track, this report
+make -f apple_track/Makefile setup          # just create .venv-apple (once, ~3 min, ~6.7 GB)
+make -f apple_track/Makefile test           # the track's tests with every runtime installed
+make -f apple_track/Makefile report REPORT_ARGS="--preset 125m --seq-len 128 --train-steps 0"
+.venv-apple/bin/python -m apple_track.export --help
+```
+
+`litert-torch` pins its own torch release (2.14 at the time of writing) and pulls jax, so the
+track lives in its own virtual environment, `.venv-apple`, created by `apple_track/Makefile`;
+the main `.venv` and its torch stay untouched. Model files land in `.build/apple_track/` (not
+committed): `coreml_<variant>.mlpackage`, `litert_<variant>.tflite`,
+`mlx_<variant>.safetensors`, `pytorch_fp32.pt`.
+
+## Results
+
+<!-- results:apple_track -->
+{results}
+<!-- /results:apple_track -->
+
+Reading the table: *size / PyTorch fp32* compares with the float32 state dict; *compressed
+weights* counts the weight tensors stored compressed (Core ML `constexpr_*` ops, LiteRT int8
+constants, MLX quantized layers); *parity* says whether the error was measured on the runtime
+itself or emulated (Core ML off macOS); *within* checks the stated tolerance
+(`apple_track.model.TOLERANCES`, relative L2 error and top-1 agreement).
+
+### Inputs and outputs
+
+{io}
+
+### Op counts
+
+{ops}
+
+## What each variant is
+
+| runtime | variant | how |
+| --- | --- | --- |
+| Core ML | fp16 | `torch.jit.trace` of the fixed-shape wrapper, `ct.convert(..., convert_to="mlprogram", compute_precision=FLOAT16, minimum_deployment_target=iOS18)` |
+| Core ML | int8 | `coremltools.optimize.coreml.linear_quantize_weights`: int8, symmetric, per output channel |
+| Core ML | palettize6 / palettize4 | `palettize_weights`: k-means lookup table of 64 / 16 entries per tensor (needs scikit-learn) |
+| LiteRT | fp32 | `litert_torch.convert` (torch.export, then the LiteRT converter) |
+| LiteRT | int8 | the same with `quant_recipes.full_dynamic_recipe()`: int8 channel-wise weights, activations quantized on the fly |
+| MLX | fp32 / fp16 | `apple_track.mlx_model.MLXTransformer`, the same parameter names, `load_weights(strict=True)` |
+| MLX | q8 / q4 | `mlx.nn.quantize(model, group_size=32, bits=8 / 4)`: affine, group-wise |
+
+Design choices:
+- **Fixed shape, int32 tokens.** Runtimes compile one graph per input shape, so
+  `FixedShapeLM` pins (batch, seq_len); tokens are int32 because Core ML has no int64 tensors.
+- **A trained model.** The weights are trained for a few hundred steps on the synthetic stream
+  before export: an initialisation has no outliers, and compression error on it would flatter
+  every scheme. The loss column shows what compression does to next-token prediction.
+- **iOS 18 / macOS 15 target.** It has the fused `scaled_dot_product_attention` op and the
+  `constexpr_blockwise_shift_scale` / `constexpr_lut_to_dense` weight ops; older targets fall
+  back to decomposed attention.
+- **Core ML off macOS.** coremltools converts and compresses anywhere, but only the Core ML
+  framework predicts. Off macOS the parity column shows an *emulation*: the package's weights,
+  decompressed back out of the `.mlpackage`, loaded into the PyTorch model and run in float16 on
+  the CPU. It measures what compression did to the weights; the real prediction (and its
+  latency) is measured on macOS by the same command.
+
+## Metal kernels
+
+Sources in `apple_track/metal/`, one step a file, launched by `apple_track.metal_kernels`
+through `mx.fast.metal_kernel` (MLX writes the signature; the files hold kernel bodies):
+
+| file | what | project01 counterpart |
+| --- | --- | --- |
+| `matmul_01_naive.metal` | one thread per output element | `sgemm_01_naive` |
+| `matmul_02_threadgroup_tiled.metal` | 16 x 16 tiles in threadgroup memory | `sgemm_03_smem_tiling` |
+| `matmul_03_simdgroup.metal` | 8 x 8 `simdgroup_float8x8` fragments, 4 simdgroups per 32 x 32 tile, float32 accumulation | `hgemm_08_mma_sync` |
+| `attention_01_flash.metal` | online-softmax attention, K/V blocks in threadgroup memory, causal block skipping | `flash_fwd_kernel` |
+
+Each takes any size (edge tiles masked) and float32, float16 or bfloat16; bad arguments give a
+`ValueError`/`TypeError` naming the argument before anything launches. The attention kernel
+plugs into the MLX port: `MLXTransformer(args, attn_fn=metal_attention_fn)`.
+
+How they are checked: on macOS with Apple silicon, `tests/apple_track/test_metal_kernels.py`
+compares them with `mx.matmul` and `mx.fast.scaled_dot_product_attention` (marked `macos`; they
+skip elsewhere, saying why). Everywhere, `tests/apple_track/test_metal_kernels_on_cpu.py`
+compiles the same kernel bodies as C++ against a CPU stand-in for the Metal types (threads of a
+threadgroup as `std::thread`s, barriers as `std::barrier`, simdgroup matrices as 8 x 8 arrays)
+and runs them with their real launch grids against NumPy: that checks the indexing, tiling,
+masking and online softmax, not Metal compilation or speed.
+
+{metal}
+
+## Profiling on device: energy and memory with Instruments
+
+`python -m apple_track.profile RUNTIME VARIANT --seconds N` runs one exported variant (or a
+Metal kernel) in a loop, a steady target for Instruments. On a Mac with Xcode (these commands
+were not run for the numbers above, which come from the machine named in the results):
+
+```bash
+xcrun xctrace list templates                      # what this Xcode offers (names vary by version)
+
+# Core ML: load / prediction intervals, and which compute unit (CPU, GPU, Neural Engine) ran
+xcrun xctrace record --template 'Core ML' --output coreml_palettize4.trace \\
+    --launch -- .venv-apple/bin/python -m apple_track.profile coreml palettize4 --seconds 20
+
+# memory: heap allocations and resident size (weights mapped in, activations)
+xcrun xctrace record --template 'Allocations' --output mem_palettize4.trace \\
+    --launch -- .venv-apple/bin/python -m apple_track.profile coreml palettize4 --seconds 20
+
+# CPU and memory of the process over time, every variant one after another
+for v in fp16 int8 palettize6 palettize4; do
+  xcrun xctrace record --template 'Activity Monitor' --output activity_$v.trace \\
+      --launch -- .venv-apple/bin/python -m apple_track.profile coreml $v --seconds 15
+done
+
+# Metal kernels: the GPU timeline (encoders, kernel durations, occupancy)
+xcrun xctrace record --template 'Metal System Trace' --output metal.trace \\
+    --launch -- .venv-apple/bin/python -m apple_track.profile metal simdgroup --seconds 10
+
+# energy on an iPhone or iPad with the exported model in an app: Power Profiler
+xcrun xctrace list devices
+xcrun xctrace record --template 'Power Profiler' --device <UDID> --all-processes \\
+    --time-limit 60s --output power.trace
+
+# energy on a Mac: sampled CPU, GPU and Neural Engine power while a variant runs
+sudo powermetrics --samplers cpu_power,gpu_power,ane_power -i 500 -n 40 > power.txt &
+.venv-apple/bin/python -m apple_track.profile coreml palettize4 --seconds 20
+
+# read a trace without the GUI: its table of contents, then one table as XML
+xcrun xctrace export --input coreml_palettize4.trace --toc
+xcrun xctrace export --input coreml_palettize4.trace \\
+    --xpath '/trace-toc/run[@number="1"]/data/table[@schema="<a schema from the toc>"]'
+open coreml_palettize4.trace                      # or in the Instruments app
+```
+
+Energy per inference = (average package power during the loop - idle power) x loop time /
+inferences; measure idle with the same `powermetrics` command and no load. Xcode's Core ML
+performance report (open the `.mlpackage` in Xcode, Performance tab, on a connected device)
+gives per-op compute-unit placement and load/predict times without writing code.
+
+## Tests
+
+| where | what |
+| --- | --- |
+| main `.venv` (`make test`) | bad inputs (unknown preset, unsupported compression, bad shapes) give clear errors; the export wrapper; parity maths; the report and charts from a recorded JSON; the Metal kernel bodies on the CPU stand-in; the rest skips saying which package is missing |
+| `.venv-apple` (`make -f apple_track/Makefile test`) | every Core ML variant converts and its spec has the expected input, output and compressed weight ops; LiteRT float32 and int8 match PyTorch within their tolerances; MLX matches PyTorch; an end-to-end export into a temporary folder |
+| macOS | Core ML predictions against PyTorch; the Metal kernels against MLX's ops (`@pytest.mark.macos`) |
+
+## Limitations
+
+- Off macOS there is no Core ML latency and the Core ML error is emulated, as the table says.
+- CPU latency only, single-threaded: no GPU or Neural Engine figures unless the export runs on
+  a Mac (Core ML then uses its default compute units).
+- The tiny preset is dominated by per-call overhead: latency ratios at this size say more about
+  runtime overhead than about arithmetic; use `--preset 125m` for a compute-bound comparison.
+- LiteRT int8 is dynamic-range (weights only stored in int8); full-integer static quantization
+  needs a calibration set and is not done here.
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
