@@ -91,21 +91,22 @@ def plan(hw: Hardware) -> list[Step]:
         )
         steps.append(Step("project01", "kernels, benchmarks and ncu profile", skip_reason=no_gpu))
 
-    # project02: FSDP strong scaling
+    # project02: FSDP strong scaling (the harness sizes itself: 1b on GPUs, tiny over gloo on CPU)
+    argv = _py("-m", "project02_fsdp_scaling.scaling")
     if gpu:
-        gpus = ",".join(str(n) for n in (1, 2, 4, 8) if n <= hw.gpus)
-        argv = _py("-m", "project02_fsdp_scaling.scaling", "--preset", "1b", "--gpus", gpus)
-    else:
-        argv = _py("-m", "project02_fsdp_scaling.scaling", "--preset", "tiny", "--gpus", "1,2",
-                   "--device", "cpu")  # fmt: skip
-    steps.append(
-        Step(
-            "project02",
-            f"strong scaling ({'GPUs' if gpu else 'CPU, 2 gloo processes'})",
-            argv,
-            module="project02_fsdp_scaling.scaling",
-        )  # fmt: skip
-    )
+        argv += ["--gpus", ",".join(str(n) for n in (1, 2, 4, 8) if n <= hw.gpus)]
+    where = f"{hw.gpus} GPU(s)" if gpu else "CPU, 2 gloo processes"
+    ds_missing = importlib.util.find_spec("deepspeed") is None
+    steps += [
+        Step("project02", f"strong scaling ({where})", argv,
+             module="project02_fsdp_scaling.scaling"),
+        Step("project02", "FSDP2 vs DeepSpeed ZeRO-3, same model and data",
+             _py("-m", "project02_fsdp_scaling.compare"), module="project02_fsdp_scaling.compare",
+             skip_reason="deepspeed is not installed (pip install -e '.[deepspeed]')"
+             if ds_missing else (None if hw.gpus != 1 else "needs 2 GPUs (or none: CPU)")),
+        Step("project02", "report: charts, Markdown, README",
+             _py("-m", "project02_fsdp_scaling.report"), module="project02_fsdp_scaling.report"),
+    ]  # fmt: skip
 
     # project03: fault tolerance
     steps.append(
