@@ -602,6 +602,11 @@ def render_markdown(cfg: TuneRunConfig, results: dict, env: dict) -> str:
                 f"chance {comp['random_steps_for_p90_match']} (ASHA: {comp['asha_trial_steps']}, "
                 "found with certainty among the same configurations)."
             )
+        lines.append(
+            "- ASHA is asynchronous: a trial is judged against the trials that reached its rung "
+            "before it, so which trials it stops, and the compute it saves, varies with trial "
+            "order and machine load from one run to the next."
+        )
         if comp.get("same_config_max_loss_diff") is not None:
             lines.append(
                 f"- The same configuration gives the same loss at the same step in both "
