@@ -172,7 +172,9 @@ def render_markdown(
         f"{cfg.get('total_tokens', 16384):,} tokens per batch, hidden {cfg.get('hidden', 2048)}; "
         "medians of `triton.testing.do_bench` (L2 flushed), all providers in the same process. "
         "TFLOP/s count 4·B·H·S²·D forward (half when causal) and 2.5x that backward, as the "
-        "FlashAttention papers do. SDPA columns pin one backend each with `sdpa_kernel`.",
+        "FlashAttention papers do. SDPA columns pin one backend each with `sdpa_kernel`. "
+        "The 'ours, 16 rows/warp' and 'ours, 64 keys/CTA' columns are the earlier kernel "
+        "variants, still built and tested; csrc/attention/NOTES.md has the version history.",
         "",
         "Targets:",
         "",

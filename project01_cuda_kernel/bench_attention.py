@@ -33,13 +33,24 @@ PROVIDERS = ("ours", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "mat
 VARIANT_MODE = {"ours_r16": "fwd", "ours_k64": "bwd"}
 MODES = ("fwd", "bwd", "fwd_bwd")
 PROVIDER_LABELS = {
-    "ours": "ours (FA2-style, mma.sync, 32 rows/warp)",
+    "ours": "ours (FA2-style, mma.sync)",
     "ours_r16": "ours, forward variant: 16 rows/warp, Q in registers",
     "ours_k64": "ours, backward variant: 64 keys/CTA (4 warps)",
     "flash": "SDPA FLASH (FlashAttention-2)",
     "cudnn": "SDPA cuDNN",
     "efficient": "SDPA EFFICIENT (xFormers)",
     "math": "SDPA MATH",
+}
+
+
+PROVIDER_COLORS = {  # one colour per provider in every chart
+    "ours": "#1f77b4",
+    "ours_r16": "#17becf",
+    "ours_k64": "#17becf",
+    "flash": "#2ca02c",
+    "cudnn": "#d62728",
+    "efficient": "#9467bd",
+    "math": "#8c564b",
 }
 
 
@@ -277,16 +288,19 @@ def make_charts(result: dict, out_dir: Path, env_line: str) -> list[Path]:
                 if pts:
                     xs, ys = zip(*pts)
                     ax.plot(xs, ys, marker="o", lw=2.2 if provider == "ours" else 1.2,
-                            label=PROVIDER_LABELS[provider])  # fmt: skip
+                            color=PROVIDER_COLORS[provider], label=PROVIDER_LABELS[provider],
+                            ls="--" if provider in VARIANT_MODE else "-")  # fmt: skip
             ax.set_xscale("log", base=2)
             ax.set_title(f"head dim {d}, {'causal' if causal else 'non-causal'}", fontsize=10)
             ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel(f"{mode.replace('_', '+')} TFLOP/s")
-        axes[0][0].legend(fontsize=7, loc="lower right")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.04),
+                   ncol=min(4, len(labels)), fontsize=8)  # fmt: skip
         fig.suptitle(f"Attention {mode.replace('_', '+')} throughput, bf16, hidden 2048")
         fig.text(0.01, 0.005, env_line, fontsize=6, color="0.35")
-        fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+        fig.tight_layout(rect=(0, 0.17, 1, 0.95))
         path = out_dir / f"attention_{mode}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
@@ -299,7 +313,8 @@ def make_charts(result: dict, out_dir: Path, env_line: str) -> list[Path]:
             pts = sorted((m["seq_len"], m["peak_mib"]) for m in mem if m["provider"] == provider)
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", label=PROVIDER_LABELS[provider])
+                ax.plot(xs, ys, marker="o", color=PROVIDER_COLORS[provider],
+                        label=PROVIDER_LABELS[provider])  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
@@ -332,6 +347,16 @@ def print_summary(result: dict) -> None:
         for r in ratios(result["rows"])
     ]
     print(markdown_table(table, floatfmt=".3g"))
+
+
+def redraw_charts(json_path: str | Path) -> list[Path]:
+    """Charts again from a saved result (e.g. after a change of chart style), no GPU needed."""
+    from shared.results import environment_line, load_result
+
+    record = load_result(json_path)
+    return make_charts(
+        record["results"], Path(json_path).parent, environment_line(record["environment"])
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
