@@ -331,6 +331,9 @@ def run(cfg: ChaosConfig) -> dict:
         "",
     ])  # fmt: skip
     atomic_write_text(out_dir / PROJECT / "chaos.md", md)
+    from .report import write_summary
+
+    write_summary(out_dir)
     _log(f"{'IDENTICAL' if identical else 'DIFFERENT'}: wrote {json_path} and chaos.md / .png")
     if not cfg.keep and not cfg.workdir:
         shutil.rmtree(work, ignore_errors=True)

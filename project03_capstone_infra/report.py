@@ -1,0 +1,62 @@
+"""reports/project03_capstone_infra/summary.md: the project's results in one place (the top-level
+README's results block is refreshed from it by `make readme`). Written by the chaos run and the
+checkpoint benchmark from whatever result files exist; each part names its own context."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PROJECT = "project03_capstone_infra"
+
+
+def write_summary(reports_dir: str | Path | None = None) -> Path:
+    from shared.results import REPORTS_DIR, atomic_write_text, environment_line, markdown_table
+
+    root = Path(reports_dir) if reports_dir else REPORTS_DIR
+    d = root / PROJECT
+    parts = []
+    chaos = d / "chaos.json"
+    if chaos.exists():
+        rec = json.loads(chaos.read_text())
+        r, c = rec["results"], rec["config"]
+        verdict = "bitwise identical" if r["identical"] else "NOT identical"
+        rows = [{"fault": f["fault"], "steps lost": f.get("steps_lost"),
+                 "to first new step (s)": f.get("to_first_new_step_s")} for f in r["faults"]]  # fmt: skip
+        parts += [
+            f"**Chaos run** ({c['preset']}, {c['nproc']} ranks, {c['steps']} steps, "
+            f"{environment_line(rec['environment'])}): after kill -9, NaN, a hung rank, a truncated "
+            f"and a bit-flipped checkpoint and a SIGTERM, the final model and optimizer state is "
+            f"**{verdict}** to the uninterrupted run ({r['tensors_compared']} tensors), loss curves "
+            f"{'equal' if r['loss_curves_equal'] else 'differ'}. [Details](reports/{PROJECT}/chaos.md)",
+            "",
+            markdown_table(rows, floatfmt=".1f"),
+            "",
+        ]
+    bench = d / "checkpoint_bench.json"
+    if bench.exists():
+        rec = json.loads(bench.read_text())
+        res, der = rec["results"], rec["results"]["derived"]
+        line = [f"**Checkpoints, {rec['config']['preset']} on {rec['environment'].get('gpu') or 'CPU'}** "
+                f"({res['sync']['bytes'] / 2**30:.1f} GiB, one every {der['ckpt_interval_steps']} steps): "
+                f"sync save holds training {der['sync']['held_s']:.1f} s ({100 * der['sync']['fraction']:.1f}% of the time)"]  # fmt: skip
+        for k, label in (
+            ("async_cold", "first async save of a process"),
+            ("async_warm", "steady-state async save"),
+        ):
+            if k in der:
+                line.append(f"{label} {der[k]['held_s']:.2f} s ({100 * der[k]['fraction']:.2f}%)")
+        resume = res.get("resume") or {}
+        if resume.get("to_first_new_step_s") is not None:
+            line.append(
+                f"resume to the first new step {resume['to_first_new_step_s']:.1f} s after launch"
+            )
+        parts += ["; ".join(line) + f". [Details](reports/{PROJECT}/checkpoint_bench.md)", ""]
+    others = [f"[{p.stem}](reports/{PROJECT}/{p.name})" for p in sorted(d.glob("*.md"))
+              if p.stem not in ("summary", "chaos", "checkpoint_bench")]  # fmt: skip
+    if others:
+        parts.append("Also: " + ", ".join(others) + ".")
+    text = "\n".join(parts).strip() or "_No project03 results yet._"
+    out = d / "summary.md"
+    atomic_write_text(out, text + "\n")
+    return out
