@@ -9,17 +9,7 @@
 //   DRAM/L2 latency hides behind arithmetic and one __syncthreads per tile suffices.
 // - Grouped raster order of blocks (8 tile-rows at a time) for L2 reuse of A and B.
 // BK = 16: 33 KB of static shared memory, 2 blocks (16 warps) per SM at <= 128 registers.
-// Large problems (at least two 256x128 tiles per SM, 16-byte aligned rows) take a second
-// configuration, the one cuBLAS's own float32 kernel names (256x128x8 tile, 4x2 warps, 3+
-// stages): a 256x128 block tile with 64x64 warp tiles and 128 accumulators per thread (~230
-// registers, 1 block per SM), fed by a 4-stage cp.async pipeline. cp.async cannot transpose, so
-// A stays (row, k) in shared memory (rows padded to 12 floats: 8 rows of one warp read hit 8
-// different bank groups) and is read as float4 along k, 4 k-steps at a time.
-// P01_SGEMM07_TILE=small|large forces one configuration (for tuning runs).
 // compile-check: no-spill
-#include <cstdlib>
-#include <cstring>
-
 #include "common.cuh"
 #include "gemm.h"
 
@@ -153,150 +143,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
 }
 
-// ---- large problems: 256x128x8 tile, 4-stage cp.async pipeline -------------------------------
-constexpr int kLBM = 256, kLBN = 128, kLBK = 8, kLStages = 4;
-constexpr int kLAStride = kLBK + 4;                      // floats per A row in shared memory
-constexpr int kLStageFloats = kLBM * kLAStride + kLBK * kLBN;
-constexpr int kLSmemBytes = kLStages * kLStageFloats * 4;  // 64 KB
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-
-// Needs K % 4 == 0, N % 4 == 0 and 16-byte aligned pointers (the launcher checks).
-__global__ void __launch_bounds__(kThreads, 1)
-    sgemm_warptile_cp_async_kernel(const float* __restrict__ a, const float* __restrict__ b,
-                                   float* __restrict__ c, int m, int n, int k) {
-  extern __shared__ __align__(16) float smem[];
-  int tile_m, tile_n;
-  p01::grouped_tile(blockIdx.x, p01::ceil_div(m, kLBM), p01::ceil_div(n, kLBN), kGroupM, tile_m,
-                    tile_n);
-  const int block_row = tile_m * kLBM, block_col = tile_n * kLBN;
-  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-  const int warp_row = warp / 2 * 64, warp_col = warp % 2 * 64;  // 4 x 2 warps of 64 x 64
-  const int lane_row = lane / 4, lane_col = lane % 4;
-  // This thread's outputs: rows warp_row + 8 r + lane_row (r < 8), so the 8 lanes reading one
-  // A float4 take 8 consecutive rows; cols warp_col + 16 wn + 4 lane_col + j (wn < 4, j < 4).
-
-  auto load_tile = [&](int stage, int k0) {
-    float* as = smem + stage * kLStageFloats;
-    float* bs = as + kLBM * kLAStride;
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {  // A: 256 rows x 2 chunks of 4 floats
-      const int idx = p * kThreads + t;
-      const int r = idx / 2, ch = idx % 2;
-      const int gr = block_row + r, gc = k0 + ch * 4;
-      const bool valid = gr < m && gc < k;
-      cp_async16(smem_addr(as + r * kLAStride + ch * 4), valid ? a + gr * k + gc : a, valid);
-    }
-    {  // B: 8 rows x 32 chunks
-      const int r = t / 32, ch = t % 32;
-      const int gr = k0 + r, gc = block_col + ch * 4;
-      const bool valid = gr < k && gc < n;
-      cp_async16(smem_addr(bs + r * kLBN + ch * 4), valid ? b + gr * n + gc : b, valid);
-    }
-  };
-
-  float acc[8][4][4] = {};  // [r][wn][j]
-  const int k_tiles = p01::ceil_div(k, kLBK);
-#pragma unroll
-  for (int s = 0; s < kLStages - 1; ++s) {
-    if (s < k_tiles) load_tile(s, s * kLBK);
-    asm volatile("cp.async.commit_group;\n");
-  }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kLStages - 2));
-    __syncthreads();
-    const int next = kt + kLStages - 1;
-    if (next < k_tiles) load_tile(next % kLStages, next * kLBK);
-    asm volatile("cp.async.commit_group;\n");
-
-    const float* as = smem + (kt % kLStages) * kLStageFloats;
-    const float* bs = as + kLBM * kLAStride;
-#pragma unroll
-    for (int kq = 0; kq < kLBK; kq += 4) {
-      float4 fa[8];
-#pragma unroll
-      for (int r = 0; r < 8; ++r)
-        fa[r] = *reinterpret_cast<const float4*>(
-            as + (warp_row + r * 8 + lane_row) * kLAStride + kq);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        float4 fb[4];
-#pragma unroll
-        for (int wn = 0; wn < 4; ++wn)
-          fb[wn] = *reinterpret_cast<const float4*>(
-              bs + (kq + kk) * kLBN + warp_col + wn * 16 + lane_col * 4);
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const float av = kk == 0 ? fa[r].x : kk == 1 ? fa[r].y : kk == 2 ? fa[r].z : fa[r].w;
-#pragma unroll
-          for (int wn = 0; wn < 4; ++wn) {
-            acc[r][wn][0] += av * fb[wn].x;
-            acc[r][wn][1] += av * fb[wn].y;
-            acc[r][wn][2] += av * fb[wn].z;
-            acc[r][wn][3] += av * fb[wn].w;
-          }
-        }
-      }
-    }
-  }
-  asm volatile("cp.async.wait_group 0;\n");
-
-#pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const int row = block_row + warp_row + r * 8 + lane_row;
-    if (row >= m) continue;
-#pragma unroll
-    for (int wn = 0; wn < 4; ++wn) {
-      const int col = block_col + warp_col + wn * 16 + lane_col * 4;
-      if (col < n)
-        *reinterpret_cast<float4*>(c + row * n + col) =
-            make_float4(acc[r][wn][0], acc[r][wn][1], acc[r][wn][2], acc[r][wn][3]);
-    }
-  }
-}
-
-// 0: by size, 1: always the 128x128 kernel, 2: always the cp.async kernel (P01_SGEMM07_TILE).
-int tile_override() {
-  static const int mode = [] {
-    const char* e = std::getenv("P01_SGEMM07_TILE");
-    if (e == nullptr) return 0;
-    if (std::strcmp(e, "small") == 0) return 1;
-    if (std::strcmp(e, "large") == 0) return 2;
-    return 0;
-  }();
-  return mode;
-}
-
 }  // namespace
 
 cudaError_t sgemm_07_warptiling(const float* a, const float* b, float* c, int m, int n, int k,
                                 cudaStream_t stream) {
+  const int blocks = p01::ceil_div(m, kBM) * p01::ceil_div(n, kBN);
   const bool vec = k % 4 == 0 && n % 4 == 0 && p01::aligned16(a) && p01::aligned16(b) &&
                    p01::aligned16(c);
-  const int large_tiles = p01::ceil_div(m, kLBM) * p01::ceil_div(n, kLBN);
-  int device = 0, sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int mode = tile_override();
-  if (vec && (mode == 2 || (mode == 0 && large_tiles >= 2 * sms))) {
-    static bool configured = false;
-    if (!configured) {
-      const cudaError_t err = cudaFuncSetAttribute(
-          sgemm_warptile_cp_async_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kLSmemBytes);
-      if (err != cudaSuccess) return err;
-      configured = true;
-    }
-    sgemm_warptile_cp_async_kernel<<<large_tiles, kThreads, kLSmemBytes, stream>>>(a, b, c, m, n,
-                                                                                  k);
-    return cudaGetLastError();
-  }
-  const int blocks = p01::ceil_div(m, kBM) * p01::ceil_div(n, kBN);
   if (vec)
     sgemm_warptile_kernel<true><<<blocks, kThreads, 0, stream>>>(a, b, c, m, n, k);
   else
