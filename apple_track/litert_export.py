@@ -66,8 +66,9 @@ def run(it, tokens: torch.Tensor | np.ndarray) -> np.ndarray:
     """One inference: tokens (B, S) int32 -> logits (B, S, vocab) float32."""
     (inp,), (out,) = it.get_input_details(), it.get_output_details()
     x = np.asarray(tokens, dtype=np.int32)
-    if tuple(x.shape) != tuple(inp["shape"]):
-        raise ValueError(f"tokens must have shape {tuple(inp['shape'])}, got {tuple(x.shape)}")
+    expected = tuple(int(n) for n in inp["shape"])
+    if tuple(x.shape) != expected:
+        raise ValueError(f"tokens must have shape {expected}, got {tuple(x.shape)}")
     it.set_tensor(inp["index"], x)
     it.invoke()
     return it.get_tensor(out["index"])
