@@ -33,6 +33,7 @@ search at the same budget).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -227,14 +228,18 @@ def _restore_tune_checkpoint(ckpt, ckpt_root: Path) -> int:
 SCRATCH_ENV = "P03_TUNE_SCRATCH"
 
 
-def trial_scratch_dir(ctx) -> Path:
-    """Node-local working directory of a trial's trainer (checkpoints being written, events).
-
-    Kept out of Tune's trial directory, which Tune copies to the experiment storage: the
-    trainer's files change under the copy (temporary save directories, retention). What must
-    survive is handed to Tune as checkpoints. Under $P03_TUNE_SCRATCH, else the temp dir."""
+def experiment_scratch_dir(storage_key: str, experiment: str) -> Path:
+    """Node-local working directory of one experiment's trials (checkpoints being written,
+    events), under $P03_TUNE_SCRATCH or the temp dir. Kept out of Tune's trial directory, which
+    Tune copies to the experiment storage while the trainer's files change under the copy
+    (temporary save directories, retention); what must survive is handed to Tune as checkpoints.
+    `storage_key` (a hash of the storage root) keeps experiments of the same name apart."""
     root = Path(os.environ.get(SCRATCH_ENV) or tempfile.gettempdir()) / "project03_tune"
-    return root / ctx.get_experiment_name() / ctx.get_trial_id()
+    return root / f"{experiment}-{storage_key}"
+
+
+def storage_key(cfg: TuneRunConfig) -> str:
+    return hashlib.sha256(cfg.storage_root().encode()).hexdigest()[:10]
 
 
 class InjectedTrialFailure(RuntimeError):
@@ -251,7 +256,10 @@ def train_trial(config: dict) -> None:
 
     base = config["base"]
     torch.set_num_threads(max(1, int(base.get("cpus_per_trial", 1))))
-    run_dir = trial_scratch_dir(tune.get_context())
+    ctx = tune.get_context()
+    run_dir = (
+        experiment_scratch_dir(base["storage_key"], ctx.get_experiment_name()) / ctx.get_trial_id()
+    )
     ckpt_root = run_dir / "checkpoints"
     tune_ckpt = tune.get_checkpoint()
     restored_from = None
@@ -313,6 +321,7 @@ def search_space(cfg: TuneRunConfig) -> dict:
     base = {k: getattr(cfg, k) for k in ("preset", "max_steps", "global_batch", "data_seed",
                                          "ckpt_every", "fail_at_step", "cpus_per_trial",
                                          "gpus_per_trial")}  # fmt: skip
+    base["storage_key"] = storage_key(cfg)
     return {
         "lr": tune.loguniform(cfg.lr_min, cfg.lr_max),
         "weight_decay": tune.uniform(0.0, cfg.weight_decay_max),
@@ -402,7 +411,11 @@ def run_experiment(cfg: TuneRunConfig, kind: str, name: str, *, resume: bool = F
                 f"{path} already holds an experiment: pass --resume to finish it, or another --name"
             )
         tuner = make_tuner(cfg, kind, name)
-    return tuner.fit()
+    try:
+        return tuner.fit()
+    finally:
+        if not cfg.address:  # a local Ray: every trial's scratch is on this machine
+            shutil.rmtree(experiment_scratch_dir(storage_key(cfg), name), ignore_errors=True)
 
 
 # --- analysis ----------------------------------------------------------------------------------
