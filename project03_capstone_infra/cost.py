@@ -377,7 +377,7 @@ class CostConfig:
     """Expected cost and wall time of one training job under on-demand and spot pricing."""
 
     gpu: str = "h200-sxm"  # a key of shared.hardware.GPUS
-    n_gpus: int = 8
+    n_gpus: int = 8  # GPUs of the job (billed together, interrupted together)
     gpus_per_node: int = 8  # a spot preemption takes a whole node
     preset: str = "1b"  # model preset, for the throughput estimate
     seq_len: int = 0  # 0: the preset's max_seq_len
@@ -387,16 +387,16 @@ class CostConfig:
     assumed_scaling_efficiency: float = 0.95  # applied when measured on fewer GPUs than n_gpus
     bf16_speedup: float = 0.0  # bf16 / fp32 throughput; 0: measured from the reports, else 2.0
     spot_preemptions_per_node_hour: float = 0.1  # assumed: one preemption per node per 10 h
-    gpu_failures_per_gpu_hour: float = LLAMA3_GPU_FAILURES_PER_HOUR
-    trace: str = ""  # JSON list or one-per-line file of preemption inter-arrival times (hours)
+    gpu_failures_per_gpu_hour: float = LLAMA3_GPU_FAILURES_PER_HOUR  # Llama 3 report rate
+    trace: str = ""  # file of the job's interruption inter-arrival hours (JSON list or lines)
     save_s: float = 60.0  # training held per checkpoint save (s)
     restart_s: float = 600.0  # interruption -> training again: new node, start, load (s)
     fixed_interval_h: float = 1.0  # the checkpoint interval of the non-Young/Daly plans
     deadline_h: float = 0.0  # if > 0: probability of missing it, per plan
-    mc_runs: int = 20_000
-    seed: int = 0
+    mc_runs: int = 20_000  # simulated jobs per plan
+    seed: int = 0  # of the Monte Carlo
     reports_dir: str = ""  # default: the repo's reports/
-    out_name: str = "cost"
+    out_name: str = "cost"  # stem of the report files
 
     def validate(self) -> CostConfig:
         from shared.hardware import get_gpu
