@@ -49,6 +49,7 @@ def test_reference_run_is_complete(reference_run):
     assert curve[RUN["steps"]] < curve[1]  # it learns
 
 
+@pytest.mark.slow  # two torchrun launches or a timeout: 10-20 s on 2 cores
 def test_kill9_at_random_step_then_resume_is_bitwise_equal(tmp_path, reference_run):
     seed = time.time_ns() % 2**32
     rng = random.Random(seed)
@@ -64,6 +65,7 @@ def test_kill9_at_random_step_then_resume_is_bitwise_equal(tmp_path, reference_r
     assert_same_as_reference(tmp_path, reference_run)
 
 
+@pytest.mark.slow  # two torchrun launches or a timeout: 10-20 s on 2 cores
 def test_sigterm_saves_within_deadline_and_exits_then_resumes(tmp_path, reference_run):
     proc = runner.start(tmp_path, nproc=2, sigterm_deadline_s=20, **RUN)
     t0 = time.time()
@@ -102,6 +104,7 @@ def test_single_process_sigterm_exit_code(tmp_path):
     assert verify_checkpoint(tmp_path / "checkpoints" / f"step_{step:08d}").ok
 
 
+@pytest.mark.slow  # two torchrun launches or a timeout: 10-20 s on 2 cores
 def test_truncated_and_flipped_checkpoints_are_detected_and_skipped(tmp_path, reference_run):
     # Attempt 0 truncates the newest checkpoint (step 6) and dies; attempt 1 must skip it and
     # resume from step 3, then flips a byte in the newest (step 9) and dies; attempt 2 must skip
@@ -157,6 +160,7 @@ def test_resume_on_another_world_size(tmp_path, reference_run):
     assert json.loads(a["extra"])["data"]["step"] == json.loads(b["extra"])["data"]["step"]
 
 
+@pytest.mark.slow  # two torchrun launches or a timeout: 10-20 s on 2 cores
 def test_hung_collective_ends_the_job_with_a_clear_message(tmp_path):
     # Rank 1 stops answering; rank 0's next collective gives up after pg_timeout_s. torchrun
     # then sends SIGTERM to the hung rank, whose preemption deadline ends it 3 s later.
