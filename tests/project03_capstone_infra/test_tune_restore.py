@@ -1,6 +1,7 @@
 """The Tune driver is killed (SIGKILL) mid-experiment; `--resume` (Tuner.restore) in a fresh
 process finishes the experiment without re-running the trials that had finished, and the
-interrupted trials continue from their checkpoints."""
+interrupted trials continue from their checkpoints. A further `--resume-if-exists` run (what a
+platform's driver retry does) changes nothing."""
 
 from __future__ import annotations
 
@@ -105,3 +106,12 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
                     assert r["loss"] == first[r["step"]]
             assert max(r["step"] for r in later) == MAX_STEPS
     assert resumed, "no interrupted trial resumed from a checkpoint"
+
+    # A platform retry of the driver (KubeRay backoffLimit, Slurm requeue) runs the same command
+    # with --resume-if-exists: on a finished experiment it trains nothing.
+    before = {p.name: (p / "result.json").read_bytes() for p in exp.iterdir() if p.is_dir()}
+    again = subprocess.run(argv + ["--resume-if-exists"], cwd=REPO_ROOT, env=env,
+                           capture_output=True, text=True, timeout=300, start_new_session=True)  # fmt: skip
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    after = {p.name: (p / "result.json").read_bytes() for p in exp.iterdir() if p.is_dir()}
+    assert after == before
