@@ -298,12 +298,11 @@ def train_trial(config: dict) -> None:
             return
         tune.report(metrics_of(summary), checkpoint=newest_checkpoint())
 
-    out = train(cfg, report_fn)
+    train(cfg, report_fn)
     if pending:
         tune.report(pending, checkpoint=newest_checkpoint())
-    elif out.get("step", 0) >= cfg.steps and restored_from == cfg.steps:
-        # restored from the final checkpoint: nothing left to train, report the end state again
-        tune.report(metrics_of(out))
+    # else: restored from the final checkpoint (the driver died between the trial's last report
+    # and marking it finished): nothing was trained, and Tune keeps the last result it has.
     shutil.rmtree(run_dir, ignore_errors=True)  # the trial's state now lives in Tune's storage
 
 
@@ -431,7 +430,8 @@ def trial_records(result_grid, max_steps: int) -> list[dict]:
                     rows += 1
         last = max(curve) if curve else 0
         cfg = result.config or {}
-        attempts = int(df["attempt"].max()) + 1 if df is not None and "attempt" in df else 1
+        # each attempt (first run, Tune retry, run after a driver restore) is a new process
+        attempts = int(df["pid"].nunique()) if df is not None and "pid" in df else 1
         # seconds from trial start to its first report (actor, imports, model, first step), and
         # the median seconds per later step
         times = list(df["time_total_s"]) if df is not None and "time_total_s" in df else []
