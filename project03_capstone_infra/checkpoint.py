@@ -291,7 +291,11 @@ def prune(root: str | os.PathLike, keep_last: int, milestone_every: int = 0) -> 
     for step, p in sorted(dirs.items()):
         if step in keep or p.name == latest:
             continue
-        shutil.rmtree(p)
+        # Rename first (atomic): a crash mid-delete leaves a temporary directory, removed at
+        # the next start, never a step directory with files missing.
+        doomed = root / f".tmp-{p.name}-deleting-{os.getpid()}"
+        os.replace(p, doomed)
+        shutil.rmtree(doomed)
         removed.append(p)
     if removed:
         fsync_dir(root)
@@ -620,7 +624,7 @@ class CheckpointManager:
                 os.fsync(f.fileno())
             fsync_dir(tmp)
             if final.exists():  # a re-save of the same step (e.g. after a rollback): replace it
-                trash = self.root / f".tmp-replaced-{final.name}-{os.getpid()}"
+                trash = self.root / f".tmp-{final.name}-replaced-{os.getpid()}"
                 os.replace(final, trash)
                 shutil.rmtree(trash, ignore_errors=True)
             os.replace(tmp, final)
