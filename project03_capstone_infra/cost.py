@@ -26,7 +26,8 @@ within the stated tolerance (the tests check it); for a trace it is the better e
 
 Inputs come from the shared price table (`shared.hardware`), the project's measured throughput
 and bf16/fp32 speed ratio where the reports hold one (else labelled defaults), and the
-checkpoint save/restore costs (flags; defaults labelled as assumptions).
+checkpoint save and resume times from the project's checkpoint benchmark where the reports hold
+it (else labelled defaults); every input's source goes into the report.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -367,6 +369,53 @@ def resolve_throughput(cfg: CostConfig, reports_dir: Path) -> tuple[Sourced, Sou
 
 
 DEFAULT_BF16_SPEEDUP = 2.0
+DEFAULT_SAVE_S = 60.0
+DEFAULT_RESTART_S = 600.0
+
+
+def resolve_checkpoint_costs(cfg: CostConfig, reports_dir: Path) -> tuple[Sourced, Sourced]:
+    """(seconds a save holds training, seconds from an interruption to training again), from
+    the project's checkpoint benchmark of this preset on this GPU when the reports hold one."""
+    from shared.hardware import get_gpu, match_gpu_name
+
+    spec = get_gpu(cfg.gpu)
+    bench = None
+    for path in sorted((Path(reports_dir) / PROJECT).glob("checkpoint_bench*.json")):
+        try:
+            record = json.loads(path.read_text())
+            gpu = match_gpu_name(record["environment"]["gpu"] or "")
+            res = record["results"]
+            if gpu is None or gpu.key != spec.key or record["config"].get("preset") != cfg.preset:
+                continue
+            held = {
+                "async": res["derived"]["async_cold"]["held_s"],
+                "sync": res["sync"]["blocking_s"],
+            }
+            bench = (f"reports/{PROJECT}/{path.name}", held, res["resume"]["to_first_new_step_s"])
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            continue
+    if cfg.save_s > 0:
+        save = Sourced(cfg.save_s, "given on the command line", True)
+    elif bench:
+        what = ("first async save of a process (pinning included: an upper bound for later ones)"
+                if cfg.save_mode == "async" else "sync save")  # fmt: skip
+        save = Sourced(float(bench[1][cfg.save_mode]),
+                       f"measured, {what}, {bench[0]}; on one GPU: with {cfg.n_gpus} ranks each "
+                       "writes a smaller shard", True)  # fmt: skip
+    else:
+        save = Sourced(DEFAULT_SAVE_S, "assumed: no checkpoint benchmark of this preset on this "
+                       "GPU in the reports", False)  # fmt: skip
+    if cfg.restart_s > 0:
+        restart = Sourced(cfg.restart_s, "given on the command line", True)
+    elif bench:
+        restart = Sourced(float(bench[2]) + cfg.node_replacement_s,
+                          f"{bench[2]:.1f} s measured from relaunch to the first new step "
+                          f"({bench[0]}) + {cfg.node_replacement_s:g} s assumed to obtain and "
+                          "boot a replacement node", False)  # fmt: skip
+    else:
+        restart = Sourced(DEFAULT_RESTART_S, "assumed: replacement node, start-up and checkpoint "
+                          "load", False)  # fmt: skip
+    return save, restart
 
 
 # --- the plans ---------------------------------------------------------------------------------
@@ -389,8 +438,10 @@ class CostConfig:
     spot_preemptions_per_node_hour: float = 0.1  # assumed: one preemption per node per 10 h
     gpu_failures_per_gpu_hour: float = LLAMA3_GPU_FAILURES_PER_HOUR  # Llama 3 report rate
     trace: str = ""  # file of the job's interruption inter-arrival hours (JSON list or lines)
-    save_s: float = 60.0  # training held per checkpoint save (s)
-    restart_s: float = 600.0  # interruption -> training again: new node, start, load (s)
+    save_s: float = 0.0  # training held per save (s); 0: measured (checkpoint_bench), else 60
+    save_mode: Literal["async", "sync"] = "async"  # which measured save, when save_s is 0
+    restart_s: float = 0.0  # interruption -> training again (s); 0: measured resume + below
+    node_replacement_s: float = 300.0  # assumed: obtain and boot a replacement node (s)
     fixed_interval_h: float = 1.0  # the checkpoint interval of the non-Young/Daly plans
     deadline_h: float = 0.0  # if > 0: probability of missing it, per plan
     mc_runs: int = 20_000  # simulated jobs per plan
@@ -406,14 +457,19 @@ class CostConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"CostConfig.{name} must be a positive int, got {v!r}")
-        for name in ("total_tokens", "save_s", "fixed_interval_h"):
+        for name in ("total_tokens", "fixed_interval_h"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"CostConfig.{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("spot_preemptions_per_node_hour", "gpu_failures_per_gpu_hour", "restart_s",
+                     "save_s", "node_replacement_s",
                      "bf16_tokens_per_s_per_gpu", "bf16_speedup", "deadline_h", "seq_len"):  # fmt: skip
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostConfig.{name} must be a finite number >= 0, got {v!r}")
+        if self.save_mode not in ("async", "sync"):
+            raise ValueError(
+                f"CostConfig.save_mode must be 'async' or 'sync', got {self.save_mode!r}"
+            )
         if not 0 < self.assumed_mfu <= 1:
             raise ValueError(f"CostConfig.assumed_mfu must be in (0, 1], got {self.assumed_mfu}")
         if not 0 < self.assumed_scaling_efficiency <= 1:
@@ -570,6 +626,8 @@ def run(cfg: CostConfig) -> dict:
     spec = get_gpu(cfg.gpu)
     reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else _reports_dir()
     tput, ratio = resolve_throughput(cfg, reports_dir)
+    save, restart = resolve_checkpoint_costs(cfg, reports_dir)
+    cfg = replace(cfg, save_s=save.value, restart_s=restart.value)
     if cfg.trace:
         gaps = load_trace(cfg.trace)
         trace_rate = 1.0 / float(gaps.mean())
@@ -611,6 +669,8 @@ def run(cfg: CostConfig) -> dict:
         },
         "save_s": cfg.save_s,
         "restart_s": cfg.restart_s,
+        "save_source": save.to_dict(),
+        "restart_source": restart.to_dict(),
         "mc_tolerance_rel": MC_TOLERANCE,
         "plans": rows,
         "cheapest": cheapest,
@@ -681,7 +741,8 @@ def write_report(cfg: CostConfig, results: dict, reports_dir: Path) -> list[Path
         xlabel="checkpoint interval (hours of work, log)", ylabel="expected USD per job",
         logx=True,
         footnote=f"{results['n_gpus']}x {results['gpu']}, {results['total_tokens']:.3g} tokens, "
-        f"save {cfg.save_s:g} s, restart {cfg.restart_s:g} s; analytic model, {env['date'][:10]}",
+        f"save {results['save_s']:.3g} s, restart {results['restart_s']:.3g} s; analytic model, "
+        f"{env['date'][:10]}",
     ))  # fmt: skip
     paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
     return paths
@@ -753,9 +814,12 @@ def render_markdown(cfg: CostConfig, results: dict, env: dict) -> str:
         f"- Spot interruptions: {results['interruptions']['spot_source']}, per node, "
         f"{results['n_nodes']} node(s); GPU failures: {cfg.gpu_failures_per_gpu_hour:.3g} per "
         f"GPU-hour ({results['interruptions']['gpu_failure_source']}).",
-        f"- Checkpoint save holds training {cfg.save_s:g} s; an interruption costs "
-        f"{cfg.restart_s:g} s before training resumes (assumed unless given: measure them with "
-        "the checkpoint benchmark and pass --save-s / --restart-s).",
+        f"- Checkpoint save holds training {results['save_s']:.3g} s: "
+        f"{results['save_source']['source']}.",
+        f"- An interruption costs {results['restart_s']:.3g} s before training runs again: "
+        f"{results['restart_source']['source']}.",
+        "- Both are measured by `python -m project03_capstone_infra.bench_checkpoint` (GPU); "
+        "--save-s / --restart-s override them.",
         "- Billing: the whole allocation is paid for all wall time, lost work and restarts "
         "included.",
     ]

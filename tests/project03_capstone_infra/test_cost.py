@@ -211,6 +211,33 @@ def test_slower_checkpoint_saves_cost_more(tmp_path):
     )
 
 
+def test_checkpoint_costs_come_from_the_checkpoint_benchmark(tmp_path):
+    folder = tmp_path / "project03_capstone_infra"
+    folder.mkdir()
+    rec = {
+        "environment": {"gpu": "NVIDIA H200"},
+        "config": {"preset": "1b"},
+        "results": {
+            "sync": {"blocking_s": 17.8},
+            "derived": {"async_cold": {"held_s": 5.45}},
+            "resume": {"to_first_new_step_s": 23.6},
+        },
+    }
+    (folder / "checkpoint_bench.json").write_text(json.dumps(rec))
+    save, restart = cost.resolve_checkpoint_costs(_small(tmp_path), tmp_path)
+    assert save.measured and save.value == pytest.approx(5.45) and "async" in save.source
+    assert restart.value == pytest.approx(23.6 + 300.0) and "assumed" in restart.source
+    save_sync, _ = cost.resolve_checkpoint_costs(_small(tmp_path, save_mode="sync"), tmp_path)
+    assert save_sync.value == pytest.approx(17.8)
+    given, _ = cost.resolve_checkpoint_costs(_small(tmp_path, save_s=9.0), tmp_path)
+    assert given.value == 9.0
+    # another preset's benchmark is not used
+    other, _ = cost.resolve_checkpoint_costs(_small(tmp_path, preset="125m"), tmp_path)
+    assert not other.measured and other.value == cost.DEFAULT_SAVE_S
+    res = cost.run(_small(tmp_path))
+    assert res["save_s"] == pytest.approx(5.45) and res["restart_s"] == pytest.approx(323.6)
+
+
 def test_trace_drives_the_spot_monte_carlo(tmp_path):
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps([2.0, 6.0, 12.0, 4.0]))
@@ -241,7 +268,8 @@ def test_cli_writes_json_chart_and_markdown(tmp_path):
         ({"spot_preemptions_per_node_hour": -0.1}, "spot_preemptions_per_node_hour"),
         ({"gpu_failures_per_gpu_hour": -1e-5}, "gpu_failures_per_gpu_hour"),
         ({"n_gpus": 0}, "n_gpus"),
-        ({"save_s": 0.0}, "save_s"),
+        ({"save_s": -1.0}, "save_s"),
+        ({"save_mode": "eventually"}, "save_mode"),
         ({"restart_s": -5.0}, "restart_s"),
         ({"total_tokens": -1.0}, "total_tokens"),
         ({"assumed_mfu": 1.5}, "assumed_mfu"),
