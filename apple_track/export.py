@@ -116,12 +116,18 @@ def run_coreml(cfg, wrapper, tokens, targets, ref, out_dir: Path) -> list[dict]:
         logits, info = ce.emulate(wrapper, model, tokens)
         e["weight_rel_err"] = info["weight_rel_err"]
         e["emulated_parity"] = parity(torch.from_numpy(logits), ref, targets)
+        prediction_error = None
         if ce.can_predict():
-            out = ce.predict(model, tokens)
+            try:
+                out = ce.predict(model, tokens)
+            except Exception as err:  # e.g. an OS older than the deployment target
+                prediction_error = f"failed: {type(err).__name__}: {err}"
+        if ce.can_predict() and prediction_error is None:
             e["parity"] = parity(torch.from_numpy(out), ref, targets)
             e["parity_source"] = "Core ML prediction (macOS, default compute units)"
             e["latency"] = _timing(lambda m=model: ce.predict(m, tokens))
             e["prediction"] = "ran"
+            e["device"] = "Core ML, default compute units (CPU, GPU, Neural Engine)"
         else:
             # Stated plainly: no Core ML run here. The emulation stands in for the parity column.
             e["parity"] = e["emulated_parity"]
@@ -129,9 +135,10 @@ def run_coreml(cfg, wrapper, tokens, targets, ref, out_dir: Path) -> list[dict]:
                 "emulated: PyTorch CPU float16 with the weights decompressed from the .mlpackage"
             )
             e["latency"] = None
-            e["prediction"] = (
+            e["prediction"] = prediction_error or (
                 f"skipped: Core ML predicts only on macOS (this is {platform.system()})"
             )
+            e["device"] = None
         entries.append(_finish(e))
     return entries
 
@@ -159,6 +166,7 @@ def run_litert(cfg, wrapper, tokens, targets, ref, out_dir: Path) -> list[dict]:
         it = le.interpreter(path, threads=1)
         e["parity"] = parity(torch.from_numpy(le.run(it, tokens)), ref, targets)
         e["parity_source"] = "ai-edge-litert interpreter, XNNPACK CPU delegate"
+        e["device"] = "CPU, XNNPACK, 1 thread"
         e["latency"] = _timing(lambda it=it: le.run(it, tokens))
         entries.append(_finish(e))
     return entries
@@ -186,7 +194,7 @@ def run_mlx(cfg, wrapper, tokens, targets, ref, out_dir: Path) -> list[dict]:
         e |= {
             "file": path.name,
             "bytes": path.stat().st_size,
-            "device": str(mx.default_device()),
+            "device": f"MLX {mx.default_device()}",
             "op_counts": None,
             "n_ops": None,
             "compressed_weight_ops": sum(

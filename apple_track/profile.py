@@ -38,12 +38,11 @@ def _step_fn(runtime: str, variant: str, model_dir: Path, record: Path):
         a, b = (mx.random.normal((2048, 2048)).astype(mx.float16) for _ in range(2))
         return lambda: mx.eval(mk.matmul(a, b, kernel=variant))
 
-    model = load_result(record)["results"]["model"]
     from shared.model import ModelArgs
 
-    args = ModelArgs.from_preset(model["preset"])
-    cfg = load_result(record)["config"]
-    args = ModelArgs(**cfg["model_args"]) if "model_args" in cfg else args
+    recorded = load_result(record)
+    model, cfg = recorded["results"]["model"], recorded["config"]
+    args = ModelArgs(**cfg["model_args"])
     tokens, _ = eval_batch(args.vocab_size, model["batch"], model["seq_len"], cfg.get("seed", 0))
     if runtime == "coreml":
         from apple_track import coreml_export as ce
@@ -86,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--seconds must be positive, got {args.seconds}")
     try:
         step = _step_fn(args.runtime, args.variant, args.model_dir, args.record)
+        step()  # warm-up (first-call compilation, weight loading); raises where it cannot run
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"apple_track.profile: {e}", file=sys.stderr)
         return 2
-    step()  # warm-up (first-call compilation, weight loading)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < args.seconds:
         step()

@@ -138,6 +138,19 @@ def test_cli_rejects_bad_arguments_with_a_message(capsys):
     assert "NAME=VALUE" in capsys.readouterr().err
 
 
+def test_profile_rejects_bad_arguments(capsys):
+    from apple_track import profile
+
+    with pytest.raises(SystemExit) as e:
+        profile.main(["litert", "fp16"])
+    assert e.value.code == 2
+    assert "unsupported litert variant 'fp16'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        profile.main(["tensorrt", "fp16"])
+    assert profile.main(["litert", "int8", "--record", "no/such/record.json"]) == 2
+    assert "no result file" in capsys.readouterr().err
+
+
 def test_cli_help_runs(repo_root):
     for args in (["-m", "apple_track", "--help"], ["-m", "apple_track.export", "--help"],
                  ["-m", "apple_track.report", "--help"], ["-m", "apple_track.profile", "--help"]):  # fmt: skip

@@ -43,3 +43,11 @@ def test_export_writes_a_complete_record(tmp_path):
 
     report.write_report(record_path, readme=readme)
     assert "| LiteRT | int8 |" in readme.read_text()
+
+    # the profiling loop runs the files the export wrote
+    from apple_track import profile
+
+    common = ["--seconds", "0.2", "--model-dir", str(tmp_path / "models"),
+              "--record", str(record_path)]  # fmt: skip
+    assert profile.main(["litert", "int8", *common]) == 0
+    assert profile.main(["mlx", "q4", *common]) == 0
