@@ -24,13 +24,9 @@ import time
 import traceback
 from pathlib import Path
 
-# Before numpy/MLX load their BLAS: one thread, as PyTorch under torch.utils.benchmark.
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+import torch
 
-import torch  # noqa: E402
-
-from apple_track.model import (  # noqa: E402
+from apple_track.model import (
     COREML_VARIANTS,
     LITERT_VARIANTS,
     MLX_VARIANTS,
@@ -41,9 +37,9 @@ from apple_track.model import (  # noqa: E402
     parity,
     within_tolerance,
 )
-from shared.model import PRESETS  # noqa: E402
-from shared.results import REPO_ROOT, save_result  # noqa: E402
-from shared.timing import benchmark  # noqa: E402
+from shared.model import PRESETS
+from shared.results import REPO_ROOT, save_result
+from shared.timing import benchmark
 
 PROJECT = "apple_track"
 RESULT_NAME = "export"
@@ -272,7 +268,15 @@ def run_metal() -> dict:
 
 def run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None = None) -> tuple[Path, int]:
     """Everything; returns (the result file, the number of runtimes that failed)."""
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torch.utils.benchmark times it; restored on the way out
+    try:
+        return _run(cfg, out_dir, reports_dir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None) -> tuple[Path, int]:
     out_dir.mkdir(parents=True, exist_ok=True)
     _log(f"model: preset {cfg.preset}, {cfg.model_args().num_params():,} parameters; "
          f"training {cfg.train_steps} steps on the synthetic stream")  # fmt: skip
@@ -399,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         print(f"apple_track.export: {e}", file=sys.stderr)
         return 2
+    # Before MLX loads its BLAS: one thread, like PyTorch under torch.utils.benchmark. Set by
+    # the command, not at import, so importing this module changes nothing for its importer.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
+        os.environ.setdefault(var, "1")
     path, n_failed = run(cfg, args.out_dir, args.reports_dir)
     _log(f"wrote {path}")
     from apple_track import report
