@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import platform
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -54,7 +55,13 @@ def convert_fp16(wrapper: FixedShapeLM, example: torch.Tensor):
         )
     import coremltools as ct
 
-    with torch.no_grad():
+    # torch.jit.trace: coremltools' most exercised PyTorch path, and it keeps the torch
+    # parameter names in the weight constants (load_package_weights relies on them). Its
+    # deprecation notice and the warnings about the shape checks (constants in a fixed-shape
+    # graph, as intended) are silenced here only.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace.* is deprecated")
         traced = torch.jit.trace(wrapper.eval(), (example,), check_trace=False)
     return ct.convert(
         traced,
