@@ -313,6 +313,9 @@ def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None) -> tuple[Pa
             failures[runtime] = f"FAILED: {type(e).__name__}: {e}"
             _log(f"{runtime}: {failures[runtime]}\n{traceback.format_exc()}")
     metal = run_metal()
+    # The baseline again, last: if the machine's load changed during the run, the two differ.
+    with torch.no_grad():
+        baseline["latency_at_end"] = _timing(lambda: wrapper(tokens))
 
     results = {
         "model": {

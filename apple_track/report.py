@@ -112,7 +112,13 @@ def summary_markdown(record: dict, chart_dir: str = "") -> str:
         f"Baseline: PyTorch float32 eager, {lat.get('median_ms', float('nan')):.3f} ms per "
         f"forward on the CPU, 1 thread (p20-p80 {lat.get('p20_ms', float('nan')):.3f}-"
         f"{lat.get('p80_ms', float('nan')):.3f} ms, n={lat.get('n')}), state dict "
-        f"{(base.get('bytes') or 0) / 1024:,.1f} KiB, held-out loss {base.get('loss', 0):.4f} nats.",
+        f"{(base.get('bytes') or 0) / 1024:,.1f} KiB, held-out loss {base.get('loss', 0):.4f} nats."
+        + (
+            f" Timed again at the end of the run: {base['latency_at_end']['median_ms']:.3f} ms "
+            "(the gap between the two is the drift of this machine during the run)."
+            if base.get("latency_at_end")
+            else ""
+        ),
         "",
         variants_table(record),
         "",

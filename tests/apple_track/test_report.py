@@ -51,7 +51,7 @@ def record_path(tmp_path):
         "schema": 1, "project": "apple_track", "name": "export", "environment": ENV,
         "config": {"preset": "tiny"},
         "baseline": {"runtime": "pytorch", "variant": "fp32 eager", "bytes": 565_000,
-                     "latency": _timing(1.0), "loss": 1.06},
+                     "latency": _timing(1.0), "latency_at_end": _timing(1.25), "loss": 1.06},
         "results": {
             "model": {"preset": "tiny", "num_params": 139_584, "batch": 1, "seq_len": 64,
                       "train_steps": 300, "eval_loss": 1.06},
@@ -97,6 +97,8 @@ def test_report_files_and_readme(record_path, tmp_path):
     assert "constexpr_lut_to_dense +12" in text  # what palettization adds to the op counts
     assert "xcrun xctrace record --template 'Core ML'" in text
     assert "0123456789" in text and "2026-11-29" in text  # the environment it was measured in
+    assert "1.000 ms per forward" in text and "Timed again at the end of the run: 1.250 ms" in text
+    assert "Load average" not in text  # a quiet machine (load 1.0 on 2 cores) gets no warning
     summary = (out / "summary.md").read_text()
     assert "(tradeoff.png)" in summary and "| LiteRT | int8 |" in summary
 
