@@ -156,6 +156,24 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
+def _patch_stager_type_copy(stager: Any) -> None:
+    """Let the async stager copy classes (e.g. a DTensor's class in its pickle recipe) as
+    themselves, as `copy.deepcopy` does.
+
+    torch 2.11's StateDictStager lacks a `type` entry in its copy table, so the second async
+    save of an FSDP2 model (the first that reuses the cached pinned buffers) failed with
+    `KeyError: <class 'type'>` on an H200; later releases have the entry, and then this does
+    nothing.
+    """
+    dispatch = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
+    if isinstance(dispatch, dict) and type not in dispatch:
+
+        def _deepcopy_atomic(x, memo):  # the stager calls copiers of this name as (x, memo)
+            return x
+
+        dispatch[type] = _deepcopy_atomic
+
+
 def capture_rng_state() -> str:
     """The RNG states of Python, NumPy, torch CPU and every CUDA device, as a JSON string."""
     np_state = np.random.get_state()
@@ -532,6 +550,8 @@ class CheckpointManager:
         if torch.cuda.is_available():
             # The staging copy runs on its own stream: let the optimizer step it copies finish.
             torch.cuda.current_stream().synchronize()
+        if self._stager is not None:
+            _patch_stager_type_copy(self._stager)
         with _single_process_quiet():
             resp = dcp.async_save(
                 full,
