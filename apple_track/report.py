@@ -4,9 +4,10 @@
     python -m apple_track.report --record path/to/export.json --no-readme
 
 Writes next to the record: `tradeoff.png` (size vs error per variant, and CPU latency against
-PyTorch eager, same colours), `summary.md` (the tables, for
-the root README's refresh), and regenerates `apple_track/README.md`. Needs only matplotlib and
-the shared library, not coremltools, LiteRT or MLX, so the main test tier checks it.
+PyTorch eager, same colours), `summary.md` (the short table the root README's refresh pastes,
+links relative to the repository root), and regenerates `apple_track/README.md`. Needs only
+matplotlib and the shared library, not coremltools, LiteRT or MLX, so the main test tier
+checks it.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ _COLUMNS = ["runtime", "variant", "size_kib", "vs_fp32", "ops", "compressed", "r
 _HEADERS = ["runtime", "variant", "size (KiB)", "size / PyTorch fp32", "ops", "compressed weights",
             "rel. L2 error", "max abs error", "top-1 agree", "loss change (nats)",
             "tolerance (rel. L2)", "within", "parity", "latency (ms)",
-            "speed vs PyTorch", "timed on"]  # fmt: skip
+            "speed-up vs PyTorch eager (x)", "timed on"]  # fmt: skip
 
 
 def variants_table(record: dict) -> str:
@@ -143,6 +144,40 @@ def summary_markdown(record: dict, chart_dir: str = "") -> str:
             f"![size vs error vs latency]({chart_dir}tradeoff.png)",
         ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def root_summary_markdown(record: dict) -> str:
+    """The short version for the repository's README (`make readme` pastes summary.md there):
+    links are relative to the repository root."""
+    r, env = record["results"], record["environment"]
+    m = r["model"]
+    base_ms = ((record.get("baseline") or {}).get("latency") or {}).get("median_ms")
+    n_ok = sum(1 for v in r["variants"] if v.get("within_tolerance"))
+    emulated = any("emulated" in (v.get("parity_source") or "") for v in r["variants"])
+    head = (
+        f"**On-device export** of the shared transformer (`{m['preset']}`, "
+        f"{m['num_params']:,} parameters; {environment_line(env)}): {len(r['variants'])} "
+        f"variants across Core ML, LiteRT and MLX, {n_ok} within their stated tolerance of "
+        f"PyTorch float32"
+        + (f"; PyTorch eager {base_ms:.3f} ms per forward on the same CPU" if base_ms else "")
+        + (". Core ML errors are emulated off macOS" if emulated else "")
+        + ". [Details](apple_track/README.md)"
+    )
+    table = markdown_table(
+        variant_rows(record),
+        ["runtime", "variant", "size_kib", "rel_l2", "ok", "source", "latency_ms", "speedup"],
+        headers=[
+            "runtime",
+            "variant",
+            "size (KiB)",
+            "rel. L2 error",
+            "within tolerance",
+            "parity",
+            "latency (ms)",
+            "speed-up vs PyTorch eager (x)",
+        ],  # fmt: skip
+    )
+    return f"{head}\n\n{table}\n\n![size vs error vs latency](reports/apple_track/tradeoff.png)\n"
 
 
 def metal_markdown(record: dict) -> str:
@@ -305,7 +340,7 @@ def write_report(record_path: str | os.PathLike, *, readme: bool | Path = True) 
     out_dir = record_path.parent
     written = write_charts(record, out_dir)
     summary = out_dir / "summary.md"
-    atomic_write_text(summary, summary_markdown(record, chart_dir=""))
+    atomic_write_text(summary, root_summary_markdown(record))
     written.append(summary)
     if readme:
         target = README if readme is True else Path(readme)

@@ -99,8 +99,9 @@ def test_report_files_and_readme(record_path, tmp_path):
     assert "0123456789" in text and "2026-11-29" in text  # the environment it was measured in
     assert "1.000 ms per forward" in text and "Timed again at the end of the run: 1.250 ms" in text
     assert "Load average" not in text  # a quiet machine (load 1.0 on 2 cores) gets no warning
-    summary = (out / "summary.md").read_text()
-    assert "(tradeoff.png)" in summary and "| LiteRT | int8 |" in summary
+    summary = (out / "summary.md").read_text()  # pasted into the root README: root-relative
+    assert "(reports/apple_track/tradeoff.png)" in summary and "| LiteRT | int8 |" in summary
+    assert "[Details](apple_track/README.md)" in summary and "4 within their stated" in summary
 
 
 def test_readme_without_results_says_how_to_get_them():
