@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import sys
 import time
 import traceback
@@ -266,17 +267,19 @@ def run_metal() -> dict:
     return results
 
 
-def run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None = None) -> tuple[Path, int]:
+def run(
+    cfg: ExportConfig, out_dir: Path, reports_dir: Path | None = None, *, name: str = RESULT_NAME
+) -> tuple[Path, int]:
     """Everything; returns (the result file, the number of runtimes that failed)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as torch.utils.benchmark times it; restored on the way out
     try:
-        return _run(cfg, out_dir, reports_dir)
+        return _run(cfg, out_dir, reports_dir, name)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None) -> tuple[Path, int]:
+def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None, name: str):
     out_dir.mkdir(parents=True, exist_ok=True)
     _log(f"model: preset {cfg.preset}, {cfg.model_args().num_params():,} parameters; "
          f"training {cfg.train_steps} steps on the synthetic stream")  # fmt: skip
@@ -341,7 +344,7 @@ def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None) -> tuple[Pa
         "metal": metal,
     }
     path = save_result(
-        PROJECT, RESULT_NAME, results, baseline=baseline, config=cfg.to_dict(),
+        PROJECT, name, results, baseline=baseline, config=cfg.to_dict(),
         reports_dir=reports_dir,
     )  # fmt: skip
     n_failed = sum(1 for v in failures.values() if v.startswith("FAILED"))
@@ -384,8 +387,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[ExportConfig, argparse.Na
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT,
                    help="where model files are written (default .build/apple_track)")  # fmt: skip
     p.add_argument("--reports-dir", type=Path, default=None, help="default reports/")
+    p.add_argument("--name", default=RESULT_NAME,
+                   help=f"result name: reports/apple_track/NAME.json (default {RESULT_NAME}, the "
+                   "main run; other names are extra runs listed in the README)")  # fmt: skip
     p.add_argument("--no-readme", action="store_true", help="do not regenerate the README")
     args = p.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.name) or args.name.endswith(".json"):
+        raise ValueError(f"--name must be a plain file stem like 'export_125m', got {args.name!r}")
     cfg = ExportConfig(
         preset=args.preset,
         overrides=_parse_overrides(args.set),
@@ -410,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     # the command, not at import, so importing this module changes nothing for its importer.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
         os.environ.setdefault(var, "1")
-    path, n_failed = run(cfg, args.out_dir, args.reports_dir)
+    path, n_failed = run(cfg, args.out_dir, args.reports_dir, name=args.name)
     _log(f"wrote {path}")
     from apple_track import report
 

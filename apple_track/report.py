@@ -27,7 +27,8 @@ from shared.results import (
 )
 
 README = REPO_ROOT / "apple_track" / "README.md"
-DEFAULT_RECORD = REPORTS_DIR / "apple_track" / "export.json"
+MAIN_NAME = "export"  # the record `make apple` writes; other names are extra runs
+DEFAULT_RECORD = REPORTS_DIR / "apple_track" / f"{MAIN_NAME}.json"
 RUNTIME_LABELS = {"coreml": "Core ML", "litert": "LiteRT", "mlx": "MLX"}
 RUNTIME_COLORS = {"coreml": "#4C72B0", "litert": "#DD8452", "mlx": "#55A868"}
 
@@ -102,6 +103,12 @@ def _context(record: dict) -> str:
     )
 
 
+def chart_name(record: dict) -> str:
+    """`tradeoff.png` for the main run (`export`), `<name>_tradeoff.png` for other runs."""
+    name = record.get("name", MAIN_NAME)
+    return "tradeoff.png" if name == MAIN_NAME else f"{name}_tradeoff.png"
+
+
 def summary_markdown(record: dict, chart_dir: str = "") -> str:
     """The results section: context, the variant table, baseline, notes on skipped parts."""
     r = record["results"]
@@ -141,7 +148,7 @@ def summary_markdown(record: dict, chart_dir: str = "") -> str:
     if chart_dir is not None:
         lines += [
             "",
-            f"![size vs error vs latency]({chart_dir}tradeoff.png)",
+            f"![size vs error vs latency]({chart_dir}{chart_name(record)})",
         ]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -311,7 +318,7 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
     fig.suptitle("On-device variants of the shared transformer: size vs error vs latency")
     fig.text(0.01, 0.005, env_note, fontsize=6, color="0.35")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    path = out_dir / "tradeoff.png"
+    path = out_dir / chart_name(record)
     tmp = path.with_name(".tradeoff.tmp.png")
     fig.savefig(tmp, dpi=130)
     plt.close(fig)
@@ -324,28 +331,62 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
 # --- README ----------------------------------------------------------------------------------
 
 
-def render_readme(record: dict | None, chart_dir: str) -> str:
+def render_readme(record: dict | None, chart_dir: str, others: list[dict] = ()) -> str:
+    """The README around the main run's record; `others` (runs saved under other names, e.g.
+    a larger preset) get a section each."""
     if record is None:
         results = "_No results recorded yet: run `make apple` (writes reports/apple_track/)._\n"
         metal = ops = io = "_No results recorded yet._"
     else:
         results = summary_markdown(record, chart_dir)
         metal, ops, io = metal_markdown(record), ops_markdown(record), io_markdown(record)
-    return README_TEMPLATE.format(results=results, metal=metal, ops=ops, io=io).rstrip() + "\n"
+    more = []
+    for other in others:
+        m = other["results"]["model"]
+        more += [f"### Run `{other['name']}`: preset `{m['preset']}`, seq {m['seq_len']}", "",
+                 summary_markdown(other, chart_dir)]  # fmt: skip
+    other_runs = "\n".join(more) if more else "_None recorded._\n"
+    return (
+        README_TEMPLATE.format(
+            results=results, other_runs=other_runs, metal=metal, ops=ops, io=io
+        ).rstrip()
+        + "\n"
+    )
+
+
+def _records(out_dir: Path) -> tuple[dict | None, list[dict]]:
+    """The main run's record and the other runs' records in a reports folder."""
+    main, others = None, []
+    for path in sorted(out_dir.glob("*.json")):
+        try:
+            rec = load_result(path)
+        except ValueError:
+            continue  # not a result record
+        if rec.get("project") != "apple_track" or "variants" not in rec.get("results", {}):
+            continue
+        if rec.get("name") == MAIN_NAME:
+            main = rec
+        else:
+            others.append(rec)
+    return main, others
 
 
 def write_report(record_path: str | os.PathLike, *, readme: bool | Path = True) -> list[Path]:
+    """Chart for this record; for the main run also summary.md; then the README from every
+    record in the folder."""
     record_path = Path(record_path)
     record = load_result(record_path)
     out_dir = record_path.parent
     written = write_charts(record, out_dir)
-    summary = out_dir / "summary.md"
-    atomic_write_text(summary, root_summary_markdown(record))
-    written.append(summary)
+    if record.get("name", MAIN_NAME) == MAIN_NAME:
+        summary = out_dir / "summary.md"
+        atomic_write_text(summary, root_summary_markdown(record))
+        written.append(summary)
     if readme:
         target = README if readme is True else Path(readme)
         rel = os.path.relpath(out_dir, target.parent).replace(os.sep, "/") + "/"
-        atomic_write_text(target, render_readme(record, rel))
+        main, others = _records(out_dir)
+        atomic_write_text(target, render_readme(main, rel, others))
         written.append(target)
     return written
 
@@ -417,6 +458,12 @@ weights* counts the weight tensors stored compressed (Core ML `constexpr_*` ops,
 constants, MLX quantized layers); *parity* says whether the error was measured on the runtime
 itself or emulated (Core ML off macOS); *within* checks the stated tolerance
 (`apple_track.model.TOLERANCES`, relative L2 error and top-1 agreement).
+
+### Other recorded runs
+
+Written by `make -f apple_track/Makefile report REPORT_ARGS="--name NAME ..."`.
+
+{other_runs}
 
 ### Inputs and outputs
 

@@ -136,6 +136,8 @@ def test_cli_rejects_bad_arguments_with_a_message(capsys):
     assert "unknown preset 'huge'" in capsys.readouterr().err
     assert export.main(["--set", "dim"]) == 2
     assert "NAME=VALUE" in capsys.readouterr().err
+    assert export.main(["--name", "../elsewhere"]) == 2
+    assert "--name must be a plain file stem" in capsys.readouterr().err
 
 
 def test_profile_rejects_bad_arguments(capsys):

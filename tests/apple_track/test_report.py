@@ -104,6 +104,22 @@ def test_report_files_and_readme(record_path, tmp_path):
     assert "[Details](apple_track/README.md)" in summary and "4 within their stated" in summary
 
 
+def test_other_runs_get_their_own_chart_and_section(record_path, tmp_path):
+    other = json.loads(record_path.read_text())
+    other["name"] = "export_125m"
+    other["results"]["model"] |= {"preset": "125m", "num_params": 134_105_856, "seq_len": 128}
+    other_path = record_path.with_name("export_125m.json")
+    other_path.write_text(json.dumps(other))
+    (record_path.parent / "notes.json").write_text('{"not": "a record"}')  # ignored
+    readme = tmp_path / "README.md"
+    written = report.write_report(other_path, readme=readme)
+    assert {p.name for p in written} == {"export_125m_tradeoff.png", "README.md"}  # no summary
+    text = readme.read_text()
+    assert "### Run `export_125m`: preset `125m`, seq 128" in text
+    assert "(reports/apple_track/export_125m_tradeoff.png)" in text
+    assert "134,105,856 parameters" in text and "139,584 parameters" in text  # both runs
+
+
 def test_readme_without_results_says_how_to_get_them():
     text = report.render_readme(None, "../reports/apple_track/")
     assert "No results recorded yet" in text and "make apple" in text
