@@ -156,24 +156,6 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
-def _patch_stager_type_copy(stager: Any) -> None:
-    """Let the async stager copy classes (e.g. a DTensor's class in its pickle recipe) as
-    themselves, as `copy.deepcopy` does.
-
-    torch 2.11's StateDictStager lacks a `type` entry in its copy table, so the second async
-    save of an FSDP2 model (the first that reuses the cached pinned buffers) failed with
-    `KeyError: <class 'type'>` on an H200; later releases have the entry, and then this does
-    nothing.
-    """
-    dispatch = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
-    if isinstance(dispatch, dict) and type not in dispatch:
-
-        def _deepcopy_atomic(x, memo):  # the stager calls copiers of this name as (x, memo)
-            return x
-
-        dispatch[type] = _deepcopy_atomic
-
-
 def capture_rng_state() -> str:
     """The RNG states of Python, NumPy, torch CPU and every CUDA device, as a JSON string."""
     np_state = np.random.get_state()
@@ -433,6 +415,7 @@ class CheckpointManager:
         write_threads: int = 1,
         verify_threads: int = 8,
         async_staging: bool | None = None,
+        reuse_staging_buffers: bool = False,
         log: Callable[[str], None] | None = None,
         warn: Callable[[str], None] | None = None,
         on_commit: Callable[[SaveStats], None] | None = None,
@@ -455,6 +438,12 @@ class CheckpointManager:
         self.pg = dist.new_group(backend="gloo") if _dist_on() else None
         use_cuda = torch.cuda.is_available()
         self.async_staging = use_cuda if async_staging is None else async_staging
+        # Reusing the stager keeps its pinned host buffers between saves (no 12 GiB pinning per
+        # save of the 1b model), but on torch 2.11 with CUDA the second staging through a reused
+        # DefaultStager failed on an H200 (KeyError: <class 'type'>, then RecursionError once
+        # patched, inside DCP's StateDictStager). So by default every async save gets a fresh
+        # stager: the path measured to work, at the cost of pinning on every save.
+        self.reuse_staging_buffers = reuse_staging_buffers
         self._stager = None
         self._pending: tuple[SaveStats, concurrent.futures.Future, float] | None = None
         self._staging_future: concurrent.futures.Future | None = None
@@ -532,6 +521,9 @@ class CheckpointManager:
             stats.blocking_s = time.perf_counter() - t0
             return stats
 
+        if self._stager is not None and not self.reuse_staging_buffers:
+            self._stager.close()  # the previous save has committed (self.wait() above)
+            self._stager = None
         if self._stager is None:
             try:
                 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -550,8 +542,6 @@ class CheckpointManager:
         if torch.cuda.is_available():
             # The staging copy runs on its own stream: let the optimizer step it copies finish.
             torch.cuda.current_stream().synchronize()
-        if self._stager is not None:
-            _patch_stager_type_copy(self._stager)
         with _single_process_quiet():
             resp = dcp.async_save(
                 full,
