@@ -660,7 +660,7 @@ def summarise(cfg: TuneRunConfig, grid, wall_s: float) -> dict:
         "errored": [t for t in trials if t["status"] == "error"],
         "median_first_report_s": _median(t["first_report_s"] for t in trials),
         "median_step_s": _median(t["median_step_s"] for t in trials),
-        "experiment": cfg.experiment_uri(),
+        "experiment": f"{cfg.storage_path.rstrip('/')}/{cfg.name}",  # as given, not resolved
     }
 
 

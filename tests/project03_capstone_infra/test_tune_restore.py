@@ -22,17 +22,24 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 10
 
 
-def _tune_state(exp: Path) -> dict[str, str] | None:
-    """{trial directory name: status} from Tune's newest experiment-state snapshot."""
+def _tune_state(exp: Path) -> dict[str, tuple[str, int]] | None:
+    """{trial directory name: (status, step of its last result)} from Tune's newest
+    experiment-state snapshot: what a restore will start from."""
     snaps = sorted(exp.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
     if not snaps:
         return None
     try:
         state = json.loads(snaps[-1].read_text())
-        trials = [json.loads(t[0]) for t in state["trial_data"]]
-    except (json.JSONDecodeError, KeyError, OSError):
+        trials = [(json.loads(t[0]), json.loads(t[1])) for t in state["trial_data"]]
+    except (json.JSONDecodeError, KeyError, OSError, IndexError):
         return None  # caught mid-write: look again
-    return {Path(t["relative_logdir"]).name: t["status"] for t in trials}
+    return {
+        Path(t["relative_logdir"]).name: (
+            t["status"],
+            int((run.get("last_result") or {}).get("step", 0)),
+        )
+        for t, run in trials
+    }
 
 
 def _rows(trial_dir: Path) -> list[dict]:
@@ -69,10 +76,11 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
             assert time.monotonic() < deadline, "no trial finished within 300 s"
             assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
             state = _tune_state(exp) or {}
-            done = [n for n, s in state.items() if s == "TERMINATED"]
-            # one running trial that has already handed Tune a checkpoint
-            running_ckpt = [n for n, s in state.items() if s == "RUNNING"
-                            and any(r.get("checkpoint_dir_name") for r in _rows(exp / n))]  # fmt: skip
+            done = [n for n, (status, _) in state.items() if status == "TERMINATED"]
+            # A running trial whose checkpoint the snapshot already holds: the trainer's step-2
+            # checkpoint goes to Tune with the step-3 report (--ckpt-every 2).
+            running_ckpt = [n for n, (status, step) in state.items() if status == "RUNNING"
+                            and 3 <= step < MAX_STEPS]  # fmt: skip
             if done and running_ckpt:
                 finished = {n: (exp / n / "result.json").read_bytes() for n in done}
                 break
