@@ -396,8 +396,13 @@ def resolve_checkpoint_costs(cfg: CostConfig, reports_dir: Path) -> tuple[Source
             res = record["results"]
             if gpu is None or gpu.key != spec.key or record["config"].get("preset") != cfg.preset:
                 continue
+            derived = res["derived"]
+            warm = (derived.get("async_warm") or {}).get("held_s")
             held = {
-                "async": res["derived"]["async_cold"]["held_s"],
+                "async": warm if warm is not None else derived["async_cold"]["held_s"],
+                "async_kind": "steady-state async save"
+                if warm is not None
+                else "async save with a freshly pinned staging buffer (the trainer's default)",
                 "sync": res["sync"]["blocking_s"],
             }
             bench = (f"reports/{PROJECT}/{path.name}", held, res["resume"]["to_first_new_step_s"])
@@ -406,8 +411,7 @@ def resolve_checkpoint_costs(cfg: CostConfig, reports_dir: Path) -> tuple[Source
     if cfg.save_s > 0:
         save = Sourced(cfg.save_s, "given on the command line", True)
     elif bench:
-        what = ("first async save of a process (pinning included: an upper bound for later ones)"
-                if cfg.save_mode == "async" else "sync save")  # fmt: skip
+        what = bench[1]["async_kind"] if cfg.save_mode == "async" else "sync save"
         save = Sourced(float(bench[1][cfg.save_mode]),
                        f"measured, {what}, {bench[0]}; on one GPU: with {cfg.n_gpus} ranks each "
                        "writes a smaller shard", True)  # fmt: skip

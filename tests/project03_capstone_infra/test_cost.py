@@ -236,6 +236,11 @@ def test_checkpoint_costs_come_from_the_checkpoint_benchmark(tmp_path):
     assert not other.measured and other.value == cost.DEFAULT_SAVE_S
     res = cost.run(_small(tmp_path))
     assert res["save_s"] == pytest.approx(5.45) and res["restart_s"] == pytest.approx(323.6)
+    # a steady-state async measurement, when the benchmark has one, is preferred
+    rec["results"]["derived"]["async_warm"] = {"held_s": 0.3}
+    (folder / "checkpoint_bench.json").write_text(json.dumps(rec))
+    warm, _ = cost.resolve_checkpoint_costs(_small(tmp_path), tmp_path)
+    assert warm.value == pytest.approx(0.3) and "steady-state" in warm.source
 
 
 def test_trace_drives_the_spot_monte_carlo(tmp_path):
