@@ -90,42 +90,6 @@ def _is_collective_failure(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and any(n in msg for n in needles)
 
 
-def _init_process_group_per_attempt(use_cuda: bool, timeout_s: float) -> None:
-    """Under torchrun, join the default group through a store namespaced by restart attempt.
-
-    torchrun's agent keeps one TCPStore for all restarts of the worker group, and the default
-    group's keys (each rank's gloo/NCCL address) are the same in every attempt: after a restart
-    a fast rank can read the dead previous rank 0's address and fail with "Connection refused".
-    A per-attempt prefix makes every attempt rendezvous on fresh keys. Outside torchrun (no
-    TORCHELASTIC_RESTART_COUNT) this does nothing and `shared.distributed.init_distributed`
-    sets the group up as usual; it reuses the group created here.
-    """
-    from datetime import timedelta
-
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None or dist.is_initialized() or "MASTER_ADDR" not in os.environ:
-        return
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-        is_master=not agent_store and rank == 0, timeout=timedelta(seconds=timeout_s),
-    )  # fmt: skip
-    kwargs = {}
-    if use_cuda:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        kwargs["device_id"] = torch.device("cuda", local_rank)
-    dist.init_process_group(
-        backend="nccl" if use_cuda else "gloo",
-        store=dist.PrefixStore(f"project03/attempt_{attempt}", store),
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=timeout_s),
-        **kwargs,
-    )
-
-
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
@@ -183,7 +147,6 @@ class Trainer:
         if cfg.preflight:
             self._preflight(use_cuda, local_rank)
         self._owns_world = "RANK" not in os.environ
-        _init_process_group_per_attempt(use_cuda, cfg.pg_timeout_s)
         info = init_distributed(timeout_s=cfg.pg_timeout_s, device="cuda" if use_cuda else "cpu")
         self.info, self.device = info, info.device
         self.rank, self.world = info.rank, info.world_size

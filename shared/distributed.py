@@ -95,6 +95,9 @@ def init_distributed(
         kwargs = {}
         if backend == "nccl":
             kwargs["device_id"] = dev  # eager NCCL init: errors show at start, not first step
+        store = _restart_scoped_store(rank, world_size, timeout_s)
+        if store is not None:
+            kwargs["store"] = store
         dist.init_process_group(
             backend=backend,
             rank=rank,
@@ -103,6 +106,28 @@ def init_distributed(
             **kwargs,
         )
     return DistInfo(rank, local_rank, world_size, backend, dev)
+
+
+def _restart_scoped_store(rank: int, world_size: int, timeout_s: float):
+    """Under `torchrun --max-restarts`, a store whose keys are scoped to this restart attempt.
+
+    torchrun's agent keeps one TCPStore across restarts of the worker group, and the default
+    group's keys (each rank's gloo/NCCL address) are the same in every attempt: after a restart a
+    fast rank can read the dead previous rank 0's address and fail with "Connection refused".
+    A per-attempt prefix makes each attempt rendezvous on fresh keys. None outside torchrun.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_store and rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return dist.PrefixStore(f"attempt_{attempt}", store)
 
 
 def cleanup() -> None:
