@@ -15,7 +15,7 @@ STAMP      := $(VENV)/.installed
 EXTRAS     ?= dev
 # Extras the CPU tier tests when they install; where one cannot install, set-up carries on and
 # its tests skip with the reason.
-OPTIONAL_EXTRAS ?= ray deepspeed
+OPTIONAL_EXTRAS ?= ray deepspeed dali
 PYTEST_ARGS ?=
 
 # torch: a machine with an NVIDIA driver takes the usual PyPI build (CUDA); a machine without one

@@ -6,6 +6,9 @@ ENTRY_POINTS = {
     "chaos": "reference run vs the same run under injected faults; writes the report",
     "health": "GPU health snapshot, pre-flight checks, Prometheus metrics",
     "bench_checkpoint": "GPU: sync vs async checkpoint blocking time and time to resume (1b)",
+    "tune": "Ray Tune HPO over lr, weight decay and warm-up with ASHA (and a random-search baseline)",
+    "cost": "on-demand vs spot vs spot with Young/Daly checkpoints, fp32 vs bf16, Monte Carlo check",
+    "data_pipeline": "resumable DataLoader and DALI pipelines: throughput comparison",
 }
 
 

@@ -108,15 +108,30 @@ def plan(hw: Hardware) -> list[Step]:
              _py("-m", "project02_fsdp_scaling.report"), module="project02_fsdp_scaling.report"),
     ]  # fmt: skip
 
-    # project03: fault tolerance
-    steps.append(
-        Step(
-            "project03",
-            "reference run, then the same run under injected faults",
-            _py("-m", "project03_capstone_infra.chaos"),
-            module="project03_capstone_infra.chaos",
-        )  # fmt: skip
-    )
+    # project03: fault tolerance, HPO, cost, data loading
+    ray_missing = importlib.util.find_spec("ray") is None
+    steps += [
+        Step("project03", "reference run, then the same run under injected faults",
+             _py("-m", "project03_capstone_infra.chaos"), module="project03_capstone_infra.chaos"),
+        Step("project03", "Ray Tune HPO with ASHA vs random search",
+             _py("-m", "project03_capstone_infra.tune"), module="project03_capstone_infra.tune",
+             skip_reason="Ray Tune is not installed (pip install -e '.[ray]')"
+             if ray_missing else None),
+        Step("project03", "cost plan: on-demand vs spot, fp32 vs bf16, checkpoint interval",
+             _py("-m", "project03_capstone_infra.cost"), module="project03_capstone_infra.cost"),
+        Step("project03", "data loading throughput: stream vs DataLoader vs DALI",
+             _py("-m", "project03_capstone_infra.data_pipeline"),
+             module="project03_capstone_infra.data_pipeline"),
+    ]  # fmt: skip
+    if gpu:
+        steps.append(
+            Step(
+                "project03",
+                "checkpoint blocking time and resume time (1b, one GPU)",
+                _py("-m", "project03_capstone_infra.bench_checkpoint", "--preset", "1b"),
+                module="project03_capstone_infra.bench_checkpoint",
+            )  # fmt: skip
+        )
 
     # apple_track: its own environment (litert-torch pins its own torch)
     steps.append(
