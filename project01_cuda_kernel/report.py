@@ -221,6 +221,32 @@ def render_all(reports_dir: Path) -> dict[str, str]:
     return out
 
 
+def render_summary(reports_dir: Path) -> str:
+    """The headline figures for the repository README (reports/<project>/summary.md)."""
+    folder = reports_dir / PROJECT
+    parts = []
+    gemm = _load(folder / "gemm.json")
+    if gemm is not None:
+        parts += ["**Matmul ladder vs cuBLAS** (same process; the full ladder and shapes in "
+                  "[project01_cuda_kernel/README.md](project01_cuda_kernel/README.md)):", "",
+                  render_targets(gemm), ""]  # fmt: skip
+    bench = _load(folder / "attention.json")
+    if bench is not None:
+        try:
+            mod = importlib.import_module(f"{__package__}.attention_report")
+        except ModuleNotFoundError:
+            mod = None
+        if mod is not None:
+            from shared.results import environment_line
+
+            parts += ["**FlashAttention vs SDPA's FLASH backend** (bf16; "
+                      f"{environment_line(bench.get('environment', {}))}):", "",
+                      *mod._target_lines(bench["results"]["rows"]), ""]  # fmt: skip
+    if not parts:
+        return "_No measurements yet: run `make project01` on a CUDA GPU._\n"
+    return "\n".join(parts)
+
+
 def update_readme(readme: Path, sections: dict[str, str]) -> str:
     from shared.results import replace_between_markers
 
@@ -250,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.readme.name} is {'out of date' if stale else 'up to date'}")
         return 1 if stale else 0
     atomic_write_text(args.readme, new)
-    print(f"wrote {args.readme}")
+    summary = Path(reports_dir) / PROJECT / "summary.md"
+    atomic_write_text(summary, render_summary(Path(reports_dir)))
+    print(f"wrote {args.readme} and {summary}")
     return 0
 
 

@@ -446,6 +446,51 @@ def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> 
     return readme
 
 
+def _round(x: float | None) -> int | None:
+    return None if x is None else round(x)
+
+
+def summary_markdown(out_dir: Path) -> str:
+    """Headline figures for the repository README (reports/<project>/summary.md)."""
+    from shared.results import environment_line, markdown_table
+
+    parts = []
+    for stem, what in (("scaling_gpu", "GPUs"), ("scaling_cpu", "CPU processes over gloo")):
+        path = out_dir / f"{stem}.json"
+        if not path.is_file():
+            continue
+        rec = load_result(path)
+        res = rec["results"]
+        rows = [
+            {"world size": r["world_size"], "tokens/s": _round(r.get("tokens_per_s")),
+             "tokens/s per device": _round(r.get("tokens_per_s_per_device")),
+             "MFU %": 100 * r["mfu"] if r.get("mfu") is not None else None,
+             "efficiency %": 100 * r["efficiency"] if r.get("efficiency") is not None else None,
+             "peak GiB": r.get("peak_memory_gib")}
+            for r in res["runs"] if r.get("status") == "ok"
+        ]  # fmt: skip
+        parts += [
+            f"**Strong scaling, {res['preset']} on {what}** (global batch {res['global_batch']} x "
+            f"{res['seq_len']} tokens; {environment_line(rec['environment'])}):",
+            "",
+            markdown_table(rows, floatfmt=",.4g"),
+            "",
+        ]
+        lines = res.get("cost", {}).get("lines", [])
+        if lines and stem == "scaling_gpu":
+            cost_rows = [
+                {"configuration": c["config"], "basis": "measured" if c["measured"] else
+                 "PROJECTED", "USD / M tokens on-demand": c["usd_per_m_tokens_on_demand"],
+                 "USD / M tokens spot": c["usd_per_m_tokens_spot"]}
+                for c in lines
+            ]  # fmt: skip
+            parts += [markdown_table(cost_rows, floatfmt=".4f"), ""]
+    if not parts:
+        return "_No measurements yet: run `make project02`._\n"
+    parts.append("Details: [project02_fsdp_scaling/README.md](project02_fsdp_scaling/README.md).")
+    return "\n".join(parts) + "\n"
+
+
 def render_all(out_dir: Path) -> None:
     for stem in ("scaling_gpu", "scaling_cpu"):
         if (out_dir / f"{stem}.json").is_file():
@@ -470,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     if not out_dir.is_dir():
         raise SystemExit(f"no reports folder at {out_dir}")
     render_all(out_dir)
+    atomic_write_text(out_dir / "summary.md", summary_markdown(out_dir))
     if not a.no_readme:
         print(f"wrote {refresh_readme(out_dir)}")
     return 0
