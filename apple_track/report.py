@@ -33,8 +33,11 @@ RUNTIME_LABELS = {"coreml": "Core ML", "litert": "LiteRT", "mlx": "MLX"}
 RUNTIME_COLORS = {"coreml": "#4C72B0", "litert": "#DD8452", "mlx": "#55A868"}
 
 
-def _kib(n: int | None) -> float | None:
-    return None if n is None else n / 1024
+def _size(n: int | None) -> str | None:
+    """Bytes as a short human figure: KiB below 10 MiB, MiB above."""
+    if n is None:
+        return None
+    return f"{n / 1024:,.0f} KiB" if n < 10 * 2**20 else f"{n / 2**20:,.1f} MiB"
 
 
 def variant_rows(record: dict) -> list[dict]:
@@ -42,6 +45,8 @@ def variant_rows(record: dict) -> list[dict]:
     base = record.get("baseline") or {}
     base_ms = (base.get("latency") or {}).get("median_ms")
     base_bytes = base.get("bytes")
+    # Tolerances are stated for trained weights; on an untrained model they do not apply.
+    trained = bool(record["results"].get("model", {}).get("train_steps"))
     rows = []
     for v in record["results"]["variants"]:
         lat = v.get("latency") or {}
@@ -50,7 +55,7 @@ def variant_rows(record: dict) -> list[dict]:
         rows.append({
             "runtime": RUNTIME_LABELS.get(v["runtime"], v["runtime"]),
             "variant": v["variant"],
-            "size_kib": _kib(v.get("bytes")),
+            "size": _size(v.get("bytes")),
             "vs_fp32": (v["bytes"] / base_bytes) if v.get("bytes") and base_bytes else None,
             "ops": v.get("n_ops"),
             "compressed": v.get("compressed_weight_ops"),
@@ -59,7 +64,7 @@ def variant_rows(record: dict) -> list[dict]:
             "top1": par.get("top1_agree"),
             "loss_delta": par.get("loss_delta"),
             "tol": (v.get("tolerance") or {}).get("rel_l2"),
-            "ok": v.get("within_tolerance"),
+            "ok": v.get("within_tolerance") if trained else None,
             "source": "emulated" if "emulated" in (v.get("parity_source") or "") else "measured",
             "latency_ms": ms,
             "speedup": (base_ms / ms) if ms and base_ms else None,
@@ -68,10 +73,10 @@ def variant_rows(record: dict) -> list[dict]:
     return rows
 
 
-_COLUMNS = ["runtime", "variant", "size_kib", "vs_fp32", "ops", "compressed", "rel_l2",
+_COLUMNS = ["runtime", "variant", "size", "vs_fp32", "ops", "compressed", "rel_l2",
             "max_abs", "top1", "loss_delta", "tol", "ok", "source", "latency_ms", "speedup",
             "device"]  # fmt: skip
-_HEADERS = ["runtime", "variant", "size (KiB)", "size / PyTorch fp32", "ops", "compressed weights",
+_HEADERS = ["runtime", "variant", "size", "size / PyTorch fp32", "ops", "compressed weights",
             "rel. L2 error", "max abs error", "top-1 agree", "loss change (nats)",
             "tolerance (rel. L2)", "within", "parity", "latency (ms)",
             "speed-up vs PyTorch eager (x)", "timed on"]  # fmt: skip
@@ -92,9 +97,17 @@ def _context(record: dict) -> str:
         if load and env.get("cpu_count") and load[0] > 0.5 * env["cpu_count"]
         else ""
     )
+    trained = (
+        f"trained {m['train_steps']} steps on the synthetic stream"
+        if m["train_steps"]
+        else "untrained (its logits are nearly uniform, so relative error and top-1 agreement "
+        "measure noise around a flat distribution and the stated tolerances, set on the "
+        "trained tiny model, do not apply; the loss change is the error figure to read here; "
+        "sizes and latencies are what this run is for)"
+    )
     return (
         f"Model: shared transformer, preset `{m['preset']}` ({m['num_params']:,} parameters), "
-        f"trained {m['train_steps']} steps on the synthetic stream, exported for input "
+        f"{trained}, exported for input "
         f"(batch {m['batch']}, seq {m['seq_len']}) int32 tokens. Parity: logits against "
         f"PyTorch float32 on a held-out batch. Latency: median of repeated single-threaded CPU "
         f"runs (shared.timing, torch.utils.benchmark) in the same process as the PyTorch eager "
@@ -120,7 +133,7 @@ def summary_markdown(record: dict, chart_dir: str = "") -> str:
         f"Baseline: PyTorch float32 eager, {lat.get('median_ms', float('nan')):.3f} ms per "
         f"forward on the CPU, 1 thread (p20-p80 {lat.get('p20_ms', float('nan')):.3f}-"
         f"{lat.get('p80_ms', float('nan')):.3f} ms, n={lat.get('n')}), state dict "
-        f"{(base.get('bytes') or 0) / 1024:,.1f} KiB, held-out loss {base.get('loss', 0):.4f} nats."
+        f"{_size(base.get('bytes'))}, held-out loss {base.get('loss', 0):.4f} nats."
         + (
             f" Timed again at the end of the run: {base['latency_at_end']['median_ms']:.3f} ms "
             "(the gap between the two is the drift of this machine during the run)."
@@ -140,6 +153,10 @@ def summary_markdown(record: dict, chart_dir: str = "") -> str:
             f"- Core ML prediction: {why}. Its parity column is an emulation (the package's own "
             "weights, decompressed, in PyTorch float16 on the CPU); its latency is not measured."
         )
+    cfg = record.get("config") or {}
+    for runtime, label in RUNTIME_LABELS.items():
+        if runtime in cfg and not cfg[runtime]:
+            lines.append(f"- {label}: not requested in this run.")
     for runtime, why in sorted(r.get("runtime_failures", {}).items()):
         lines.append(f"- {RUNTIME_LABELS.get(runtime, runtime)}: {why}")
     metal = r.get("metal") or {}
@@ -172,11 +189,11 @@ def root_summary_markdown(record: dict) -> str:
     )
     table = markdown_table(
         variant_rows(record),
-        ["runtime", "variant", "size_kib", "rel_l2", "ok", "source", "latency_ms", "speedup"],
+        ["runtime", "variant", "size", "rel_l2", "ok", "source", "latency_ms", "speedup"],
         headers=[
             "runtime",
             "variant",
-            "size (KiB)",
+            "size",
             "rel. L2 error",
             "within tolerance",
             "parity",
@@ -275,28 +292,30 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
     # Left: size vs error, the trade-off of compression. Right: latency, same colours.
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.2), gridspec_kw={"width_ratios": [3, 2]})
     offsets = {"coreml": (6, -11), "litert": (6, 4), "mlx": (-8, 6)}
+    sizes = [v["bytes"] for v in variants if v.get("bytes")] + [base.get("bytes") or 0]
+    unit, div = ("MiB", 2**20) if max(sizes) > 10 * 2**20 else ("KiB", 1024)
     for v in variants:
         par = v.get("parity") or {}
         if not v.get("bytes") or par.get("rel_l2") is None:
             continue
         err = max(par["rel_l2"], 1e-8)  # float32 runtimes can be exact: keep them on a log axis
         emulated = "emulated" in (v.get("parity_source") or "")
-        ax.scatter(v["bytes"] / 1024, err, s=70, color=RUNTIME_COLORS.get(v["runtime"], "0.4"),
+        ax.scatter(v["bytes"] / div, err, s=70, color=RUNTIME_COLORS.get(v["runtime"], "0.4"),
                    marker="s" if emulated else "o", edgecolors="black", linewidths=0.5,
                    label=RUNTIME_LABELS.get(v["runtime"], v["runtime"])
                    + (" (error emulated)" if emulated else ""))  # fmt: skip
         dx, dy = offsets.get(v["runtime"], (6, 4))
-        ax.annotate(v["variant"], (v["bytes"] / 1024, err), textcoords="offset points",
+        ax.annotate(v["variant"], (v["bytes"] / div, err), textcoords="offset points",
                     xytext=(dx, dy), fontsize=7, ha="right" if dx < 0 else "left")  # fmt: skip
     if base.get("bytes"):
-        ax.axvline(base["bytes"] / 1024, color="#C44E52", ls="--", lw=1.2,
+        ax.axvline(base["bytes"] / div, color="#C44E52", ls="--", lw=1.2,
                    label="PyTorch fp32 state dict")  # fmt: skip
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), loc="center left", fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("size on disk (KiB, log)")
+    ax.set_xlabel(f"size on disk ({unit}, log)")
     ax.set_ylabel("relative L2 error of logits vs PyTorch fp32 (log)")
     ax.set_title("size vs error", fontsize=10)
     ax.grid(alpha=0.3, which="both")
@@ -311,11 +330,23 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
     if base_ms:
         ax2.axvline(base_ms, color="#C44E52", ls="--", lw=1.2, label="PyTorch fp32 eager")
         ax2.legend(loc="lower right", fontsize=8)
-    ax2.set_xscale("log")
-    ax2.set_xlabel("latency per forward, ms (median, log; device: see the table)")
+    times = [v["latency"]["median_ms"] for v in timed] + ([base_ms] if base_ms else [])
+    log = bool(times) and max(times) / min(times) > 30  # log only where linear would hide bars
+    if log:
+        ax2.set_xscale("log")
+    else:
+        ax2.set_xlim(left=0)
+    ax2.set_xlabel(f"latency per forward, ms (median{', log' if log else ''}; "
+                   "device: see the table)")  # fmt: skip
     ax2.set_title("latency (variants without a runtime here are absent)", fontsize=10)
     ax2.grid(alpha=0.3, axis="x", which="both")
-    fig.suptitle("On-device variants of the shared transformer: size vs error vs latency")
+    m = record["results"]["model"]
+    fig.suptitle(
+        f"On-device variants of the shared transformer ({m['preset']}, "
+        + (f"{m['num_params'] / 1e6:,.1f} M" if m["num_params"] >= 1e6 else f"{m['num_params']:,}")
+        + f" parameters, seq {m['seq_len']}"
+        f"{'' if m['train_steps'] else ', untrained'}): size vs error vs latency"
+    )
     fig.text(0.01, 0.005, env_note, fontsize=6, color="0.35")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     path = out_dir / chart_name(record)
@@ -393,12 +424,12 @@ def write_report(record_path: str | os.PathLike, *, readme: bool | Path = True) 
 
 def console_summary(record_path: str | os.PathLike) -> str:
     record = load_result(record_path)
-    lines = ["runtime  variant      KiB      rel_l2   within  latency_ms"]
+    lines = ["runtime  variant          size     rel_l2  within  latency_ms"]
     for r in variant_rows(record):
         ok = {True: "yes", False: "NO", None: "n/a"}[r["ok"]]
         lat = f"{r['latency_ms']:.3f}" if r["latency_ms"] else "n/a"
         rel = f"{r['rel_l2']:.2e}" if r["rel_l2"] is not None else "n/a"
-        lines.append(f"{r['runtime']:<8} {r['variant']:<10} {r['size_kib'] or 0:>8.1f}  {rel:>9}"
+        lines.append(f"{r['runtime']:<8} {r['variant']:<10} {r['size'] or 'n/a':>10}  {rel:>9}"
                      f"  {ok:>6}  {lat:>10}  ({r['source']})")  # fmt: skip
     return "\n".join(lines)
 
@@ -553,7 +584,8 @@ done
 xcrun xctrace record --template 'Metal System Trace' --output metal.trace \\
     --launch -- .venv-apple/bin/python -m apple_track.profile metal simdgroup --seconds 10
 
-# energy on an iPhone or iPad with the exported model in an app: Power Profiler
+# energy on an iPhone or iPad running the exported model in an app: the Power Profiler
+# template (Xcode 16 and later; check that `list templates` shows it)
 xcrun xctrace list devices
 xcrun xctrace record --template 'Power Profiler' --device <UDID> --all-processes \\
     --time-limit 60s --output power.trace
@@ -588,12 +620,13 @@ gives per-op compute-unit placement and load/predict times without writing code.
 - CPU latency only, single-threaded: no GPU or Neural Engine figures unless the export runs on
   a Mac (Core ML then uses its default compute units).
 - The tiny preset is dominated by per-call overhead: latency ratios at this size say more about
-  runtime overhead than about arithmetic; use `--preset 125m` for a compute-bound comparison.
+  runtime overhead than about arithmetic. A larger preset (`--preset 125m --name export_125m`,
+  under "Other recorded runs" when present) gives the compute-bound comparison.
 - MLX here is its Linux CPU build (`mlx[cpu]`): on this preset it is several times slower than
   PyTorch eager on the same CPU. MLX is made for Apple silicon, where the same port runs on the
   GPU through Metal; that was not measured on this machine.
-- LiteRT int8 is dynamic-range (weights only stored in int8); full-integer static quantization
-  needs a calibration set and is not done here.
+- LiteRT int8 is dynamic-range: int8 weights, activations quantized on the fly per call;
+  full-integer static quantization needs a calibration set and is not done here.
 """
 
 

@@ -90,7 +90,7 @@ def test_report_files_and_readme(record_path, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     text = readme.read_text()
     assert "<!-- results:apple_track -->" in text and "<!-- /results:apple_track -->" in text
-    assert "| Core ML | palettize4 | 112 |" in text  # 115,000 bytes in KiB, 3 significant digits
+    assert "| Core ML | palettize4 | 112 KiB |" in text  # 115,000 bytes
     assert "Core ML prediction: skipped: Core ML predicts only on macOS" in text
     assert "Metal kernels: not run: no Metal device (Linux)" in text
     assert "](../reports/apple_track/tradeoff.png)" in text  # relative to the README
