@@ -8,7 +8,7 @@ One run, one process, so every figure has its baseline from the same run: the Py
 model (eager, CPU) gives the reference logits and the reference latency. Per variant it records
 size on disk, op counts, input/output descriptions, parity against the reference and CPU
 latency; then `apple_track.report` writes reports/apple_track/ (JSON, charts, summary) and
-regenerates apple_track/README.md. Model files go to --out-dir (default .build/apple_track,
+regenerates apple_track/README.md. Model files go to --out-dir (default .build/apple_track/NAME,
 not committed). All CPU timings are single-threaded: `torch.utils.benchmark` (which
 shared.timing uses) pins PyTorch to one thread, so LiteRT runs with num_threads=1 and MLX's BLAS
 with OPENBLAS_NUM_THREADS=1, for a like-for-like comparison.
@@ -384,8 +384,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[ExportConfig, argparse.Na
         p.add_argument(f"--{runtime}", nargs="*", default=list(names), metavar="VARIANT",
                        help=f"{runtime} variants: any of {', '.join(names)} (default all; "
                        "none to skip)")  # fmt: skip
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT,
-                   help="where model files are written (default .build/apple_track)")  # fmt: skip
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="where model files are written (default .build/apple_track/NAME)")  # fmt: skip
     p.add_argument("--reports-dir", type=Path, default=None, help="default reports/")
     p.add_argument("--name", default=RESULT_NAME,
                    help=f"result name: reports/apple_track/NAME.json (default {RESULT_NAME}, the "
@@ -418,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     # the command, not at import, so importing this module changes nothing for its importer.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
         os.environ.setdefault(var, "1")
-    path, n_failed = run(cfg, args.out_dir, args.reports_dir, name=args.name)
+    out_dir = args.out_dir if args.out_dir is not None else DEFAULT_OUT / args.name
+    path, n_failed = run(cfg, out_dir, args.reports_dir, name=args.name)
     _log(f"wrote {path}")
     from apple_track import report
 

@@ -6,8 +6,9 @@ powermetrics or perf.
     python -m apple_track.profile mlx q4 --seconds 20
     python -m apple_track.profile metal simdgroup --seconds 10     # macOS, Apple silicon
 
-Reads the files `python -m apple_track.export` wrote (--model-dir, default .build/apple_track)
-and prints the number of inferences and the mean time per inference when done.
+Reads the files `python -m apple_track.export` wrote (default .build/apple_track/export, or
+.build/apple_track/NAME with --name NAME) and prints the number of inferences and the mean
+time per inference when done.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 from apple_track.model import VARIANTS, eval_batch
 from shared.results import REPO_ROOT, load_result
 
-DEFAULT_MODEL_DIR = REPO_ROOT / ".build" / "apple_track"
-DEFAULT_RECORD = REPO_ROOT / "reports" / "apple_track" / "export.json"
+MODEL_ROOT = REPO_ROOT / ".build" / "apple_track"  # the export's default, one folder per run name
+RECORD_ROOT = REPO_ROOT / "reports" / "apple_track"
 METAL_TARGETS = ("naive", "threadgroup_tiled", "simdgroup", "attention")
 
 
@@ -74,17 +75,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runtime", choices=[*VARIANTS, "metal"])
     p.add_argument("variant", help="a variant of that runtime (metal: a kernel or 'attention')")
     p.add_argument("--seconds", type=float, default=20.0)
-    p.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
-    p.add_argument("--record", type=Path, default=DEFAULT_RECORD,
-                   help="the export record (for the model's shape and seed)")  # fmt: skip
+    p.add_argument("--name", default="export",
+                   help="the export run whose files to use (default export, the main run)")  # fmt: skip
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="default .build/apple_track/NAME")  # fmt: skip
+    p.add_argument("--record", type=Path, default=None,
+                   help="the export record, for the model's shape and seed "
+                   "(default reports/apple_track/NAME.json)")  # fmt: skip
     args = p.parse_args(argv)
     allowed = METAL_TARGETS if args.runtime == "metal" else tuple(VARIANTS[args.runtime])
     if args.variant not in allowed:
         p.error(f"unsupported {args.runtime} variant {args.variant!r}; expected one of {allowed}")
     if args.seconds <= 0:
         p.error(f"--seconds must be positive, got {args.seconds}")
+    model_dir = args.model_dir if args.model_dir is not None else MODEL_ROOT / args.name
+    record = args.record if args.record is not None else RECORD_ROOT / f"{args.name}.json"
     try:
-        step = _step_fn(args.runtime, args.variant, args.model_dir, args.record)
+        step = _step_fn(args.runtime, args.variant, model_dir, record)
         step()  # warm-up (first-call compilation, weight loading); raises where it cannot run
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"apple_track.profile: {e}", file=sys.stderr)

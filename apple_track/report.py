@@ -475,8 +475,9 @@ make -f apple_track/Makefile report REPORT_ARGS="--preset 125m --seq-len 128 --t
 `litert-torch` pins its own torch release (2.14 at the time of writing) and pulls jax, so the
 track lives in its own virtual environment, `.venv-apple`, created by `apple_track/Makefile`;
 the main `.venv` and its torch stay untouched. Model files land in `.build/apple_track/` (not
-committed): `coreml_<variant>.mlpackage`, `litert_<variant>.tflite`,
-`mlx_<variant>.safetensors`, `pytorch_fp32.pt`.
+committed), one folder per run name (`.build/apple_track/export/` for `make apple`):
+`coreml_<variant>.mlpackage`, `litert_<variant>.tflite`, `mlx_<variant>.safetensors`,
+`pytorch_fp32.pt`.
 
 ## Results
 
