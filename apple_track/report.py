@@ -374,7 +374,7 @@ def render_readme(record: dict | None, chart_dir: str, others: list[dict] = ()) 
     more = []
     for other in others:
         m = other["results"]["model"]
-        more += [f"### Run `{other['name']}`: preset `{m['preset']}`, seq {m['seq_len']}", "",
+        more += [f"#### Run `{other['name']}`: preset `{m['preset']}`, seq {m['seq_len']}", "",
                  summary_markdown(other, chart_dir)]  # fmt: skip
     other_runs = "\n".join(more) if more else "_None recorded._\n"
     return (
@@ -497,11 +497,11 @@ Written by `make -f apple_track/Makefile report REPORT_ARGS="--name NAME ..."`.
 
 {other_runs}
 
-### Inputs and outputs
+### Inputs and outputs (main run)
 
 {io}
 
-### Op counts
+### Op counts (main run)
 
 {ops}
 

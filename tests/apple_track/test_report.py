@@ -115,7 +115,7 @@ def test_other_runs_get_their_own_chart_and_section(record_path, tmp_path):
     written = report.write_report(other_path, readme=readme)
     assert {p.name for p in written} == {"export_125m_tradeoff.png", "README.md"}  # no summary
     text = readme.read_text()
-    assert "### Run `export_125m`: preset `125m`, seq 128" in text
+    assert "#### Run `export_125m`: preset `125m`, seq 128" in text
     assert "(reports/apple_track/export_125m_tradeoff.png)" in text
     assert "134,105,856 parameters" in text and "139,584 parameters" in text  # both runs
 
