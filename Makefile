@@ -36,7 +36,7 @@ endif
 
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: help setup test gpu-test demo project01 project02 project03 apple lint format fork clean readme
+.PHONY: help setup test gpu-test demo project01 project02 project03 apple apple-test lint format fork clean readme
 
 help:  ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -75,6 +75,9 @@ project03: $(SETUP)  ## fault-tolerant training under injected failures
 
 apple: $(SETUP)  ## the on-device track, in its own environment (.venv-apple)
 	$(PYTHON) -m scripts.demo --only apple
+
+apple-test:  ## the on-device track's full tests in .venv-apple (~7 GB, a few minutes to set up)
+	$(MAKE) -f apple_track/Makefile test
 
 lint: $(SETUP)  ## ruff
 	$(PYTHON) -m ruff check .

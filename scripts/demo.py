@@ -135,7 +135,7 @@ def plan(hw: Hardware) -> list[Step]:
 
     # apple_track: its own environment (litert-torch pins its own torch)
     steps.append(
-        Step("apple", "Core ML / LiteRT export, MLX port (own venv: .venv-apple)",
+        Step("apple", "Core ML / LiteRT export, MLX port, Metal kernels where available (own venv: .venv-apple)",
              ["make", "--no-print-directory", "-f", "apple_track/Makefile", "report"],
              module="apple_track.export")
     )  # fmt: skip

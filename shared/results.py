@@ -202,7 +202,8 @@ def environment_line(env: dict) -> str:
     dirty = "+dirty" if env.get("git_dirty") else ""
     return (
         f"{gpu}, driver {env.get('driver') or 'n/a'}, torch {env.get('torch')}, "
-        f"CUDA {env.get('cuda') or 'n/a'}, Python {env.get('python')}, "
+        f"CUDA {(env.get('cuda') or 'n/a') if env.get('gpu') else 'n/a'}, "
+        f"Python {env.get('python')}, "
         f"{(env.get('date') or '')[:10]}, commit {commit}{dirty}"
     )
 
