@@ -17,6 +17,7 @@ EXTRAS     ?= dev
 # its tests skip with the reason.
 OPTIONAL_EXTRAS ?= ray deepspeed dali
 PYTEST_ARGS ?=
+APPLE_TESTS ?= 1
 
 # torch: a machine with an NVIDIA driver takes the usual PyPI build (CUDA); a machine without one
 # takes the release the CPU tier is tested on. Override with e.g. `make setup TORCH_SPEC=torch==2.9.1`.
@@ -36,7 +37,7 @@ endif
 
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: help setup test gpu-test demo project01 project02 project03 apple apple-test lint format fork clean readme
+.PHONY: help setup test gpu-test demo project01 project02 project03 apple apple-test apple-tier lint format fork clean readme
 
 help:  ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,6 +58,24 @@ $(STAMP): pyproject.toml
 
 test: $(SETUP)  ## the CPU tier: every test that needs no GPU
 	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
+ifneq ($(wildcard apple_track/Makefile),)
+ifeq ($(APPLE_TESTS),1)
+	@$(MAKE) --no-print-directory apple-tier
+endif
+endif
+
+# The on-device track's exporters (litert-torch pins its own torch) live in .venv-apple.
+# `make test` sets it up when this machine can (about 7 GB of disk, a few minutes the first
+# time) and runs the track's tests there; where it cannot, it says so in one line. APPLE_TESTS=0
+# leaves it out.
+apple-tier:
+	@free_gb=$$(df -Pk . | awk 'NR==2 {print int($$4/1048576)}'); \
+	if [ "$$free_gb" -lt 12 ]; then \
+	  echo "apple_track: not tested: $$free_gb GB free here, its environment needs about 8"; exit 0; fi; \
+	mkdir -p .scratch; \
+	if $(MAKE) --no-print-directory -f apple_track/Makefile setup > .scratch/apple-setup.log 2>&1; then \
+	  $(MAKE) --no-print-directory -f apple_track/Makefile test PYTEST_ARGS="-q"; \
+	else echo "apple_track: its environment could not be set up here (.scratch/apple-setup.log): its Core ML / LiteRT / MLX tests did not run"; fi
 
 gpu-test: $(SETUP)  ## the GPU tier (on a CUDA machine)
 	$(PYTHON) -m pytest -m gpu $(PYTEST_ARGS)

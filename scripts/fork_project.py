@@ -60,7 +60,7 @@ def _makefile_for(project: str) -> str:
     text = (ROOT / "Makefile").read_text()
     for other, target in MAKE_TARGETS.items():
         if other != project:
-            text = re.sub(rf"(?m)^{target}:.*\n(\t.*\n)*", "", text)
+            text = re.sub(rf"(?m)^{target}(-[a-z]+)?:.*\n(\t.*\n)*", "", text)
     text = re.sub(r"(?m)^fork:.*\n(\t.*\n)*", "", text)
     phony = "test gpu-test demo setup lint format clean readme help " + MAKE_TARGETS[project]
     return re.sub(r"(?m)^\.PHONY:.*$", f".PHONY: {phony}", text)

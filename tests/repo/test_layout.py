@@ -56,6 +56,8 @@ def test_every_fork_is_complete_and_its_tests_collect(project, tmp_path):
     assert f'include = ["shared*", "{project}*"]' in pyproject
     makefile = (dest / "Makefile").read_text()
     assert "\ntest:" in makefile and "\ndemo:" in makefile and "\nfork:" not in makefile
+    if project != "apple_track":
+        assert "\napple" not in makefile  # no target of the on-device track in other forks
     # the fork's tests import only what the fork holds: collection succeeds in a clean env
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"],
@@ -75,7 +77,7 @@ def test_a_fork_runs_its_own_test_command(tmp_path):
     assert (dest / ".git").exists()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # The fork's fast tests: its slow multi-process ones are the same files the main suite runs.
-    r = subprocess.run(["make", "test", f"PYTHON={sys.executable}",
+    r = subprocess.run(["make", "test", f"PYTHON={sys.executable}", "APPLE_TESTS=0",
                         'PYTEST_ARGS=-q -p no:cacheprovider -m "not gpu and not slow"'],
                        cwd=dest, env=env, capture_output=True, text=True,
                        timeout=900)  # fmt: skip
