@@ -444,6 +444,7 @@ class CheckpointManager:
         # patched, inside DCP's StateDictStager). So by default every async save gets a fresh
         # stager: the path measured to work, at the cost of pinning on every save.
         self.reuse_staging_buffers = reuse_staging_buffers
+        self.async_disabled = False  # set once an async save has failed: saves go synchronous
         self._stager = None
         self._pending: tuple[SaveStats, concurrent.futures.Future, float] | None = None
         self._staging_future: concurrent.futures.Future | None = None
@@ -504,7 +505,7 @@ class CheckpointManager:
         import torch.distributed.checkpoint as dcp
 
         t0 = time.perf_counter()
-        self.wait()  # one save in flight at a time
+        mode = self._wait_before_save(mode)  # one save in flight at a time
         tmp = self._tmp_dir(step)
         if self.rank == 0:
             tmp.mkdir(parents=True)
@@ -584,6 +585,27 @@ class CheckpointManager:
             self._commit(stats, tmp, t0)
         except BaseException as e:  # surfaced by wait()
             self._finalizer_error = e
+
+    def _wait_before_save(self, mode: str) -> str:
+        """Let the previous save land. If an async save failed (on any rank), say so, and make
+        this and every later save synchronous: training keeps its checkpoints instead of dying at
+        every second save (torch 2.11's stager failed that way on a reused stager)."""
+        failed: CheckpointError | None = None
+        try:
+            self.wait()
+        except CheckpointError as e:
+            failed = e
+        flag = torch.tensor([1 if failed is not None else 0])
+        if self.pg is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.pg)
+        if int(flag.item()):
+            if not self.async_disabled:
+                self._warn(
+                    f"an async checkpoint save failed ({failed or 'on another rank'}); it was "
+                    "not committed, and every save from now on is synchronous"
+                )
+            self.async_disabled = True
+        return "sync" if self.async_disabled else mode
 
     def wait(self) -> SaveStats | None:
         """Wait for an in-flight async save to commit; re-raise its error if it failed."""

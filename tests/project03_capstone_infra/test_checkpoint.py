@@ -227,3 +227,35 @@ def test_ckpt_cli_list_verify_prune_compare(tmp_path, capsys):
     assert _steps(tmp_path) == list(range(1, 8))
     assert ckpt_cli.main(["prune", root, "--keep-last", "2", "--milestone-every", "3"]) == 0
     assert _steps(tmp_path) == [3, 6, 7]
+
+
+def test_a_failed_async_save_degrades_to_sync_saves(tmp_path, monkeypatch):
+    """An async save whose write fails is not committed; the next save says so and is
+    synchronous, and so is every later one, so training keeps its checkpoints."""
+    import concurrent.futures
+
+    import torch.distributed.checkpoint as dcp
+
+    calls = []
+
+    def failing_async_save(*args, **kwargs):
+        calls.append(1)
+        fut = concurrent.futures.Future()
+        fut.set_exception(RuntimeError("staging blew up"))
+        return fut
+
+    monkeypatch.setattr(dcp, "async_save", failing_async_save)
+    warnings = []
+    model, opt = _model_and_opt()
+    mgr = CheckpointManager(tmp_path, keep_last=5, warn=warnings.append, async_staging=False)
+    mgr.save(1, _state(model, opt), {"step": 1}, mode="async")
+    _train(model, opt)
+    stats = mgr.save(2, _state(model, opt), {"step": 2}, mode="async")
+    assert stats.mode == "sync" and mgr.async_disabled
+    assert len(warnings) == 1 and "staging blew up" in warnings[0]
+    mgr.save(3, _state(model, opt), {"step": 3}, mode="async")
+    mgr.wait()
+    assert len(calls) == 1  # the later async requests never reached async_save
+    assert _steps(tmp_path) == [2, 3]  # step 1 was never committed
+    assert read_latest(tmp_path) == "step_00000003"
+    mgr.close()
