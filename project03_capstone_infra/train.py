@@ -147,7 +147,11 @@ class Trainer:
         if cfg.preflight:
             self._preflight(use_cuda, local_rank)
         self._owns_world = "RANK" not in os.environ
-        info = init_distributed(timeout_s=cfg.pg_timeout_s, device="cuda" if use_cuda else "cpu")
+        info = init_distributed(
+            timeout_s=cfg.pg_timeout_s,
+            device="cuda" if use_cuda else "cpu",
+            restart_scoped_store=True,  # torchrun --max-restarts relaunches this job
+        )
         self.info, self.device = info, info.device
         self.rank, self.world = info.rank, info.world_size
         self.events = EventLog(self.run_dir / "events.jsonl", rank=self.rank, attempt=self.attempt)

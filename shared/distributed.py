@@ -51,7 +51,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 def init_distributed(
-    backend: str | None = None, timeout_s: float = 600.0, device: str | None = None
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    device: str | None = None,
+    *,
+    restart_scoped_store: bool = False,
 ) -> DistInfo:
     """Initialise (or reuse) the default process group and pick this rank's device.
 
@@ -59,6 +63,8 @@ def init_distributed(
     timeout_s: collective timeout; a hung collective ends the job with an error after this long,
     so a launcher can restart it instead of waiting forever.
     device: "cuda" or "cpu" to force one; default CUDA when available.
+    restart_scoped_store: under `torchrun --max-restarts`, rendezvous on keys scoped to the
+    restart attempt (see `_restart_scoped_store`); for jobs that the launcher restarts.
     """
     use_cuda = torch.cuda.is_available() if device is None else device == "cuda"
     if use_cuda and not torch.cuda.is_available():
@@ -95,7 +101,7 @@ def init_distributed(
         kwargs = {}
         if backend == "nccl":
             kwargs["device_id"] = dev  # eager NCCL init: errors show at start, not first step
-        store = _restart_scoped_store(rank, world_size, timeout_s)
+        store = _restart_scoped_store(rank, world_size, timeout_s) if restart_scoped_store else None
         if store is not None:
             kwargs["store"] = store
         dist.init_process_group(
