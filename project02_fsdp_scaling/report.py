@@ -342,7 +342,7 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
             "",
             (
                 f"Best by MFU: **{best['variant']}**, {100 * best['mfu']:.1f}% "
-                f"(target >= 55%; the plain compiled loop of GPU.md measured 53.8%)."
+                f"(target >= 55%; a plain compiled loop measured 53.8% earlier on this GPU)."
                 if best and best.get("mfu") is not None
                 else f"Best by throughput: **{best['variant']}**."
                 if best

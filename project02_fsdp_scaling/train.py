@@ -47,7 +47,7 @@ def matmul_params(args: ModelArgs) -> int:
 
 def train_flops_per_token(args: ModelArgs, seq_len: int, *, causal: bool = True) -> float:
     """Training FLOPs per token (forward + backward): 6 per matmul parameter plus attention
-    scores and values, 12·L·d·S, halved when causal (DESIGN.md, PaLM appendix B)."""
+    scores and values, 12·L·d·S, halved when causal (`shared.flops`, PaLM appendix B)."""
     try:
         from shared.flops import transformer_train_flops_per_token
     except ImportError:  # pragma: no cover - shared.flops is part of the shared library

@@ -1,7 +1,7 @@
 """GPU tier: every ladder kernel against PyTorch on ragged and aligned shapes.
 
 Inputs are fresh random draws (never zeros); outputs are poisoned with NaN first, so an element
-a kernel forgets to write fails the test. Pass rule (DESIGN.md): the kernel's relative error
+a kernel forgets to write fails the test. Pass rule: the kernel's relative error
 against a float64 reference is at most twice PyTorch's own error in the same dtype (cuBLAS with
 TF32 off for float32), plus a small floor (see _floor) for shapes where cuBLAS is exact.
 """
