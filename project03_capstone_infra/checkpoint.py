@@ -53,6 +53,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from shared.results import atomic_write_text
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 QUARANTINE = "quarantine"
@@ -88,14 +90,6 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -112,16 +106,6 @@ def hash_files(paths: Iterable[Path], threads: int = 8) -> dict[str, dict]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as ex:
         digests = list(ex.map(sha256_file, paths))
     return {p.name: {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(paths, digests)}
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 # --- retention -------------------------------------------------------------------------------

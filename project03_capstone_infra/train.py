@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +39,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from shared.results import git_commit
 
 from .checkpoint import CheckpointError, CheckpointManager, SaveStats
 from .config import (
@@ -88,15 +89,6 @@ def _is_collective_failure(e: BaseException) -> bool:
     needles = ("Timed out", "timed out", "Connection closed by peer", "Connection reset",
                "NCCL communicator was aborted", "ProcessGroup")  # fmt: skip
     return isinstance(e, RuntimeError) and any(n in msg for n in needles)
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def lr_multiplier(step: int, cfg: TrainConfig) -> float:
@@ -174,7 +166,7 @@ class Trainer:
             milestone_every=cfg.milestone_every,
             config_hash=config_hash(resolved),
             config=resolved.to_dict(),
-            git_commit=_git_commit() if self.rank == 0 else None,
+            git_commit=git_commit() if self.rank == 0 else None,
             write_threads=cfg.ckpt_write_threads,
             log=self.log.info,
             warn=self.log.warning,

@@ -102,6 +102,11 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def git_commit() -> str | None:
+    """HEAD of this checkout, or $GIT_COMMIT for a copy without git metadata, or None."""
+    return _git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT")
+
+
 def _nvidia_driver() -> str | None:
     try:
         import pynvml
@@ -132,8 +137,7 @@ def environment() -> dict:
         "gpu_count": 0,
         "compute_capability": None,
         "driver": None,
-        # GIT_COMMIT: for copies of the tree without git metadata (a remote GPU box, say)
-        "git_commit": _git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT"),
+        "git_commit": git_commit(),
         "git_dirty": None,
     }
     status = _git("status", "--porcelain", "--untracked-files=no")
