@@ -4,9 +4,14 @@
 `softmax(scale * q @ k^T [+ causal mask]) @ v` for (B, H, S, D) tensors, like
 `torch.nn.functional.scaled_dot_product_attention`, with our kernels in both directions:
 
-- forward (csrc/attention/flash_fwd_*.cu): a Q tile per CTA (32 rows a warp), K/V streamed
-  through shared memory with cp.async double buffering, mma.sync m16n8k16 tensor-core products,
-  online softmax in float32; saves the row log-sum-exp (B, H, Sq) float32 for the backward;
+- forward on Hopper (compute capability 9.0; csrc/attention/flash_fwd_hopper*.cu): the
+  FlashAttention-3 design: a producer warpgroup loads Q, K and V tiles with TMA, two consumer
+  warpgroups compute Q K^T and P V with wgmma (P from registers), with the softmax of one key
+  block overlapping the P V product of the previous one;
+- forward elsewhere (csrc/attention/flash_fwd_hdim*.cu, FlashAttention-2): a Q tile per CTA (32
+  rows a warp), K/V streamed through shared memory with cp.async double buffering, mma.sync
+  m16n8k16 tensor-core products, online softmax in float32;
+  both save the row log-sum-exp (B, H, Sq) float32 for the backward;
 - backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per 128-key block
   P recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with
   atomics.
@@ -29,7 +34,7 @@ import numbers
 
 import torch
 
-from ._build import load_extension, require_cuda
+from ._build import is_hopper, load_extension, require_cuda
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -38,6 +43,9 @@ _MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensio
 # a warp, Q re-read from shared memory); 1 = 16 rows a warp with Q held in registers. Both are
 # built and tested; the benchmark measures both.
 FWD_M_TILES_PER_WARP = 2
+# Forward kernel: "hopper" (wgmma + TMA, compute capability 9.0 only), "fa2" (mma.sync, any GPU
+# from sm_80), or "auto": hopper where it runs, else fa2.
+FWD_KERNELS = ("auto", "hopper", "fa2")
 # Backward kernel variant: warps per CTA, 16 keys each. 8 = 128 keys a CTA (half the dQ atomics
 # of 4 = 64 keys a CTA).
 BWD_WARPS = 8
@@ -46,6 +54,8 @@ _SOURCES = (
     "attention/flash_binding.cpp",
     "attention/flash_fwd_hdim64.cu",
     "attention/flash_fwd_hdim128.cu",
+    "attention/flash_fwd_hopper_hdim64.cu",
+    "attention/flash_fwd_hopper_hdim128.cu",
     "attention/flash_bwd_hdim64.cu",
     "attention/flash_bwd_hdim128.cu",
 )
@@ -154,21 +164,40 @@ def flash_forward(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     m_tiles_per_warp: int = FWD_M_TILES_PER_WARP,
+    kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel on checked, kernel-ready inputs: (o (B, H, Sq, D), lse (B, H, Sq) float32).
 
-    `out` and `lse` may be given to write into (the poisoned-output tests do);
-    `m_tiles_per_warp` picks the kernel variant (1 or 2, see FWD_M_TILES_PER_WARP).
+    `out` and `lse` may be given to write into (the poisoned-output tests do); `kernel` is one of
+    FWD_KERNELS; `m_tiles_per_warp` picks the FlashAttention-2 variant (1 or 2, see
+    FWD_M_TILES_PER_WARP).
     """
     if m_tiles_per_warp not in (1, 2):
         raise ValueError(f"m_tiles_per_warp must be 1 or 2, got {m_tiles_per_warp!r}")
+    kernel = resolve_fwd_kernel(kernel)
     B, H, Sq, _ = q.shape
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None:
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
-    _extension().fwd(q, k, v, out, lse, causal, softmax_scale, m_tiles_per_warp)
+    if kernel == "hopper":
+        _extension().fwd_hopper(q, k, v, out, lse, causal, softmax_scale)
+    else:
+        _extension().fwd(q, k, v, out, lse, causal, softmax_scale, m_tiles_per_warp)
     return out, lse
+
+
+def resolve_fwd_kernel(kernel: str) -> str:
+    """The kernel to run for a FWD_KERNELS name: "hopper" or "fa2" ("auto": hopper on CC 9.0)."""
+    if kernel not in FWD_KERNELS:
+        raise ValueError(f"kernel must be one of {FWD_KERNELS}, got {kernel!r}")
+    if kernel == "auto":
+        return "hopper" if is_hopper() else "fa2"
+    if kernel == "hopper" and not is_hopper():
+        raise ValueError(
+            "kernel='hopper' needs a GPU of compute capability 9.0 (H100/H200); use 'fa2' or 'auto'"
+        )
+    return kernel
 
 
 def flash_backward(

@@ -231,20 +231,43 @@ def test_tiny_transformer_training_tracks_sdpa():
 
 VARIANT_SHAPES = [  # (seq_q, seq_k, causal)
     (1, 1, False), (100, 100, False), (777, 777, False), (33, 500, False), (2048, 2048, False),
-    (1, 1, True), (100, 100, True), (777, 777, True), (2048, 2048, True),
+    (300, 129, False), (129, 1000, False),
+    (1, 1, True), (100, 100, True), (777, 777, True), (2048, 2048, True), (129, 129, True),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("m_tiles_per_warp", [1, 2])
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+FWD_VARIANTS = [  # (kernel, m_tiles_per_warp)
+    ("fa2", 1),
+    ("fa2", 2),
+    pytest.param(
+        "hopper", 2,
+        marks=pytest.mark.skipif(not _on_hopper(), reason="the Hopper kernel needs CC 9.0"),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel,m_tiles_per_warp", FWD_VARIANTS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("d", HEAD_DIMS)
 @pytest.mark.parametrize("sq,sk,causal", VARIANT_SHAPES, ids=str)
-def test_forward_variants_match_reference(m_tiles_per_warp, d, sq, sk, causal):
-    """Both forward kernel variants (16 and 32 query rows a warp) pass the 2x-SDPA rule."""
+def test_forward_variants_match_reference(kernel, m_tiles_per_warp, dtype, d, sq, sk, causal):
+    """Every forward kernel (FlashAttention-2 with 16 or 32 query rows a warp, Hopper) passes
+    the 2x-SDPA rule, with its log-sum-exp too."""
     from project01_cuda_kernel.attention import flash_forward
 
-    q, k, v, _ = make_inputs(2, 2, sq, sk, d, torch.bfloat16, seed=5)
+    q, k, v, _ = make_inputs(2, 2, sq, sk, d, dtype, seed=5)
     scale = d**-0.5
-    out, _ = flash_forward(q, k, v, causal, scale, m_tiles_per_warp=m_tiles_per_warp)
+    out, lse = flash_forward(
+        q, k, v, causal, scale, m_tiles_per_warp=m_tiles_per_warp, kernel=kernel
+    )
+    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(), -math.inf)
+    torch.testing.assert_close(lse, torch.logsumexp(s, dim=-1), atol=2e-3, rtol=1e-4)
     ref = reference(q, k, v, causal, scale)
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     err, err_sdpa = max_err(out, ref), max_err(sdpa, ref)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from project01_cuda_kernel.attention import flash_attention, resolve_softmax_scale
+from project01_cuda_kernel.attention import (
+    flash_attention,
+    resolve_fwd_kernel,
+    resolve_softmax_scale,
+)
 
 
 def qkv(b=2, h=3, sq=17, sk=17, d=64, dtype=torch.bfloat16, device="cpu"):
@@ -139,3 +143,20 @@ def test_mixed_devices():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="must be on one device"):
         flash_attention(q, k.to("meta"), v)
+
+
+@pytest.mark.parametrize("kernel", ["fa3", "", "Hopper", None])
+def test_unknown_forward_kernel(kernel):
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        resolve_fwd_kernel(kernel)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0),
+    reason="checks the refusal on a machine without a compute-capability-9.0 GPU",
+)
+def test_hopper_kernel_refused_without_hopper_gpu():
+    with pytest.raises(ValueError, match="compute capability 9.0"):
+        resolve_fwd_kernel("hopper")
+    assert resolve_fwd_kernel("auto") == "fa2"
+    assert resolve_fwd_kernel("fa2") == "fa2"

@@ -62,6 +62,11 @@ struct BwdParams {
 // cudaSuccess or the first CUDA error met.
 cudaError_t flash_fwd_hdim64(const FwdParams& params, cudaStream_t stream);
 cudaError_t flash_fwd_hdim128(const FwdParams& params, cudaStream_t stream);
+// Hopper forward (wgmma + TMA, warp-specialised; flash_fwd_hopper.cuh): compute capability 9.0
+// only, cudaErrorNotSupported elsewhere. Same parameters and outputs as the FlashAttention-2
+// forward (m_tiles_per_warp is ignored).
+cudaError_t flash_fwd_hopper_hdim64(const FwdParams& params, cudaStream_t stream);
+cudaError_t flash_fwd_hopper_hdim128(const FwdParams& params, cudaStream_t stream);
 cudaError_t flash_bwd_hdim64(const BwdParams& params, cudaStream_t stream);
 cudaError_t flash_bwd_hdim128(const BwdParams& params, cudaStream_t stream);
 
@@ -72,6 +77,17 @@ inline cudaError_t flash_fwd(const FwdParams& params, cudaStream_t stream) {
       return flash_fwd_hdim64(params, stream);
     case 128:
       return flash_fwd_hdim128(params, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+inline cudaError_t flash_fwd_hopper(const FwdParams& params, cudaStream_t stream) {
+  switch (params.head_dim) {
+    case 64:
+      return flash_fwd_hopper_hdim64(params, stream);
+    case 128:
+      return flash_fwd_hopper_hdim128(params, stream);
     default:
       return cudaErrorInvalidValue;
   }

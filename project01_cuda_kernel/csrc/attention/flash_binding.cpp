@@ -36,12 +36,10 @@ void check_f32(const at::Tensor& t, at::IntArrayRef shape, const char* name) {
   TORCH_CHECK(t.sizes() == shape, name, " has shape ", t.sizes(), ", expected ", shape);
 }
 
-// Forward: writes o (B, H, Sq, D) and lse (B, H, Sq) float32. m_tiles_per_warp: 1 or 2 (the
-// kernel variant; see flash_api.h).
-void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
-         at::Tensor& lse, bool causal, double softmax_scale, int64_t m_tiles_per_warp) {
-  TORCH_CHECK(m_tiles_per_warp == 1 || m_tiles_per_warp == 2,
-              "m_tiles_per_warp must be 1 or 2, got ", m_tiles_per_warp);
+// The forward's checks and parameters (both kernels read the same ones).
+flash::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            at::Tensor& o, at::Tensor& lse, bool causal, double softmax_scale,
+                            int64_t m_tiles_per_warp) {
   check_kernel_layout(q, "q");
   check_kernel_layout(k, "k");
   check_kernel_layout(v, "v");
@@ -58,7 +56,6 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   TORCH_CHECK(Sq > 0 && Sk > 0 && Sq < INT32_MAX && Sk < INT32_MAX, "bad sequence lengths");
   check_f32(lse, {B, H, Sq}, "lse");
 
-  const c10::cuda::CUDAGuard guard(q.device());
   flash::FwdParams p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -78,8 +75,30 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   p.causal = causal;
   p.dtype = to_dtype(q);
   p.m_tiles_per_warp = static_cast<int>(m_tiles_per_warp);
+  return p;
+}
+
+// Forward (FlashAttention-2 kernel): writes o (B, H, Sq, D) and lse (B, H, Sq) float32.
+// m_tiles_per_warp: 1 or 2 (the kernel variant; see flash_api.h).
+void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
+         at::Tensor& lse, bool causal, double softmax_scale, int64_t m_tiles_per_warp) {
+  TORCH_CHECK(m_tiles_per_warp == 1 || m_tiles_per_warp == 2,
+              "m_tiles_per_warp must be 1 or 2, got ", m_tiles_per_warp);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const flash::FwdParams p = fwd_params(q, k, v, o, lse, causal, softmax_scale, m_tiles_per_warp);
   const cudaError_t err = flash::flash_fwd(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "flash_fwd launch failed: ", cudaGetErrorString(err));
+}
+
+// Forward (Hopper kernel, compute capability 9.0 only): same outputs as fwd.
+void fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
+                at::Tensor& lse, bool causal, double softmax_scale) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const flash::FwdParams p = fwd_params(q, k, v, o, lse, causal, softmax_scale, 2);
+  const cudaError_t err = flash::flash_fwd_hopper(p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err != cudaErrorNotSupported,
+              "the Hopper forward needs a GPU of compute capability 9.0 (H100/H200)");
+  TORCH_CHECK(err == cudaSuccess, "flash_fwd_hopper launch failed: ", cudaGetErrorString(err));
 }
 
 // Backward: writes dq, dk, dv (shapes of q, k, v). dq is accumulated in float32 and cast.
@@ -148,9 +167,11 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "FlashAttention-2 forward and backward (mma.sync, cp.async), float16 and bfloat16";
+  m.doc() = "FlashAttention forward (FlashAttention-2, Hopper) and backward, fp16 and bf16";
   m.def("fwd", &fwd,
         "forward: (q, k, v, o, lse, causal, softmax_scale, m_tiles_per_warp) -> None");
+  m.def("fwd_hopper", &fwd_hopper,
+        "forward, Hopper wgmma/TMA kernel: (q, k, v, o, lse, causal, softmax_scale) -> None");
   m.def("bwd", &bwd,
         "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, softmax_scale, warps) -> None");
 }

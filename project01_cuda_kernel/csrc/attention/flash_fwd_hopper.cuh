@@ -1,0 +1,434 @@
+// FlashAttention forward for Hopper (sm_90a): wgmma + TMA, producer/consumer warpgroups, the
+// ideas of FlashAttention-3 (Shah et al., 2024). What changes from the FlashAttention-2 kernel
+// (flash_fwd_kernel.cuh):
+//
+// - TMA: one producer thread copies whole Q, K and V tiles (boxes of 64 head-dim columns, 128-byte
+//   swizzled) into shared memory with cp.async.bulk.tensor, completing on mbarriers with a byte
+//   count. The tensor maps are 4-D (D, S, H, B), so a tile past the end of a sequence is
+//   zero-filled by the copy engine and never reads the next head.
+// - wgmma: each consumer warpgroup (4 warps, 64 query rows) computes S = Q K^T (64 x 128) with
+//   m64n128k16 straight from shared memory, and O += P V with P taken from registers (the
+//   accumulator layout of S is the register A-operand layout of the next wgmma, so the softmax
+//   output never goes through shared memory) and V from shared memory, untransposed.
+// - Warp specialisation: warpgroup 0 is the producer (setmaxnreg hands its registers to the
+//   consumers); warpgroups 1 and 2 are consumers, 128 query rows per CTA. A ring of K and V stages
+//   with full/empty mbarriers connects them, with separate barriers for K and V so that Q K^T can
+//   start before V has landed.
+// - Intra-warpgroup overlap (FlashAttention-3's two-stage pipelining): in iteration j the consumer
+//   issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, both asynchronous, and runs the softmax of
+//   S_j while the second product is still on the tensor cores; it waits for P V only before
+//   rescaling O.
+// - Key blocks run from the last to the first, so the masked blocks (the causal diagonal and the
+//   ragged end of the keys) come first and the rest run without mask arithmetic. Causal query
+//   blocks are launched heaviest first.
+//
+// Requirements (TMA's): 16-byte aligned base pointers, strides along B, H and S multiples of 8
+// elements, stride 1 along D. The launcher returns cudaErrorNotSupported unless the device has
+// compute capability 9.0.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap and its enums (types only; no libcuda link needed)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "attention/flash_api.h"
+#include "attention/flash_common.cuh"
+#include "attention/wgmma_attn.cuh"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FLASH_SM90A 1
+#endif
+
+namespace flash::hopper {
+
+template <int D>
+struct Config {
+  static constexpr int kBM = 128;  // query rows per CTA: 2 consumer warpgroups x 64
+  static constexpr int kBN = 128;  // keys per block
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kStages = D == 128 ? 2 : 4;  // K/V ring depth (shared memory bound)
+  static constexpr int kChunks = D / 64;           // 64-column (128-byte) TMA boxes along D
+  static constexpr int kQBytes = kBM * D * 2;
+  static constexpr int kKVBytes = kBN * D * 2;  // one K or one V tile
+  static constexpr int kTileBytes = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr int kBarriers = 1 + 4 * kStages;  // q_full, k_full, v_full, k_empty, v_empty
+  static constexpr int kSmemBytes = kTileBytes + 1024 + kBarriers * 8;  // + 1024-byte alignment
+};
+
+// ---- mbarriers, TMA and wgmma plumbing ----------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// 4-D TMA load of the box at (c0 = head-dim column, c1 = sequence row, c2 = head, c3 = batch).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, int c3, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle. K-major operands (Q, K): SBO = 1024
+// (next 8 rows), LBO unused. N-major V: LBO = offset of the next 64 columns (next TMA box),
+// SBO = 1024 (next 8 key rows).
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
+  d |= static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16;
+  d |= static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32;
+  d |= 1ull << 62;
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keep the compiler from moving register reads/writes across asynchronous wgmma regions (and from
+// reusing the registers of an in-flight operand).
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- the kernel ----------------------------------------------------------------------------------
+// Accumulator layout of m64nNk16 (per warp w of the warpgroup, g = lane / 4, t = lane % 4):
+// d[4j + 0..1] = row 16w + g, columns 8j + 2t + 0..1; d[4j + 2..3] = row 16w + g + 8, same columns.
+template <typename T, int D>
+__global__ void __launch_bounds__(Config<D>::kThreads, 1)
+    flash_fwd_hopper_kernel(const __grid_constant__ CUtensorMap tma_q,
+                            const __grid_constant__ CUtensorMap tma_k,
+                            const __grid_constant__ CUtensorMap tma_v, const FwdParams p) {
+#ifdef FLASH_SM90A
+  using C = Config<D>;
+  constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages, kChunks = C::kChunks;
+  extern __shared__ unsigned char smem_raw[];
+  // The 128-byte swizzle pattern repeats every 1024 bytes: tiles start 1024-aligned.
+  unsigned char* tiles = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* q_s = tiles;
+  unsigned char* k_s = tiles + C::kQBytes;                        // kStages tiles
+  unsigned char* v_s = tiles + C::kQBytes + kStages * C::kKVBytes;  // kStages tiles
+  uint64_t* bars = reinterpret_cast<uint64_t*>(tiles + C::kTileBytes);
+  const uint32_t q_full = smem_u32(bars);
+  auto k_full = [&](int s) { return smem_u32(bars + 1 + s); };
+  auto v_full = [&](int s) { return smem_u32(bars + 1 + kStages + s); };
+  auto k_empty = [&](int s) { return smem_u32(bars + 1 + 2 * kStages + s); };
+  auto v_empty = [&](int s) { return smem_u32(bars + 1 + 3 * kStages + s); };
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(k_full(s), 1);  // the producer's expect_tx arrive
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), C::kConsumers * 128);  // every consumer thread
+      mbar_init(v_empty(s), C::kConsumers * 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // causal: the longest rows start first
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int blocks_k = (p.seqlen_k + kBN - 1) / kBN;
+  const int n_blocks =
+      p.causal ? min(blocks_k, ((m_block + 1) * kBM + kBN - 1) / kBN) : blocks_k;
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {
+    // Producer warpgroup: one thread issues every copy; 24 registers are plenty.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (threadIdx.x == 0) {
+      mbar_expect_tx(q_full, C::kQBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+        tma_load_4d(smem_u32(q_s + c * kBM * 128), &tma_q, c * 64, m_block * kBM, head, batch,
+                    q_full);
+      for (int i = 0; i < n_blocks; ++i) {
+        const int n = n_blocks - 1 - i, s = i % kStages;
+        const uint32_t phase = (i / kStages) & 1;
+        mbar_wait(k_empty(s), phase ^ 1);  // the first round passes at once
+        mbar_expect_tx(k_full(s), C::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          tma_load_4d(smem_u32(k_s + s * C::kKVBytes + c * kBN * 128), &tma_k, c * 64, n * kBN,
+                      head, batch, k_full(s));
+        mbar_wait(v_empty(s), phase ^ 1);
+        mbar_expect_tx(v_full(s), C::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+          tma_load_4d(smem_u32(v_s + s * C::kKVBytes + c * kBN * 128), &tma_v, c * 64, n * kBN,
+                      head, batch, v_full(s));
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int cw = wg - 1;  // query rows cw * 64 .. cw * 64 + 63 of the tile
+    const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const int row0 = m_block * kBM + cw * 64 + warp * 16 + lane / 4;  // and row0 + 8
+    const int wg_row_min = m_block * kBM + cw * 64;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+
+    float o[D / 2];   // O accumulator, 64 x D over the warpgroup
+    float s[kBN / 2];  // S = Q K^T of one key block, then P = exp(S - m) in float32
+    uint32_t pa[kBN / 16][4];  // P as the bf16/f16 A operand of O += P V, one k16 step each
+    float row_max[2] = {-INFINITY, -INFINITY};  // running max of S * scale * log2(e)
+    float row_sum[2] = {0.f, 0.f};  // this thread's partial row sums (quad-reduced at the end)
+    float corr[2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+
+    const uint32_t q_base = smem_u32(q_s + cw * 64 * 128);
+    auto issue_qk = [&](int stage) {
+      const uint32_t k_base = smem_u32(k_s + stage * C::kKVBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
+        const uint64_t da = make_desc(q_base + c * kBM * 128 + off, 16, 1024);
+        const uint64_t db = make_desc(k_base + c * kBN * 128 + off, 16, 1024);
+        wgmma_ss_m64n128k16<T>(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int stage, int accumulate) {
+      const uint32_t v_base = smem_u32(v_s + stage * C::kKVBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t db = make_desc(v_base + kk * 16 * 128, kBN * 128, 1024);
+        wgmma_rs_m64nNk16<T, D>(o, pa[kk], db, kk > 0 ? 1 : accumulate);
+      }
+      wgmma_commit();
+    };
+    // Mask (when the block needs it), new running max, P = exp2(S * scale - max) in place, the
+    // row sums, and the factor corr by which the O accumulated so far must be rescaled.
+    auto softmax = [&](int n) {
+      const int col_end = (n + 1) * kBN;  // one past the block's last key
+      if (col_end > p.seqlen_k || (p.causal && col_end - 1 > wg_row_min)) {
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * kBN + 8 * j + 2 * (lane % 4) + (e & 1);
+            const int row = row0 + (e >> 1) * 8;
+            if (col >= p.seqlen_k || (p.causal && col > row)) s[4 * j + e] = -INFINITY;
+          }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        mx = quad_max(mx);
+        const float m_new = fmaxf(row_max[r], mx * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far
+        corr[r] = exp2f(row_max[r] - m_use);
+        row_max[r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float v = exp2f(fmaf(s[4 * j + 2 * r + e], scale_log2, -m_use));
+            s[4 * j + 2 * r + e] = v;
+            sum += v;
+          }
+        row_sum[r] = row_sum[r] * corr[r] + sum;
+      }
+    };
+    // S accumulator layout == A-fragment layout: keys 16kk..16kk+15 are n8 chunks 2kk, 2kk+1.
+    auto convert_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          pa[kk][i] = TypeTraits<T>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+    };
+
+    mbar_wait(q_full, 0);
+    // First block (the last keys): S, softmax, P. O is still empty.
+    mbar_wait(k_full(0), 0);
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs(s);
+    mbar_arrive(k_empty(0));
+    softmax(n_blocks - 1);
+    convert_p();
+    for (int i = 1; i < n_blocks; ++i) {
+      const int si = i % kStages, sp = (i - 1) % kStages;
+      mbar_wait(k_full(si), (i / kStages) & 1);
+      issue_qk(si);  // S_i = Q K_i^T
+      mbar_wait(v_full(sp), ((i - 1) / kStages) & 1);
+      issue_pv(sp, i > 1 ? 1 : 0);  // O += P_{i-1} V_{i-1}, still running during the softmax
+      wgmma_wait<1>();                // S_i is done
+      fence_regs(s);
+      mbar_arrive(k_empty(si));
+      softmax(n_blocks - 1 - i);
+      wgmma_wait<0>();  // P_{i-1} V_{i-1} is done: O and the P registers are free
+      fence_regs(o);
+      fence_regs(pa);
+      mbar_arrive(v_empty(sp));
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[4 * j] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
+      convert_p();
+    }
+    const int sl = (n_blocks - 1) % kStages;
+    mbar_wait(v_full(sl), ((n_blocks - 1) / kStages) & 1);
+    issue_pv(sl, n_blocks > 1 ? 1 : 0);
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+    mbar_arrive(v_empty(sl));
+
+    // Epilogue: O / l straight from registers (each thread owns two rows' column pairs), and
+    // lse = max * ln 2 + log l (natural log, of the scaled scores) for the backward.
+    T* out = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads + head) * p.seqlen_q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      const float l = quad_sum(row_sum[r]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (row < p.seqlen_q) {
+        T* dst = out + static_cast<int64_t>(row) * p.o_row_stride + 2 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+              TypeTraits<T>::pack(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        if (lane % 4 == 0)
+          lse[row] = l > 0.f ? row_max[r] * 0.6931471805599453f + logf(l) : INFINITY;
+      }
+    }
+  }
+#else
+  // Built for an architecture without wgmma/TMA: the host launcher never starts this.
+  __trap();
+#endif
+}
+
+// ---- host side -------------------------------------------------------------------------------------
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
+  }
+  return fn;
+}
+
+// A (B, H, S, D) tensor with element strides (batch, head, row, 1), read in boxes of
+// box_rows x 64 head-dim columns, 128-byte swizzled; out-of-bounds elements read as zero.
+inline bool make_map(CUtensorMap* map, const void* ptr, int d, int s, int h, int b,
+                     int64_t row_stride, int64_t head_stride, int64_t batch_stride, int box_rows,
+                     DType dtype) {
+  auto encode = encode_fn();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(s),
+                              static_cast<cuuint64_t>(h), static_cast<cuuint64_t>(b)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride) * 2,
+                                 static_cast<cuuint64_t>(head_stride) * 2,
+                                 static_cast<cuuint64_t>(batch_stride) * 2};  // bytes
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(
+      map,
+      dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      4, const_cast<void*>(ptr), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+template <typename T, int D>
+cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
+  using C = Config<D>;
+  CUtensorMap mq, mk, mv;
+  if (!make_map(&mq, p.q, D, p.seqlen_q, p.heads, p.batch, p.q_row_stride, p.q_head_stride,
+                p.q_batch_stride, C::kBM, p.dtype) ||
+      !make_map(&mk, p.k, D, p.seqlen_k, p.heads, p.batch, p.k_row_stride, p.k_head_stride,
+                p.k_batch_stride, C::kBN, p.dtype) ||
+      !make_map(&mv, p.v, D, p.seqlen_k, p.heads, p.batch, p.v_row_stride, p.v_head_stride,
+                p.v_batch_stride, C::kBN, p.dtype))
+    return cudaErrorInvalidValue;
+  auto kernel = flash_fwd_hopper_kernel<T, D>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.seqlen_q + C::kBM - 1) / C::kBM, p.heads, p.batch);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t dispatch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return err;
+  if (major != 9 || minor != 0) return cudaErrorNotSupported;
+  if (p.head_dim != D || (p.causal && p.seqlen_q != p.seqlen_k)) return cudaErrorInvalidValue;
+  return p.dtype == DType::kBFloat16 ? launch_fwd_hopper<__nv_bfloat16, D>(p, stream)
+                                     : launch_fwd_hopper<__half, D>(p, stream);
+}
+
+}  // namespace flash::hopper
