@@ -12,13 +12,14 @@ import argparse
 import csv
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 PROJECT = "project01_cuda_kernel"
-KERNEL_REGEX = "regex:flash_(fwd|bwd)_kernel"
+KERNEL_REGEX = "regex:flash_(fwd|bwd)(_hopper)?_kernel"
 
 # ncu metric -> (short name, unit) for the report.
 METRICS = {
@@ -31,7 +32,11 @@ METRICS = {
     "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved occupancy", "%"),
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("SM throughput", "%"),
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": (
-        "tensor pipe active",
+        "tensor pipe active (mma.sync)",
+        "%",
+    ),
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": (
+        "tensor pipe active (wgmma)",
         "%",
     ),
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": (
@@ -73,10 +78,16 @@ def find_ncu() -> str | None:
 
 
 def worker(head_dim: int, seq_len: int, causal: bool, total_tokens: int, hidden: int) -> None:
-    """Launch our forward once and our backward once (the profiled process)."""
+    """Launch our forward once and our backward once (the profiled process); on a Hopper GPU
+    the FlashAttention-2 forward too, so both forwards are profiled."""
     import torch
 
-    from project01_cuda_kernel.attention import flash_attention
+    from project01_cuda_kernel.attention import (
+        check_inputs,
+        flash_attention,
+        flash_forward,
+        resolve_fwd_kernel,
+    )
 
     b, h = total_tokens // seq_len, hidden // head_dim
     q, k, v, do = (
@@ -86,7 +97,26 @@ def worker(head_dim: int, seq_len: int, causal: bool, total_tokens: int, hidden:
         t.requires_grad_(True)
     out = flash_attention(q, k, v, causal=causal)
     out.backward(do)
+    if resolve_fwd_kernel("auto") == "hopper":
+        with torch.no_grad():
+            scale = check_inputs(q, k, v, causal, None)
+            flash_forward(q.detach(), k.detach(), v.detach(), causal, scale, kernel="fa2")
     torch.cuda.synchronize()
+
+
+def kernel_label(name: str) -> str:
+    """Short column name for a profiled kernel."""
+    if "hopper" in name:
+        return "forward (Hopper)"
+    return "forward (FA2)" if "fwd" in name else "backward"
+
+
+def unknown_metrics(output: str) -> list[str]:
+    """Metrics of METRICS that ncu said it does not know on this GPU ("Failed to find metric")."""
+    missing = set(re.findall(r"Failed to find metric\s+(\S+)", output))
+    return [
+        m for m in METRICS if any(x.strip("'\".,").startswith(m.split(".")[0]) for x in missing)
+    ]
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
@@ -152,11 +182,22 @@ def main(argv: list[str] | None = None) -> int:
         "--total-tokens", str(args.total_tokens), "--hidden", str(args.hidden),
         *(["--causal"] if args.causal else []),
     ]  # fmt: skip
-    cmd = [
-        ncu, "--clock-control", "none", "--target-processes", "all", "-k", KERNEL_REGEX,
-        "--launch-count", "2", "--csv", "--page", "raw", "--metrics", ",".join(METRICS), *child,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    metrics = list(METRICS)
+
+    def profile(metrics: list[str]) -> subprocess.CompletedProcess:
+        cmd = [
+            ncu, "--clock-control", "none", "--target-processes", "all", "-k", KERNEL_REGEX,
+            "--launch-count", "3", "--csv", "--page", "raw", "--metrics", ",".join(metrics),
+            *child,
+        ]  # fmt: skip
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+
+    proc = profile(metrics)
+    dropped = unknown_metrics(proc.stdout + proc.stderr) if proc.returncode != 0 else []
+    if dropped:  # e.g. the wgmma pipe metric on a pre-Hopper GPU: say so, profile without it
+        print(f"ncu does not know {dropped} on this GPU: profiling without them")
+        metrics = [m for m in metrics if m not in dropped]
+        proc = profile(metrics)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
         print(f"ncu failed with exit code {proc.returncode}")
@@ -175,12 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": "bfloat16",
     }
     for k in kernels:
-        k["kernel_short"] = "forward" if "fwd" in k["kernel"] else "backward"
+        k["kernel_short"] = kernel_label(k["kernel"])
     reports_dir = args.reports_dir if args.reports_dir is not None else REPORTS_DIR
     path = save_result(
         PROJECT,
         "attention_ncu",
-        {"shape": shape, "kernels": kernels, "metrics": {m: s for m, s in METRICS.items()}},
+        {"shape": shape, "kernels": kernels, "metrics": {m: METRICS[m] for m in metrics}},
         config={"ncu": ncu, "clock_control": "none", "kernel_filter": KERNEL_REGEX},
         reports_dir=reports_dir,
         env=environment(),

@@ -120,3 +120,25 @@ def test_parse_ncu_csv_converts_units():
 def test_parse_ncu_csv_without_header():
     with pytest.raises(ValueError, match="no ncu CSV header"):
         parse_ncu_csv("==PROF== nothing profiled\n")
+
+
+def test_ncu_metrics_unknown_to_the_gpu_are_dropped():
+    from project01_cuda_kernel.profile_attention import METRICS, unknown_metrics
+
+    wgmma = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+    assert wgmma in METRICS
+    out = f"==ERROR== Failed to find metric {wgmma}\n"
+    assert unknown_metrics(out) == [wgmma]
+    assert unknown_metrics("==PROF== Disconnected from process 1\n") == []
+
+
+def test_profiled_kernels_get_short_labels():
+    from project01_cuda_kernel.profile_attention import kernel_label
+
+    assert kernel_label("void flash::hopper::flash_fwd_hopper_kernel<bf16, 128>(...)") == (
+        "forward (Hopper)"
+    )
+    assert kernel_label("void flash::flash_fwd_kernel<bf16, 128, 4, 2, 32, 0>(...)") == (
+        "forward (FA2)"
+    )
+    assert kernel_label("void flash::flash_bwd_kernel<bf16, 128, 8>(...)") == "backward"
