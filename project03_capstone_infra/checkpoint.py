@@ -29,6 +29,16 @@ Saves are synchronous or asynchronous (`dcp.async_save`). An asynchronous save b
 only while the state is staged into host memory; the write, the checksums and the commit run on
 a background thread with their own gloo process group, so they never interleave with the
 training collectives. `SaveStats.blocking_s` is the time training was actually held.
+
+Staging goes through `PersistentStager` (DCP's `AsyncStager` protocol): host buffers allocated
+once (pinned on GPUs, optionally ahead of the first save with `prestage`) and reused by every
+save, filled by non-blocking copies on a side stream that the optimizer step waits for on the
+GPU. What `dcp.async_save` does with it (torch 2.9 to 2.13): it first replaces top-level
+`Stateful` values by their `state_dict()` (a shallow copy; the manager passes plain dicts from
+`get_state_dict`, so nothing is called), hands the dict to `stage()`, and, since `stage()`
+returns a Future, its writer thread waits for that Future before `dcp.save` runs on the staged
+dict; the caller gets the Future's completion as `AsyncSaveResponse.staging_completion`.
+DCP's own `DefaultStager` stays available (`stager="dcp"`).
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.staging import AsyncStager
 
 from shared.results import atomic_write_text
 
@@ -340,6 +351,284 @@ def compare_states(
     return diffs
 
 
+# --- staging for async saves: host buffers kept across saves ----------------------------------
+
+_Path = tuple  # a leaf's position in a nested state dict: (("d", key) | ("l", index), ...)
+
+
+def _walk(obj: Any, path: _Path = ()):
+    """(path, tensor) for every tensor leaf of a nested dict / list / tuple, in a fixed order."""
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, (*path, ("d", k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _walk(v, (*path, ("l", i)))
+
+
+def _rebuild(obj: Any, staged: dict, path: _Path = ()) -> Any:
+    """A new container tree with every tensor replaced by its staged copy and every other value
+    deep-copied (a value, never a reference to the caller's object)."""
+    import copy
+
+    if isinstance(obj, torch.Tensor):
+        return staged[path]
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, staged, (*path, ("d", k))) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out = [_rebuild(v, staged, (*path, ("l", i))) for i, v in enumerate(obj)]
+        return out if isinstance(obj, list) else tuple(out)
+    return copy.deepcopy(obj)
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return None
+    return DTensor
+
+
+def _local(t: torch.Tensor, dtensor_type) -> torch.Tensor:
+    return t.to_local() if dtensor_type is not None and isinstance(t, dtensor_type) else t
+
+
+def _leaf_meta(t: torch.Tensor, dtensor_type) -> tuple:
+    """What the staging buffer of a leaf depends on: a change rebuilds the buffers."""
+    if dtensor_type is not None and isinstance(t, dtensor_type):
+        loc = t.to_local()
+        return ("dtensor", t.dtype, tuple(loc.shape), loc.device, tuple(t.shape),
+                tuple(t.stride()), t.device_mesh, tuple(t.placements))  # fmt: skip
+    return ("tensor", t.dtype, tuple(t.shape), t.device)
+
+
+@dataclass
+class _Slot:
+    buf: torch.Tensor  # host memory of the leaf's local data, owned by the stager
+    staged: torch.Tensor  # what the staged state dict holds: buf, or a DTensor around it
+    pinned: bool
+
+
+class PersistentStager(AsyncStager):
+    """DCP `AsyncStager` that keeps its host buffers across saves (pinned memory on GPUs).
+
+    The first `stage` (or an earlier `build`) allocates one host buffer per tensor of the state
+    dict: the LOCAL data of a DTensor (an FSDP2 shard), or a plain tensor as it is. Buffers of
+    CUDA tensors are page-locked (anonymous memory mapped for that buffer alone, faulted in,
+    then registered with `cudaHostRegister`; small ones come from the CUDA host allocator) so
+    the device-to-host copy is a real DMA that overlaps training. Every later save with the
+    same structure (same keys, dtypes, shapes, devices, meshes and placements) copies into the
+    same buffers; a change rebuilds them.
+
+    `stage(state_dict)` returns a Future of the staged state dict:
+    - CUDA tensors are copied with non-blocking copies on a stream of the stager's own that
+      first waits for the caller's current stream (so the values are those of the step that
+      just ran), and an event is recorded after the copies; the Future completes on a helper
+      thread once the event has completed. Until then the caller must not modify the sources:
+      `wait_on_current_stream()` makes the caller's stream wait for the copy (no host block),
+      `synchronize_staging()` waits on the host.
+    - CPU tensors (optimizer step counters, ...) are copied before `stage` returns, and every
+      non-tensor value (RNG state, JSON, learning rates) is deep-copied: nothing in the staged
+      dict aliases the caller's objects.
+    - A DTensor comes back as a DTensor with the same mesh, placements, global shape and stride
+      around the host copy of its local shard (what DCP's own stager produces), so DCP plans
+      and writes it as it would the original.
+    Without CUDA (or with `pin_memory=False`) buffers are plain memory and copies synchronous.
+
+    The staged dict is valid until the next `stage`, which overwrites the same buffers: a caller
+    must let the previous save finish writing first (`CheckpointManager` does). Errors while
+    staging are delivered through the Future (so DCP's writer fails the save) rather than
+    raised from `stage`.
+    """
+
+    _synchronize_after_execute = False  # DCP's AsyncStager protocol: stage() returns a Future
+
+    def __init__(self, *, pin_memory: bool | None = None, small_bytes: int = 1 << 20) -> None:
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.small_bytes = small_bytes  # below this, pinned buffers come from the host allocator
+        self._dt = _dtensor_type()
+        self._lock = threading.RLock()
+        self._signature: list | None = None
+        self._slots: dict[_Path, _Slot] = {}
+        self._registered: list[tuple[int, Any]] = []  # (pointer, mmap) registered with CUDA
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._events: list[tuple[torch.device, torch.cuda.Event]] = []
+        self._future: concurrent.futures.Future | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.builds = 0
+        self.last_build: dict | None = None  # seconds, bytes, pinned bytes, tensors
+        self.last_stage_s = 0.0  # host time of the last stage() call
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    # -- buffers --
+
+    def _alloc(self, like: torch.Tensor) -> tuple[torch.Tensor, bool, float]:
+        """A host tensor of like's shape and dtype owning exactly its own storage (DCP copies a
+        tensor whose storage is larger than the tensor); pinned when like is on a GPU."""
+        import mmap
+
+        nbytes = like.numel() * like.element_size()
+        if not (self.pin_memory and like.is_cuda) or nbytes == 0:
+            return torch.empty(like.shape, dtype=like.dtype), False, 0.0
+        if nbytes < self.small_bytes:
+            return torch.empty(like.shape, dtype=like.dtype, pin_memory=True), True, 0.0
+        # Large: the CUDA host allocator would round up to a power of two (up to 2x the memory
+        # pinned); a mapping of exactly this size is page-aligned and shares no page.
+        mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+        raw = torch.frombuffer(mm, dtype=torch.uint8)
+        raw.zero_()  # fault the pages in (parallel), so that registering only locks them
+        t0 = time.perf_counter()
+        err = int(torch.cuda.cudart().cudaHostRegister(raw.data_ptr(), nbytes, 0))
+        pin_s = time.perf_counter() - t0
+        if err != 0:
+            raise CheckpointError(f"cudaHostRegister of {nbytes} bytes failed (cudaError {err})")
+        self._registered.append((raw.data_ptr(), mm))
+        return raw.view(like.dtype).view(like.shape), True, pin_s
+
+    def _free(self) -> None:
+        self._slots = {}
+        self._signature = None
+        for ptr, _mm in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+        # The mappings go when the last tensor viewing them does (a staged dict still held by
+        # someone stays readable, just no longer page-locked).
+        self._registered = []
+
+    def _build(self, leaves: list, signature: list) -> None:
+        t0 = time.perf_counter()
+        self._wait_copies()
+        self._free()
+        slots, total, pinned, pin_s = {}, 0, 0, 0.0
+        for path, t in leaves:
+            loc = _local(t, self._dt)
+            buf, is_pinned, dt = self._alloc(loc)
+            pin_s += dt
+            staged = buf
+            if loc is not t:  # a DTensor: same mesh, placements, global shape and stride
+                staged = self._dt(buf, t._spec, requires_grad=False)
+            slots[path] = _Slot(buf, staged, is_pinned)
+            n = buf.numel() * buf.element_size()
+            total += n
+            pinned += n if is_pinned else 0
+        self._slots, self._signature = slots, signature
+        self.builds += 1
+        self.last_build = {"seconds": time.perf_counter() - t0, "register_s": pin_s,
+                           "bytes": total, "pinned_bytes": pinned, "tensors": len(slots)}  # fmt: skip
+
+    def _signature_of(self, state_dict: dict) -> tuple[list, list]:
+        leaves = list(_walk(state_dict))
+        return leaves, [(p, _leaf_meta(t, self._dt)) for p, t in leaves]
+
+    def build(self, state_dict: dict) -> bool:
+        """Allocate (and pin) the buffers for this state dict's structure now, e.g. at start-up,
+        so that the first save does not pay for it. Copies nothing. Returns whether it built."""
+        with self._lock, torch.no_grad():
+            leaves, sig = self._signature_of(state_dict)
+            if sig == self._signature:
+                return False
+            self._build(leaves, sig)
+            return True
+
+    @property
+    def staged_bytes(self) -> int:
+        return sum(s.buf.numel() * s.buf.element_size() for s in self._slots.values())
+
+    # -- staging --
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+    def _wait_copies(self) -> None:
+        for _, ev in self._events:
+            ev.synchronize()
+        self._events = []
+
+    def stage(self, state_dict: dict) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        t0 = time.perf_counter()
+        try:
+            with self._lock, torch.no_grad():
+                leaves, sig = self._signature_of(state_dict)
+                self._wait_copies()  # a previous copy into these buffers (normally long done)
+                if sig != self._signature:
+                    self._build(leaves, sig)
+                by_device: dict[torch.device, list] = {}
+                for path, t in leaves:
+                    slot, src = self._slots[path], _local(t, self._dt)
+                    if src.is_cuda and slot.pinned:
+                        by_device.setdefault(src.device, []).append((slot.buf, src))
+                    else:
+                        slot.buf.copy_(src)  # synchronous: the value at this call
+                staged = _rebuild(state_dict, {p: s.staged for p, s in self._slots.items()})
+                events, keep = [], []
+                for device, pairs in by_device.items():
+                    stream = self._stream(device)
+                    stream.wait_stream(torch.cuda.current_stream(device))
+                    with torch.cuda.stream(stream):
+                        for buf, src in pairs:
+                            buf.copy_(src, non_blocking=True)
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+                    events.append((device, ev))
+                    keep.extend(src for _, src in pairs)  # sources stay alive until copied
+                self._events = events
+        except Exception as e:  # noqa: BLE001 - reported through the Future, see the docstring
+            fut.set_exception(e)
+            self._future = fut
+            return fut
+        finally:
+            self.last_stage_s = time.perf_counter() - t0
+        if not events:
+            fut.set_result(staged)
+            self._future = fut
+            return fut
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, "ckpt-staging")
+        self._future = self._executor.submit(self._finish, events, staged, keep)
+        return self._future
+
+    @staticmethod
+    def _finish(events: list, staged: dict, keep: list) -> dict:
+        for _, ev in events:
+            ev.synchronize()  # releases the GIL while it waits
+        del keep
+        return staged
+
+    def wait_on_current_stream(self) -> bool:
+        """Make the caller's current CUDA stream wait for the staging copy (the host does not
+        block): kernels queued after this, e.g. the optimizer step, run once the copy is done.
+        Returns False when there is no copy in flight."""
+        events = self._events
+        for device, ev in events:
+            torch.cuda.current_stream(device).wait_event(ev)
+        return bool(events)
+
+    def synchronize_staging(self) -> None:
+        """Block until the last staging has completed (re-raises its error)."""
+        if self._future is not None:
+            self._future.result()
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                if self._future is not None:
+                    self._future.exception()  # wait; an error was reported to DCP already
+                self._wait_copies()
+            finally:
+                self._free()
+                self._future = None
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                    self._executor = None
+
+
 # --- the manager -----------------------------------------------------------------------------
 
 
@@ -399,6 +688,7 @@ class CheckpointManager:
         write_threads: int = 1,
         verify_threads: int = 8,
         async_staging: bool | None = None,
+        stager: str = "persistent",
         reuse_staging_buffers: bool = False,
         log: Callable[[str], None] | None = None,
         warn: Callable[[str], None] | None = None,
@@ -407,6 +697,8 @@ class CheckpointManager:
         retained_steps([], keep_last, milestone_every)  # validates both
         if write_threads < 1:
             raise ValueError(f"write_threads must be >= 1, got {write_threads}")
+        if stager not in ("persistent", "dcp"):
+            raise ValueError(f"stager must be 'persistent' or 'dcp', got {stager!r}")
         self.root = Path(root)
         self.keep_last, self.milestone_every = keep_last, milestone_every
         self.config_hash, self.config, self.git_commit = config_hash, config or {}, git_commit
@@ -421,15 +713,18 @@ class CheckpointManager:
         # gives DCP the CPU backend that async_save needs next to NCCL.
         self.pg = dist.new_group(backend="gloo") if _dist_on() else None
         use_cuda = torch.cuda.is_available()
+        # On GPUs: stage into pinned host memory with non-blocking copies on a side stream.
         self.async_staging = use_cuda if async_staging is None else async_staging
-        # Reusing the stager keeps its pinned host buffers between saves (no 12 GiB pinning per
-        # save of the 1b model), but on torch 2.11 with CUDA the second staging through a reused
-        # DefaultStager failed on an H200 (KeyError: <class 'type'>, then RecursionError once
-        # patched, inside DCP's StateDictStager). So by default every async save gets a fresh
-        # stager: the path measured to work, at the cost of pinning on every save.
+        # "persistent" (default): PersistentStager, host buffers kept across saves. "dcp": DCP's
+        # DefaultStager, a fresh one per save unless reuse_staging_buffers (on torch 2.11 with
+        # CUDA a reused DefaultStager failed at its second save on an H200: KeyError: <class
+        # 'type'>, then RecursionError, inside DCP's StateDictStager).
+        self.stager_kind = stager
         self.reuse_staging_buffers = reuse_staging_buffers
         self.async_disabled = False  # set once an async save has failed: saves go synchronous
         self._stager = None
+        self._prestage: threading.Thread | None = None
+        self._prestage_error: BaseException | None = None
         self._pending: tuple[SaveStats, concurrent.futures.Future, float] | None = None
         self._staging_future: concurrent.futures.Future | None = None
         self._finalizer: threading.Thread | None = None
@@ -506,33 +801,17 @@ class CheckpointManager:
             stats.blocking_s = time.perf_counter() - t0
             return stats
 
-        if self._stager is not None and not self.reuse_staging_buffers:
-            self._stager.close()  # the previous save has committed (self.wait() above)
-            self._stager = None
-        if self._stager is None:
-            try:
-                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-            except ImportError:  # torch < 2.9: async_save stages synchronously in the call
-                DefaultStager = None  # noqa: N806
-            if DefaultStager is not None:
-                on = self.async_staging
-                self._stager = DefaultStager(
-                    StagingOptions(
-                        use_pinned_memory=on,
-                        use_shared_memory=False,
-                        use_async_staging=on,
-                        use_non_blocking_copy=on,
-                    )
-                )
-        if torch.cuda.is_available():
-            # The staging copy runs on its own stream: let the optimizer step it copies finish.
+        stager = self._async_stager()
+        if torch.cuda.is_available() and not isinstance(stager, PersistentStager):
+            # DCP's stager copies on its own stream: let the optimizer step it copies finish.
+            # (PersistentStager's stream waits for the current stream instead.)
             torch.cuda.current_stream().synchronize()
         with _single_process_quiet():
             resp = dcp.async_save(
                 full,
                 storage_writer=writer,
                 process_group=self.pg,
-                async_stager=self._stager,
+                async_stager=stager,
                 no_dist=self.pg is None,
             )
         if hasattr(resp, "upload_completion"):  # async staging: AsyncSaveResponse
@@ -548,14 +827,103 @@ class CheckpointManager:
         self._finalizer.start()
         return stats
 
+    def _async_stager(self):
+        """The stager for this async save (None: let async_save stage synchronously)."""
+        self._join_prestage()
+        if self.stager_kind == "persistent":
+            if self._stager is None:
+                self._stager = PersistentStager(pin_memory=self.async_staging)
+            return self._stager
+        if self._stager is not None and not self.reuse_staging_buffers:
+            self._stager.close()  # the previous save has committed (waited for above)
+            self._stager = None
+        if self._stager is None:
+            try:
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+            except ImportError:  # torch < 2.9: async_save stages synchronously in the call
+                return None
+            on = self.async_staging
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=on,
+                    use_shared_memory=False,
+                    use_async_staging=on,
+                    use_non_blocking_copy=on,
+                )
+            )
+        return self._stager
+
+    def prestage(self, state: dict, *, background: bool = False) -> None:
+        """Allocate (and on GPUs pin) the async staging buffers for `state` ahead of the first
+        async save, e.g. when training starts, instead of inside that save. With `background`
+        it runs on a thread while training goes on; the next save waits for it. Only the
+        persistent stager has buffers to prepare; otherwise this does nothing."""
+        if self.stager_kind != "persistent" or self.async_disabled:
+            return
+        self._join_prestage()
+        if self._stager is None:
+            self._stager = PersistentStager(pin_memory=self.async_staging)
+        stager = self._stager
+        full = self._state(state, {})  # the structure a save has (non-tensor values aside)
+
+        def run() -> None:
+            try:
+                stager.build(full)
+            except BaseException as e:  # the save builds again and reports a real failure
+                self._prestage_error = e
+
+        if not background:
+            run()
+        else:
+            self._prestage = threading.Thread(target=run, name="ckpt-prestage", daemon=True)
+            self._prestage.start()
+        self._join_prestage(wait=not background)
+
+    def wait_prestage(self) -> None:
+        """Wait for a background `prestage` to finish."""
+        self._join_prestage()
+
+    def _join_prestage(self, wait: bool = True) -> None:
+        if self._prestage is not None and wait:
+            self._prestage.join()
+            self._prestage = None
+        if self._prestage_error is not None:
+            err, self._prestage_error = self._prestage_error, None
+            self._warn(f"preparing the async staging buffers failed ({err}); the save builds them")
+
+    @property
+    def prestaging(self) -> bool:
+        return self._prestage is not None and self._prestage.is_alive()
+
+    def staging_info(self) -> dict | None:
+        """The persistent stager's counters: builds, the last build (seconds, bytes, pinned
+        bytes, tensors) and the host time of the last stage call; None for other stagers."""
+        s = self._stager
+        if not isinstance(s, PersistentStager):
+            return None
+        return {"builds": s.builds, "last_build": s.last_build, "last_stage_s": s.last_stage_s}
+
+    def release_staging(self) -> None:
+        """Free the staging buffers (after waiting for a save in flight); the next async save
+        or `prestage` allocates them again."""
+        self.wait()
+        self._join_prestage()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
     def wait_staging(self) -> float:
-        """Block until the async staging copy is done (call before mutating parameters);
-        returns the seconds blocked here."""
+        """Call before mutating what the last async save staged (the optimizer step). With the
+        persistent stager on a GPU, the current stream waits for the staging copy (the host
+        does not block); otherwise block until the copy is done. A staging error is not raised
+        here: the save fails, and the next save reports it. Returns the seconds blocked here."""
         if self._staging_future is None:
             return 0.0
         t0 = time.perf_counter()
-        self._staging_future.result()
-        self._staging_future = None
+        fut, self._staging_future = self._staging_future, None
+        stager = self._stager
+        if not (isinstance(stager, PersistentStager) and stager.wait_on_current_stream()):
+            fut.exception()  # waits; an error is surfaced by the upload future, see above
         waited = time.perf_counter() - t0
         if self._pending is not None:
             self._pending[0].blocking_s += waited
@@ -760,6 +1128,7 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
+            self._join_prestage()
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
