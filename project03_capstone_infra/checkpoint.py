@@ -33,7 +33,7 @@ training collectives. `SaveStats.blocking_s` is the time training was actually h
 Staging goes through `PersistentStager` (DCP's `AsyncStager` protocol): host buffers allocated
 once (pinned on GPUs, optionally ahead of the first save with `prestage`) and reused by every
 save, filled by non-blocking copies on a side stream that the optimizer step waits for on the
-GPU. What `dcp.async_save` does with it (torch 2.9 to 2.13): it first replaces top-level
+GPU. What `dcp.async_save` does with it (torch 2.11 to 2.13): it first replaces top-level
 `Stateful` values by their `state_dict()` (a shallow copy; the manager passes plain dicts from
 `get_state_dict`, so nothing is called), hands the dict to `stage()`, and, since `stage()`
 returns a Future, its writer thread waits for that Future before `dcp.save` runs on the staged

@@ -488,13 +488,16 @@ class Trainer:
 
     def run(self) -> dict:
         cfg = self.cfg
-        if cfg.ckpt_mode == "async" and self.device.type == "cuda" and self.step < cfg.steps:
-            # Allocate and pin the async staging buffers while the first steps run, so that the
-            # first save does not (seconds for a 1B model's 12 GiB of state).
-            self.ckpt.prestage(self._model_optim_state(), background=True)
+        prestage = cfg.ckpt_mode == "async" and self.device.type == "cuda"
         while self.step < cfg.steps:
             out = self.train_step()
             self._after_step(out)
+            if prestage:
+                # Allocate and pin the async staging buffers on a thread while training goes
+                # on, so that the first save does not (seconds for a 1B model's 12 GiB of
+                # state). After the first step, so that the time to it (resume) is unchanged.
+                prestage = False
+                self.ckpt.prestage(self._model_optim_state(), background=True)
             if out["outcome"] != "ok":
                 continue
             if out["stop"]:
