@@ -241,7 +241,9 @@ def render_summary(reports_dir: Path) -> str:
 
             parts += ["**FlashAttention vs SDPA's FLASH backend** (bf16; "
                       f"{environment_line(bench.get('environment', {}))}):", "",
-                      *mod._target_lines(bench["results"]["rows"]), ""]  # fmt: skip
+                      *mod._target_lines(bench["results"]["rows"],
+                                         bench["results"].get("ours_forward_kernel", "fa2")),
+                      ""]  # fmt: skip
     if not parts:
         return "_No measurements yet: run `make project01` on a CUDA GPU._\n"
     return "\n".join(parts)

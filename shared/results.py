@@ -103,8 +103,9 @@ def _git(*args: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """HEAD of this checkout, or $GIT_COMMIT for a copy without git metadata, or None."""
-    return _git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT")
+    """$GIT_COMMIT when set (a copy of the tree whose git metadata is absent or not its own),
+    else HEAD of this checkout, else None."""
+    return os.environ.get("GIT_COMMIT") or _git("rev-parse", "HEAD")
 
 
 def _nvidia_driver() -> str | None:

@@ -125,10 +125,12 @@ def test_parse_ncu_csv_without_header():
 def test_ncu_metrics_unknown_to_the_gpu_are_dropped():
     from project01_cuda_kernel.profile_attention import METRICS, unknown_metrics
 
-    wgmma = "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
-    assert wgmma in METRICS
-    out = f"==ERROR== Failed to find metric {wgmma}\n"
-    assert unknown_metrics(out) == [wgmma]
+    tensor = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+    assert tensor in METRICS
+    out = f"==ERROR== Failed to find metric {tensor}\n"
+    assert unknown_metrics(out) == [tensor]
+    base = "sm__pipe_tensor_op_hmma_cycles_active"  # ncu may name the metric without suffixes
+    assert unknown_metrics(f"==ERROR== Failed to find metric {base}\n") == [tensor]
     assert unknown_metrics("==PROF== Disconnected from process 1\n") == []
 
 

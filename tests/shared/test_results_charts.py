@@ -25,6 +25,16 @@ def test_environment_has_every_field():
     assert "torch" in environment_line(env)
 
 
+def test_git_commit_override_wins(monkeypatch):
+    from shared.results import git_commit
+
+    monkeypatch.setenv("GIT_COMMIT", "abc1234")
+    assert git_commit() == "abc1234"  # a copied tree may carry stale git metadata
+    monkeypatch.delenv("GIT_COMMIT")
+    head = git_commit()
+    assert head is None or (len(head) == 40 and head != "abc1234")
+
+
 def test_save_and_load_result(tmp_path):
     path = save_result(
         "demo", "run1", [{"x": 1.5}], baseline={"cublas_tflops": 700.0},
