@@ -254,6 +254,9 @@ def test_prestage_builds_the_buffers_the_first_save_then_uses(tmp_path):
     mgr.close()
 
 
+@pytest.mark.filterwarnings(
+    "ignore:torch.distributed is disabled"
+)  # DCP's writer thread, 1 process
 def test_dcp_stager_option_still_saves_and_a_bad_name_is_refused(tmp_path):
     model, state = _model_state()
     mgr = CheckpointManager(tmp_path, stager="dcp")
