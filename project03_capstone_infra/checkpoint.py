@@ -426,9 +426,9 @@ class PersistentStager(AsyncStager):
     - CUDA tensors are copied with non-blocking copies on a stream of the stager's own that
       first waits for the caller's current stream (so the values are those of the step that
       just ran), and an event is recorded after the copies; the Future completes on the
-      stager's thread once the event has completed. Until then the caller must not modify the sources:
-      `wait_on_current_stream()` makes the caller's stream wait for the copy (no host block),
-      `synchronize_staging()` waits on the host.
+      stager's thread once the event has completed. Until then the caller must not modify the
+      sources: `wait_on_current_stream()` makes the caller's stream wait for the copy (no host
+      block), `synchronize_staging()` waits on the host.
     - CPU tensors (optimizer step counters, ...) are copied before `stage` returns, and every
       non-tensor value (RNG state, JSON, learning rates) is deep-copied: nothing in the staged
       dict aliases the caller's objects.
