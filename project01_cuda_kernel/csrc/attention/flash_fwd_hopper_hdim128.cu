@@ -1,5 +1,6 @@
 // Hopper (sm_90a) FlashAttention forward, head dim 128: 1 producer + 2 consumer warpgroups, 128
-// query rows and 128-key blocks per CTA, a 2-stage K/V ring (see flash_fwd_hopper.cuh).
+// query rows and 128-key blocks per tile, a 2-stage K/V ring, persistent (see
+// flash_fwd_hopper.cuh).
 // compile-check: no-spill
 #include "attention/flash_fwd_hopper.cuh"
 
