@@ -30,6 +30,7 @@ _MODIFIERS = {
     "cudnn": {"attention": "cudnn"},
     "flash": {"attention": "flash"},
     "noreshard": {"reshard_after_forward": False},
+    "fp32": {"param_dtype": "float32"},  # no mixed precision: the bf16 speed-up's baseline
 }
 
 
@@ -39,7 +40,8 @@ def parse_variant(name: str) -> dict:
     if parts[0] not in ("eager", "compile"):
         raise ValueError(f"variant {name!r} must start with 'eager' or 'compile'")
     out = {"compile": parts[0] == "compile", "activation_checkpointing": False,
-           "attention": "sdpa", "reshard_after_forward": True}  # fmt: skip
+           "attention": "sdpa", "reshard_after_forward": True,
+           "param_dtype": "bfloat16"}  # fmt: skip
     for p in parts[1:]:
         if p not in _MODIFIERS:
             raise ValueError(
@@ -55,7 +57,7 @@ class SweepConfig:
 
     preset: str = "1b"
     variants: str = "eager,eager+ac,compile,compile+ac,compile+cudnn"
-    """comma-separated: eager|compile, then +ac, +cudnn, +flash, +noreshard"""
+    """comma-separated: eager|compile, then +ac, +cudnn, +flash, +noreshard, +fp32"""
     global_batch: int = 32
     micro_batch: int = 8
     seq_len: int = 0
@@ -174,6 +176,7 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
     results = {
         "tier": "gpu" if on_gpu else "cpu",
         "preset": cfg.preset,
+        "world_size": 1,
         "global_batch": cfg.global_batch,
         "micro_batch": cfg.micro_batch,
         "steps": cfg.steps,

@@ -235,6 +235,7 @@ _CONTEXT_KEYS = {
     "param_dtype": "dtype",
     "dtype": "dtype",
     "compute_dtype": "dtype",
+    "variant": "variant",
 }
 
 
@@ -314,6 +315,7 @@ def measured_throughput(reports_dir: Path, gpu_key: str, preset: str) -> list[di
                     "dtype": dtype,
                     "world_size": int(world),
                     "tokens_per_s_per_gpu": r["tokens_per_s"] / int(world),
+                    "variant": r.get("variant"),
                 })  # fmt: skip
     return rows
 
@@ -355,16 +357,14 @@ def resolve_throughput(cfg: CostConfig, reports_dir: Path) -> tuple[Sourced, Sou
     if cfg.bf16_speedup > 0:
         ratio = Sourced(cfg.bf16_speedup, "given on the command line", True)
     else:
-        pairs = []
-        for b in bf16:
-            for f in rows:
-                if f["dtype"] == "fp32" and f["world_size"] == b["world_size"]:
-                    pairs.append((b, f))
+        pairs = bf16_fp32_pairs(rows)
         if pairs:
-            b, f = max(pairs, key=lambda p: p[0]["world_size"])
+            b, f = pairs[0]
+            what = f"variant {b['variant']} vs {f['variant']}, " if b.get("variant") else ""
             ratio = Sourced(
                 b["tokens_per_s_per_gpu"] / f["tokens_per_s_per_gpu"],
-                f"{b['file']} vs {f['file']} (world size {b['world_size']})",
+                f"{b['file']} vs {f['file']} ({what}world size {b['world_size']}; fp32 = "
+                "float32 parameters and matmuls, TF32 off as PyTorch defaults)",
                 True,
             )
         else:
@@ -378,6 +378,33 @@ def resolve_throughput(cfg: CostConfig, reports_dir: Path) -> tuple[Sourced, Sou
 
 
 DEFAULT_BF16_SPEEDUP = 2.0
+
+
+def _without_fp32(variant) -> str | None:
+    if not variant:
+        return None
+    return "+".join(p for p in str(variant).split("+") if p != "fp32")
+
+
+def bf16_fp32_pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
+    """(bf16 row, fp32 row) pairs measured at the same world size, best first. Rows named by a
+    sweep variant pair only with the same variant but for its +fp32 (so that nothing but the
+    precision differs); the largest world size, then the fastest bf16 row, comes first."""
+    pairs = []
+    for b in rows:
+        if b["dtype"] != "bf16":
+            continue
+        for f in rows:
+            if f["dtype"] != "fp32" or f["world_size"] != b["world_size"]:
+                continue
+            vb, vf = _without_fp32(b.get("variant")), _without_fp32(f.get("variant"))
+            if (vb or vf) and vb != vf:
+                continue
+            pairs.append((b, f))
+    pairs.sort(key=lambda p: (p[0]["world_size"], p[0]["tokens_per_s_per_gpu"]), reverse=True)
+    return pairs
+
+
 DEFAULT_SAVE_S = 60.0
 DEFAULT_RESTART_S = 600.0
 

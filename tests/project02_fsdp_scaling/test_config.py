@@ -72,8 +72,9 @@ def test_cost_config_errors():
 def test_sweep_variants():
     assert parse_variant("compile+ac+cudnn") == {
         "compile": True, "activation_checkpointing": True, "attention": "cudnn",
-        "reshard_after_forward": True,
+        "reshard_after_forward": True, "param_dtype": "bfloat16",
     }  # fmt: skip
+    assert parse_variant("compile+cudnn+fp32")["param_dtype"] == "float32"
     with pytest.raises(ValueError, match="must start with 'eager' or 'compile'"):
         parse_variant("fast")
     with pytest.raises(ValueError, match="unknown modifier 'fp8'"):

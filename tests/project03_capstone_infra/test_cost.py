@@ -296,3 +296,32 @@ def test_bad_arguments_to_the_model_functions():
         simulate_hours(1.0, 1.0, 0.1, 0.1, exponential_sampler(0.1), runs=0)
     with pytest.raises(ValueError, match="choose a longer"):
         segment_lengths(1e6, 1e-6, 0.0)
+
+
+def test_bf16_fp32_ratio_pairs_sweep_variants_that_differ_only_in_precision(tmp_path):
+    """A project02 sweep record: world of one, variants named; the ratio must compare a variant
+    with its own +fp32, not with a faster or slower configuration."""
+    folder = tmp_path / "project02_fsdp_scaling"
+    folder.mkdir()
+    rec = {
+        "environment": {"gpu": "NVIDIA H200"},
+        "config": {"preset": "1b"},
+        "results": {"preset": "1b", "world_size": 1, "variants": [
+            {"variant": "eager", "status": "ok", "tokens_per_s": 50_000.0,
+             "compute_dtype": "bfloat16"},
+            {"variant": "compile+cudnn", "status": "ok", "tokens_per_s": 80_000.0,
+             "compute_dtype": "bfloat16"},
+            {"variant": "compile+cudnn+fp32", "status": "ok", "tokens_per_s": 8_000.0,
+             "compute_dtype": "float32"},
+            {"variant": "eager+fp32", "status": "failed", "error": "OOM"},
+        ]},
+    }  # fmt: skip
+    (folder / "sweep_gpu_precision.json").write_text(json.dumps(rec))
+    _, ratio = cost.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
+    assert ratio.measured and ratio.value == pytest.approx(10.0)
+    assert "compile+cudnn vs compile+cudnn+fp32" in ratio.source
+    rows = cost.measured_throughput(tmp_path, "h200-sxm", "1b")
+    pairs = cost.bf16_fp32_pairs(rows)
+    assert [(b["variant"], f["variant"]) for b, f in pairs] == [
+        ("compile+cudnn", "compile+cudnn+fp32")
+    ]
