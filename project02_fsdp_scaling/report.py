@@ -316,6 +316,19 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
             }
         )
     best = res.get("best")
+    ok = {v["variant"]: v for v in res["variants"] if v.get("status") == "ok"}
+    peaks = {}  # compute dtype -> dense peak TFLOP/s the MFU column divides by
+    for v in ok.values():
+        peak = v.get("peak_tflops")
+        if peak is None and v.get("mfu"):
+            peak = v["achieved_tflops_per_device"] / v["mfu"]
+        if peak:
+            peaks[str(v["compute_dtype"]).replace("torch.", "")] = peak
+    ratios = [
+        f"{name} {v['tokens_per_s'] / ok[name + '+fp32']['tokens_per_s']:.2f}x"
+        for name, v in ok.items()
+        if name + "+fp32" in ok
+    ]
     return "\n".join(
         [
             f"{h} One-GPU sweep: `{res['preset']}`, global batch {res['global_batch']} x "
@@ -325,15 +338,18 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
             "",
             markdown_table(rows),
             "",
-            f"All variants: FSDP2 in a world of one, bf16 parameters (MixedPrecisionPolicy), fp32 "
+            f"All variants: FSDP2 in a world of one, bf16 parameters (MixedPrecisionPolicy; "
+            f"+fp32: float32 parameters and matmuls, TF32 off as PyTorch defaults), fp32 "
             f"gradient reduction, AdamW (fused on GPU), gradient clipping at "
             f"{res.get('grad_clip', 1.0)}; median of {res['steps']} timed steps after "
             f"{res['warmup_steps']} warm-up steps, one process, one model initialisation. "
             "Baseline: the eager variant in the same process. "
             + (
-                f"MFU = tokens/s x {res['flops_per_token'] / 1e9:.3f} GFLOP/token / "
-                f"{res['peak_tflops']:.1f} TFLOP/s (dense bf16 peak, `shared.hardware`). "
-                if res.get("peak_tflops") and res.get("flops_per_token")
+                f"MFU = tokens/s x {res['flops_per_token'] / 1e9:.3f} GFLOP/token / the dense "
+                "peak of the variant's compute dtype ("
+                + ", ".join(f"{d} {p:.1f} TFLOP/s" for d, p in sorted(peaks.items()))
+                + ", `shared.hardware`). "
+                if peaks and res.get("flops_per_token")
                 else "MFU: n/a (no GPU peak for this device). "
             )
             + "FLOPs per token: 6 x matmul parameters (input embedding excluded) + 6·L·d·S "
@@ -341,7 +357,12 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
             "common convention), for comparison with figures quoted that way.",
             "",
             (
-                f"Best by MFU: **{best['variant']}**, {100 * best['mfu']:.1f}% "
+                "bf16 / fp32 throughput, same variant: " + "; ".join(ratios) + ".\n\n"
+                if ratios
+                else ""
+            )
+            + (
+                f"Best by MFU (bf16 variants): **{best['variant']}**, {100 * best['mfu']:.1f}% "
                 f"(target >= 55%; a plain compiled loop measured 53.8% earlier on this GPU)."
                 if best and best.get("mfu") is not None
                 else f"Best by throughput: **{best['variant']}**."
@@ -423,6 +444,7 @@ def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> 
 
     sections = {
         "gpu-sweep": _section(out_dir, "sweep_gpu", sweep_markdown, "_Not run yet._"),
+        "gpu-precision": _section(out_dir, "sweep_gpu_precision", sweep_markdown, "_Not run yet._"),
         "gpu-scaling": _section(
             out_dir,
             "scaling_gpu",

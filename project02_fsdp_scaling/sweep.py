@@ -80,6 +80,17 @@ class SweepConfig:
         return names
 
 
+def pick_best(ok: list[dict]) -> dict | None:
+    """The variant the scaling run should use: the best MFU among the bf16 variants (an fp32
+    variant's MFU is against the much lower fp32 peak, so it is not comparable), by throughput
+    where a GPU peak is unknown."""
+    if not ok:
+        return None
+    pool = [v for v in ok if str(v.get("compute_dtype")).endswith("bfloat16")] or ok
+    by_mfu = all(v.get("mfu") is not None for v in pool)
+    return max(pool, key=lambda v: v["mfu"] if by_mfu else v["tokens_per_s"])
+
+
 def _variant_summary(variant: str, r: dict) -> dict:
     s = r["step_time_s"]
     return {
@@ -93,6 +104,7 @@ def _variant_summary(variant: str, r: dict) -> dict:
         "tokens_per_s": r["tokens_per_s"],
         "achieved_tflops_per_device": r["achieved_tflops_per_device"],
         "mfu": r["mfu"],
+        "peak_tflops": r["peak_tflops_per_device"],  # of this variant's compute dtype
         "peak_memory_gib": r["peak_memory_gib"],
         "compute_dtype": r["compute_dtype"],
         "first_loss": r["losses"][0],
@@ -171,8 +183,7 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
     eager = next((v for v in ok if v["variant"] == "eager"), None)
     for v in ok:
         v["speedup_vs_eager"] = v["tokens_per_s"] / eager["tokens_per_s"] if eager else None
-    by_mfu = bool(ok) and all(v["mfu"] is not None for v in ok)
-    best = max(ok, key=lambda v: v["mfu"] if by_mfu else v["tokens_per_s"]) if ok else None
+    best = pick_best(ok)
     results = {
         "tier": "gpu" if on_gpu else "cpu",
         "preset": cfg.preset,

@@ -17,7 +17,8 @@ COMMITTED = Path(REPORTS_DIR) / "project02_fsdp_scaling"
 def test_readme_sections_filled_from_records(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
-        "intro\n<!-- gpu-sweep -->\nold\n<!-- /gpu-sweep -->\n<!-- gpu-scaling -->\n"
+        "intro\n<!-- gpu-sweep -->\nold\n<!-- /gpu-sweep -->\n<!-- gpu-precision -->\n"
+        "<!-- /gpu-precision -->\n<!-- gpu-scaling -->\n"
         "<!-- /gpu-scaling -->\n<!-- cpu-scaling -->\n<!-- /cpu-scaling -->\n"
         "<!-- compare -->\n<!-- /compare -->\nend\n"
     )
@@ -26,7 +27,35 @@ def test_readme_sections_filled_from_records(tmp_path):
     report.refresh_readme(empty, readme=readme)
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("end\n")
-    assert "old" not in text and text.count("_Not run yet._") == 4
+    assert "old" not in text and text.count("_Not run yet._") == 5
+
+
+@pytest.mark.skipif(
+    not (COMMITTED / "sweep_gpu_precision.json").is_file(),
+    reason="no committed bf16/fp32 sweep record",
+)
+def test_precision_sweep_renders_each_peak_and_the_ratio():
+    md = report.sweep_markdown(load_result(COMMITTED / "sweep_gpu_precision.json"))
+    rec = load_result(COMMITTED / "sweep_gpu_precision.json")
+    ok = {v["variant"]: v for v in rec["results"]["variants"] if v["status"] == "ok"}
+    ratio = ok["compile"]["tokens_per_s"] / ok["compile+fp32"]["tokens_per_s"]
+    assert f"compile {ratio:.2f}x" in md
+    assert "bfloat16 989.4 TFLOP/s" in md and "float32 67.0 TFLOP/s" in md
+    # the fp32 variant's MFU is against the fp32 peak: it must not be picked as the best
+    assert "Best by MFU (bf16 variants): **compile**" in md
+
+
+def test_pick_best_ignores_fp32_mfu():
+    from project02_fsdp_scaling.sweep import pick_best
+
+    ok = [
+        {"variant": "compile", "compute_dtype": "bfloat16", "mfu": 0.51, "tokens_per_s": 75e3},
+        {"variant": "compile+fp32", "compute_dtype": "float32", "mfu": 0.71, "tokens_per_s": 7e3},
+        {"variant": "eager", "compute_dtype": "bfloat16", "mfu": 0.35, "tokens_per_s": 52e3},
+    ]
+    assert pick_best(ok)["variant"] == "compile"
+    assert pick_best([ok[1]])["variant"] == "compile+fp32"  # nothing else to choose
+    assert pick_best([]) is None
 
 
 @pytest.mark.skipif(
