@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray Tune is not installed (pip install 'ray[tune]')")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MAX_STEPS = 10
+MAX_STEPS = 16
 
 
 def _tune_state(exp: Path) -> dict[str, tuple[str, int]] | None:
@@ -65,6 +65,10 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        # Tune snapshots its experiment state every 10 s by default, longer than this whole
+        # experiment can take on a fast machine: the window the test waits for (one trial done,
+        # another running with a checkpoint) was then never in a snapshot.
+        "TUNE_GLOBAL_CHECKPOINT_S": "0.5",
     }
     with open(tmp_path / "driver1.log", "w") as log:
         driver = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
