@@ -24,7 +24,8 @@ def test_compiled_bf16_run_on_one_gpu(tmp_path):
 
     from .conftest import REPO
 
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath)  # keep what the caller's path already holds
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            "-m", "project02_fsdp_scaling.train", "--preset", "125m", "--global-batch", "8",
