@@ -14,12 +14,11 @@
 // N % 8 == 0; the Python wrapper pads other shapes. M, N, K edges are zero-filled by TMA and
 // masked in the epilogue.
 // compile-check: no-spill
-#include <cuda.h>  // CUtensorMap and its enums (types only; no libcuda link needed)
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "common.cuh"
+#include "common/sm90.cuh"
 #include "gemm.h"
 #include "wgmma_m64n256k16.cuh"
 
@@ -39,68 +38,7 @@ constexpr int kStageBytes = kABytes + kBBytes;    // 48 KB
 constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;  // + align + barriers
 [[maybe_unused]] constexpr int kGroupM = 8;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// 2D TMA load of the box at (c0 = innermost coordinate, c1 = row) into shared memory.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-
-// wgmma shared-memory matrix descriptor, 128-byte swizzle (layout type 1). Byte offsets:
-// K-major A: SBO = 1024 (next 8 rows), LBO unused (1). N-major B: LBO = offset of the next 64
-// columns (next TMA box), SBO = 1024 (next 8 k-rows).
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16;
-  d |= static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32;
-  d |= 1ull << 62;
-  return d;
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n"); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Keeps the compiler from moving accumulator reads/writes across asynchronous wgmma regions.
-__device__ __forceinline__ void fence_operands(float (&d)[128]) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
+using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh)
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -128,8 +66,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_addr(&full[s]), 1);                   // the producer's expect_tx arrive
-      mbar_init(smem_addr(&empty[s]), kConsumers * 128);  // every consumer thread
+      mbar_init(smem_u32(&full[s]), 1);                   // the producer's expect_tx arrive
+      mbar_init(smem_u32(&empty[s]), kConsumers * 128);  // every consumer thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -151,14 +89,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
           const int s = it % kStages;
           const uint32_t phase = (it / kStages) & 1;
-          mbar_wait(smem_addr(&empty[s]), phase ^ 1);  // first round passes at once
-          const uint32_t bar = smem_addr(&full[s]);
+          mbar_wait(smem_u32(&empty[s]), phase ^ 1);  // first round passes at once
+          const uint32_t bar = smem_u32(&full[s]);
           mbar_expect_tx(bar, kStageBytes);
           unsigned char* st = tiles + s * kStageBytes;
-          tma_load_2d(smem_addr(st), &tma_a, kt * kBK, tm * kBM, bar);
+          tma_load_2d(smem_u32(st), &tma_a, kt * kBK, tm * kBM, bar);
 #pragma unroll
           for (int j = 0; j < kBN / 64; ++j)
-            tma_load_2d(smem_addr(st + kABytes + j * kBBoxBytes), &tma_b, tn * kBN + j * 64,
+            tma_load_2d(smem_u32(st + kABytes + j * kBBoxBytes), &tma_b, tn * kBN + j * 64,
                         kt * kBK, bar);
         }
       }
@@ -174,12 +112,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       p01::grouped_tile(tile, tiles_m, tiles_n, kGroupM, tm, tn);
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-      fence_operands(acc);
+      fence_regs(acc);
       for (int kt = 0; kt < k_tiles; ++kt, ++it) {
         const int s = it % kStages;
-        mbar_wait(smem_addr(&full[s]), (it / kStages) & 1);
-        const uint32_t a_base = smem_addr(tiles + s * kStageBytes + cw * 64 * 128);
-        const uint32_t b_base = smem_addr(tiles + s * kStageBytes + kABytes);
+        mbar_wait(smem_u32(&full[s]), (it / kStages) & 1);
+        const uint32_t a_base = smem_u32(tiles + s * kStageBytes + cw * 64 * 128);
+        const uint32_t b_base = smem_u32(tiles + s * kStageBytes + kABytes);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -189,15 +127,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           p01::wgmma_m64n256k16<T>(acc, da, db, 1);
         }
         wgmma_commit();
-        fence_operands(acc);
+        fence_regs(acc);
         if (kt > 0) {
           wgmma_wait<1>();  // the previous k-tile's MMAs are done reading their stage
-          mbar_arrive(smem_addr(&empty[(it - 1) % kStages]));
+          mbar_arrive(smem_u32(&empty[(it - 1) % kStages]));
         }
       }
       wgmma_wait<0>();
-      fence_operands(acc);
-      mbar_arrive(smem_addr(&empty[(it - 1) % kStages]));
+      fence_regs(acc);
+      mbar_arrive(smem_u32(&empty[(it - 1) % kStages]));
 
       // Epilogue: warp w holds rows 16w + lane/4 (+8); accumulator 4j..4j+3 covers columns
       // 8j + 2*(lane%4) (+1). N % 8 == 0, so a pair never straddles the edge.
@@ -221,22 +159,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  if (fn == nullptr) {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }
-  return fn;
-}
-
 // A row-major (rows, cols) matrix read in boxes of box_rows x 64 columns, 128-byte swizzled.
 bool make_map(CUtensorMap* map, const void* ptr, int rows, int cols, int box_rows, int dtype) {
-  auto encode = encode_fn();
+  auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(cols) * 2};  // bytes
