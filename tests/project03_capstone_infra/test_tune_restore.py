@@ -92,7 +92,7 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver and every process it started
         driver.wait(timeout=60)
-    assert 1 <= len(finished) < 4
+    assert 1 <= len(finished) < 4, (finished.keys(), (tmp_path / "driver1.log").read_text()[-3000:])
 
     restored = subprocess.run(argv + ["--resume"], cwd=REPO_ROOT, env=env, capture_output=True,
                               text=True, timeout=400, start_new_session=True)  # fmt: skip
