@@ -38,8 +38,8 @@
 
 #include "attention/flash_api.h"
 #include "attention/flash_common.cuh"
-#include "attention/wgmma_attn.cuh"
 #include "common/sm90.cuh"
+#include "common/wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLASH_SM90A 1
@@ -69,7 +69,7 @@ struct Config {
   static_assert(kSmemBytes <= 227 * 1024);
 };
 
-using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh)
+using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh, wgmma.cuh)
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

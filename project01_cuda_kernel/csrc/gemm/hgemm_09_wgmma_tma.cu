@@ -19,8 +19,8 @@
 
 #include "common.cuh"
 #include "common/sm90.cuh"
+#include "common/wgmma.cuh"
 #include "gemm.h"
-#include "wgmma_m64n256k16.cuh"
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define P01_SM90A 1
@@ -38,7 +38,7 @@ constexpr int kStageBytes = kABytes + kBBytes;    // 48 KB
 constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 2 * kStages * 8;  // + align + barriers
 [[maybe_unused]] constexpr int kGroupM = 8;
 
-using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh)
+using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh, wgmma.cuh)
 
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // A: +32 bytes per k16 inside the swizzled 128-byte rows; B: +16 k-rows of 128 bytes.
           const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);
           const uint64_t db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024);
-          p01::wgmma_m64n256k16<T>(acc, da, db, 1);
+          wgmma_ss_m64n256k16<T>(acc, da, db, 1);
         }
         wgmma_commit();
         fence_regs(acc);
