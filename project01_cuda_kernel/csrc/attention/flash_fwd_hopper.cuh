@@ -157,21 +157,21 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
         for (int c = 0; c < kChunks; ++c)
           tma_load_4d(smem_u32(q_s + qb * C::kQBytes + c * kBM * 128), &tma_q, c * 64,
                       m_block * kBM, head, batch, q_full(qb));
+        // One K or V tile of key block n into stage s of its ring, once the stage is free.
+        auto load_kv = [&](unsigned char* ring, const CUtensorMap* map, uint32_t empty,
+                           uint32_t full, int s, uint32_t phase, int n) {
+          mbar_wait(empty, phase ^ 1);
+          mbar_expect_tx(full, C::kKVBytes);
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c)
+            tma_load_4d(smem_u32(ring + s * C::kKVBytes + c * kBN * 128), map, c * 64, n * kBN,
+                        head, batch, full);
+        };
         for (int i = 0; i < n_blocks; ++i, ++kv_it) {
           const int n = n_blocks - 1 - i, s = kv_it % kStages;
           const uint32_t phase = (kv_it / kStages) & 1;
-          mbar_wait(k_empty(s), phase ^ 1);
-          mbar_expect_tx(k_full(s), C::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c)
-            tma_load_4d(smem_u32(k_s + s * C::kKVBytes + c * kBN * 128), &tma_k, c * 64,
-                        n * kBN, head, batch, k_full(s));
-          mbar_wait(v_empty(s), phase ^ 1);
-          mbar_expect_tx(v_full(s), C::kKVBytes);
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c)
-            tma_load_4d(smem_u32(v_s + s * C::kKVBytes + c * kBN * 128), &tma_v, c * 64,
-                        n * kBN, head, batch, v_full(s));
+          load_kv(k_s, &tma_k, k_empty(s), k_full(s), s, phase, n);
+          load_kv(v_s, &tma_v, v_empty(s), v_full(s), s, phase, n);
         }
       }
     }
