@@ -317,13 +317,11 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
         )
     best = res.get("best")
     ok = {v["variant"]: v for v in res["variants"] if v.get("status") == "ok"}
-    peaks = {}  # compute dtype -> dense peak TFLOP/s the MFU column divides by
-    for v in ok.values():
-        peak = v.get("peak_tflops")
-        if peak is None and v.get("mfu"):
-            peak = v["achieved_tflops_per_device"] / v["mfu"]
-        if peak:
-            peaks[str(v["compute_dtype"]).replace("torch.", "")] = peak
+    peaks = {  # compute dtype -> the dense peak TFLOP/s its MFU column divides by
+        str(v["compute_dtype"]).replace("torch.", ""): v["achieved_tflops_per_device"] / v["mfu"]
+        for v in ok.values()
+        if v.get("mfu")
+    }
     ratios = [
         f"{name} {v['tokens_per_s'] / ok[name + '+fp32']['tokens_per_s']:.2f}x"
         for name, v in ok.items()

@@ -104,7 +104,6 @@ def _variant_summary(variant: str, r: dict) -> dict:
         "tokens_per_s": r["tokens_per_s"],
         "achieved_tflops_per_device": r["achieved_tflops_per_device"],
         "mfu": r["mfu"],
-        "peak_tflops": r["peak_tflops_per_device"],  # of this variant's compute dtype
         "peak_memory_gib": r["peak_memory_gib"],
         "compute_dtype": r["compute_dtype"],
         "first_loss": r["losses"][0],
@@ -137,7 +136,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
         raise ValueError(f"the sweep runs in a world of one; got WORLD_SIZE={info.world_size}")
     t_start = time.monotonic()
     variants: list[dict] = []
-    meta = {"seq_len": base.resolved_seq_len(), "flops_per_token": None, "peak_tflops": None}
+    meta = {"seq_len": base.resolved_seq_len(), "flops_per_token": None}
     path = None
     try:
         template = build_cpu_model(base.model_args(), base.seed)
@@ -156,7 +155,6 @@ def run_sweep(cfg: SweepConfig) -> Path:
                 meta = {
                     "seq_len": result["seq_len"],
                     "flops_per_token": result["flops_per_token"],
-                    "peak_tflops": result["peak_tflops_per_device"],
                 }
             except Exception as e:  # one failing variant (OOM, backend) must not end the sweep
                 log.warning("variant %s failed: %s", v, e)
