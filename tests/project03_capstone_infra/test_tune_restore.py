@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -22,9 +23,24 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_STEPS = 16
 
 
-def _tune_state(exp: Path) -> dict[str, tuple[str, int]] | None:
-    """{trial directory name: (status, step of its last result)} from Tune's newest
-    experiment-state snapshot: what a restore will start from."""
+def _checkpoint_step(run: dict) -> int:
+    """Step of the newest checkpoint the snapshot's checkpoint manager holds (0: none yet), only
+    if its files are on disk: that is what a restore of this snapshot resumes the trial from."""
+    blob = (run.get("checkpoint_manager") or {}).get("value")
+    if not blob:
+        return 0
+    try:
+        latest = pickle.loads(bytes.fromhex(blob)).latest_checkpoint_result
+    except Exception:  # a format this test does not know: treat as no checkpoint
+        return 0
+    if latest is None or not Path(latest.checkpoint.path).is_dir():
+        return 0
+    return int(latest.metrics.get("step", 0))
+
+
+def _tune_state(exp: Path) -> dict[str, tuple[str, int, int]] | None:
+    """{trial directory name: (status, step of its last result, step of its newest checkpoint)}
+    from Tune's newest experiment-state snapshot: what a restore will start from."""
     snaps = sorted(exp.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
     if not snaps:
         return None
@@ -37,6 +53,7 @@ def _tune_state(exp: Path) -> dict[str, tuple[str, int]] | None:
         Path(t["relative_logdir"]).name: (
             t["status"],
             int((run.get("last_result") or {}).get("step", 0)),
+            _checkpoint_step(run),
         )
         for t, run in trials
     }
@@ -80,11 +97,11 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
             assert time.monotonic() < deadline, "no trial finished within 300 s"
             assert driver.poll() is None, (tmp_path / "driver1.log").read_text()[-3000:]
             state = _tune_state(exp) or {}
-            done = [n for n, (status, _) in state.items() if status == "TERMINATED"]
-            # A running trial whose checkpoint the snapshot already holds: the trainer's step-2
-            # checkpoint goes to Tune with the step-3 report (--ckpt-every 2).
-            running_ckpt = [n for n, (status, step) in state.items() if status == "RUNNING"
-                            and 3 <= step < MAX_STEPS]  # fmt: skip
+            done = [n for n, (status, _, _) in state.items() if status == "TERMINATED"]
+            # A running trial whose checkpoint the snapshot already holds (the step alone is not
+            # enough: a snapshot can record a result before the checkpoint that goes with it).
+            running_ckpt = [n for n, (status, step, ckpt) in state.items() if status == "RUNNING"
+                            and ckpt > 0 and step < MAX_STEPS]  # fmt: skip
             if done and running_ckpt:
                 finished = {n: (exp / n / "result.json").read_bytes() for n in done}
                 break
