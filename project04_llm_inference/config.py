@@ -1,0 +1,182 @@
+"""Engine and sampling configuration: typed dataclasses, turned into a command line by tyro.
+
+`EngineArgs` says which model to load and how to size the engine; `SamplingParams` says how one
+request is decoded. Both validate on construction and name the offending field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Named shapes for dummy weights (`load_format="dummy"`): the HF config fields of real models.
+DUMMY_SHAPES: dict[str, dict] = {
+    # Llama-3.2-1B: 1.236 B parameters, GQA 32/8, tied embeddings, Llama-3 RoPE scaling.
+    "llama-3.2-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128_256,
+        max_position_embeddings=131_072,
+        rms_norm_eps=1e-5,
+        rope_theta=500_000.0,
+        rope_scaling=dict(
+            rope_type="llama3",
+            factor=32.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+        tie_word_embeddings=True,
+        bos_token_id=128_000,
+        eos_token_id=128_001,
+    ),
+    # A few hundred thousand parameters: the CPU tier's model (GQA 4/2, like the real ones).
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=256,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_theta=10_000.0,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+}
+
+
+@dataclass
+class EngineArgs:
+    """How to load the model and size the engine."""
+
+    model: str | None = None
+    """Hugging Face-format model folder (config.json + *.safetensors). None with --load-format dummy."""
+    load_format: Literal["auto", "dummy"] = "auto"
+    """'auto' reads the folder's safetensors; 'dummy' makes random weights of `dummy_shape`."""
+    dummy_shape: str = "llama-3.2-1b"
+    """Named shape for dummy weights (used when no model folder is given)."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """'auto': bfloat16 on a GPU, float32 on the CPU."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """'auto': cuda when a GPU is visible."""
+    seed: int = 0
+    """Seed of the dummy weights and of requests that give none."""
+    block_size: int = 16
+    """Tokens per KV-cache block (a power of two, >= 16 on the GPU kernels)."""
+    gpu_memory_utilization: float = 0.90
+    """Share of the GPU's memory the engine may use: weights, activations and the KV pool."""
+    num_gpu_blocks: int | None = None
+    """Fix the KV pool's size in blocks instead of sizing it from free memory (tests, studies)."""
+    cpu_kv_cache_gib: float = 0.25
+    """KV pool on the CPU path, GiB."""
+    max_model_len: int = 4096
+    """Longest sequence (prompt + output) a request may reach."""
+    max_num_seqs: int = 256
+    """Most sequences in one step (running batch)."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one step: decodes count 1, prefill chunks their length."""
+    enable_prefix_caching: bool = True
+    """Share full KV blocks between requests with the same token prefix."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts across steps, mixed with decodes."""
+    enforce_eager: bool = False
+    """Never capture CUDA graphs."""
+    cuda_graph_max_batch: int = 256
+    """Decode batches up to this size replay CUDA graphs; larger ones run eagerly."""
+
+    def __post_init__(self) -> None:
+        if self.model is None and self.load_format != "dummy":
+            raise ValueError("EngineArgs.model: give a model folder, or --load-format dummy")
+        if (
+            self.load_format == "dummy"
+            and self.model is None
+            and self.dummy_shape not in DUMMY_SHAPES
+        ):
+            raise ValueError(
+                f"EngineArgs.dummy_shape: unknown {self.dummy_shape!r}; "
+                f"expected one of {sorted(DUMMY_SHAPES)}"
+            )
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"EngineArgs.block_size must be a power of two, got {self.block_size}")
+        if not (0.0 < self.gpu_memory_utilization <= 1.0):
+            raise ValueError(
+                f"EngineArgs.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"EngineArgs.num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if not (self.cpu_kv_cache_gib > 0 and math.isfinite(self.cpu_kv_cache_gib)):
+            raise ValueError(
+                f"EngineArgs.cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}"
+            )
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineArgs.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "EngineArgs.max_num_batched_tokens must be >= max_model_len without chunked "
+                f"prefill (a whole prompt must fit one step), got {self.max_num_batched_tokens} "
+                f"< {self.max_model_len}"
+            )
+        if self.cuda_graph_max_batch < 0:
+            raise ValueError(
+                f"EngineArgs.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}"
+            )
+
+
+@dataclass
+class SamplingParams:
+    """How one request is decoded (the OpenAI API's fields, vLLM's names)."""
+
+    max_tokens: int = 16
+    """Most tokens to generate."""
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens whose probability reaches top_p."""
+    min_p: float = 0.0
+    """Drop tokens less likely than min_p times the most likely one."""
+    seed: int | None = None
+    """Per-request seed: the same seed gives the same tokens."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Stop when one of these is generated (it is kept in the output)."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings (need a tokenizer); the output is cut before the match."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token (benchmarks)."""
+    logprobs: bool = False
+    """Return the log-probability of each chosen token."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(
+                f"SamplingParams.temperature must be finite and >= 0, got {self.temperature}"
+            )
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(
+                f"SamplingParams.stop_token_ids must be non-negative ints, got {self.stop_token_ids}"
+            )
+        if any(not s for s in self.stop):
+            raise ValueError("SamplingParams.stop: empty stop strings are not allowed")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,1 @@
+"""The engine: sequences, the block manager, the scheduler, the model runner and the sampler."""

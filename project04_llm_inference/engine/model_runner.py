@@ -1,0 +1,251 @@
+"""Turns a scheduled batch into tensors, runs the model over the paged cache, samples.
+
+Owns the model, the KV cache (one K and one V tensor per layer, (num_blocks, block_size, Hkv, D))
+and the CUDA graphs. Decode-only batches up to `cuda_graph_max_batch` replay a graph captured for
+the next larger captured size (padding rows have context length 0 and slot -1: they read and
+write nothing); everything else runs eagerly.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from ..config import EngineArgs
+from ..model.llama import AttnMetadata, LlamaForCausalLM
+from .sequence import Sequence
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4, 8) if b <= max_batch]
+    return sizes + list(range(16, max_batch + 1, 16))
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, args: EngineArgs, *, max_model_len: int):
+        self.model, self.args = model, args
+        self.cfg = model.cfg
+        self.device = model.norm.device
+        self.dtype = model.norm.dtype
+        self.block_size = args.block_size
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.num_blocks = 0
+
+    # --- the KV pool -------------------------------------------------------------------------
+
+    def bytes_per_block(self) -> int:
+        c = self.cfg
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * elem
+
+    @torch.inference_mode()
+    def profile_num_blocks(self) -> int:
+        """Blocks that fit: on a GPU, what `gpu_memory_utilization` leaves after the weights and
+        the peak activations of a full-budget prefill (measured by running one); on the CPU, the
+        `cpu_kv_cache_gib` budget."""
+        if self.args.num_gpu_blocks is not None:
+            return self.args.num_gpu_blocks
+        if self.device.type != "cuda":
+            return max(1, int(self.args.cpu_kv_cache_gib * 2**30) // self.bytes_per_block())
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        n_tokens = min(
+            self.args.max_num_batched_tokens, self.args.max_num_seqs * self.max_model_len
+        )
+        lens = []
+        while sum(lens) < n_tokens:
+            lens.append(min(self.max_model_len, n_tokens - sum(lens)))
+        blocks = sum(-(-n // self.block_size) for n in lens)
+        self._allocate_kv(blocks)
+        self._dummy_prefill(lens)
+        torch.cuda.synchronize()
+        peak_activations = (
+            torch.cuda.max_memory_allocated() - base - blocks * self.bytes_per_block()
+        )
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        _, total = torch.cuda.mem_get_info()
+        slack = 512 * 2**20  # CUDA graphs' pool and the sampler's (batch, vocab) logits
+        budget = total * self.args.gpu_memory_utilization - base - peak_activations - slack
+        if budget < self.bytes_per_block():
+            raise RuntimeError(
+                f"no room for a KV cache: {total / 2**30:.1f} GiB x gpu_memory_utilization "
+                f"{self.args.gpu_memory_utilization} leaves {budget / 2**30:.2f} GiB after weights "
+                f"({base / 2**30:.2f} GiB) and activations ({peak_activations / 2**30:.2f} GiB)"
+            )
+        return int(budget // self.bytes_per_block())
+
+    def _allocate_kv(self, num_blocks: int) -> None:
+        c = self.cfg
+        shape = (num_blocks, self.block_size, c.num_key_value_heads, c.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(c.num_hidden_layers)
+        ]
+        self.num_blocks = num_blocks
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self._allocate_kv(num_blocks)
+        if (
+            self.device.type == "cuda"
+            and not self.args.enforce_eager
+            and self.args.cuda_graph_max_batch
+        ):
+            self.capture_graphs()
+
+    def _dummy_prefill(self, lens: list[int]) -> None:
+        items, start = [], 0
+        for n in lens:
+            blocks = list(range(start, start + -(-n // self.block_size)))
+            start += len(blocks)
+            seq = Sequence("profile", [0] * n, None)  # type: ignore[arg-type]
+            seq.block_ids = blocks
+            items.append((seq, n))
+        ids, meta, _ = self.prepare(items)
+        self.model(ids, meta, self.kv_caches)
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def _tensor(self, data, dtype) -> torch.Tensor:
+        t = torch.tensor(data, dtype=dtype)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def prepare(self, items: list[tuple[Sequence, int]]):
+        """Packed inputs for (sequence, new tokens) items; decodes (1 token) must come first.
+
+        Returns (input_ids (T,), AttnMetadata, logits row index of each sampling item)."""
+        bs = self.block_size
+        ids, pos, slots, sample_rows = [], [], [], []
+        dec_tables, dec_lens, pre_tables, pre_lens, cu = [], [], [], [], [0]
+        num_decodes = 0
+        for seq, n in items:
+            c = seq.num_computed_tokens
+            toks = seq.all_token_ids[c : c + n]
+            ids.extend(toks)
+            pos.extend(range(c, c + n))
+            table = seq.block_ids
+            slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + n))
+            padded = table + [0] * (self.max_blocks_per_seq - len(table))
+            if n == 1 and not pre_lens:  # a one-token step is a decode, whatever the phase
+                num_decodes += 1
+                dec_tables.append(padded)
+                dec_lens.append(c + 1)
+            else:
+                pre_tables.append(padded)
+                pre_lens.append(c + n)
+                cu.append(cu[-1] + n)
+            if c + n == seq.num_tokens:
+                sample_rows.append(len(ids) - 1)
+        i32, i64 = torch.int32, torch.int64
+        meta = AttnMetadata(
+            num_decodes=num_decodes,
+            positions=self._tensor(pos, i64),
+            slot_mapping=self._tensor(slots, i64),
+            decode_block_tables=self._tensor(dec_tables or [[0] * self.max_blocks_per_seq], i32)[
+                :num_decodes
+            ],
+            decode_context_lens=self._tensor(dec_lens, i32),
+            max_context_len=max(dec_lens, default=0),
+        )
+        if pre_lens:
+            meta.prefill_block_tables = self._tensor(pre_tables, i32)
+            meta.cu_seqlens_q = self._tensor(cu, i32)
+            meta.prefill_context_lens = self._tensor(pre_lens, i32)
+            meta.max_seqlen_q = max(b - a for a, b in zip(cu, cu[1:]))
+        return self._tensor(ids, i64), meta, sample_rows
+
+    # --- running -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """Logits (float32) of every item that reaches its last token, in item order."""
+        # decodes first (the attention kernels take them as one group)
+        items = sorted(items, key=lambda it: it[1] != 1)
+        order = [s for s, _ in items]
+        all_decode = all(n == 1 for _, n in items)
+        b = len(items)
+        if all_decode and self.graphs and b <= max(self.graphs):
+            logits = self._replay(items)
+            rows = [
+                i for i, (s, n) in enumerate(items) if s.num_computed_tokens + n == s.num_tokens
+            ]
+            if len(rows) != b:  # a one-token prefill chunk that does not reach the prompt's end
+                logits = logits[rows]
+        else:
+            ids, meta, rows = self.prepare(items)
+            hidden = self.model(ids, meta, self.kv_caches)
+            logits = self.model.compute_logits(hidden[rows])
+        self.last_order = order
+        return logits
+
+    # --- CUDA graphs -------------------------------------------------------------------------
+
+    def capture_graphs(self) -> None:
+        maxb = min(self.args.cuda_graph_max_batch, self.args.max_num_seqs)
+        sizes = graph_batch_sizes(maxb)
+        dev, mb = self.device, self.max_blocks_per_seq
+        self.g_ids = torch.zeros(maxb, dtype=torch.int64, device=dev)
+        self.g_pos = torch.zeros(maxb, dtype=torch.int64, device=dev)
+        self.g_slots = torch.full((maxb,), -1, dtype=torch.int64, device=dev)
+        self.g_tables = torch.zeros(maxb, mb, dtype=torch.int32, device=dev)
+        self.g_lens = torch.zeros(maxb, dtype=torch.int32, device=dev)
+        self.g_logits: dict[int, torch.Tensor] = {}
+        pool = None
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for b in reversed(sizes):  # largest first: later graphs reuse its memory pool
+                meta = AttnMetadata(
+                    num_decodes=b,
+                    positions=self.g_pos[:b],
+                    slot_mapping=self.g_slots[:b],
+                    decode_block_tables=self.g_tables[:b],
+                    decode_context_lens=self.g_lens[:b],
+                    max_context_len=self.max_model_len,
+                )
+                for _ in range(2):  # warm up: lazy initialisation stays out of the graph
+                    self.model.compute_logits(self.model(self.g_ids[:b], meta, self.kv_caches))
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    out = self.model.compute_logits(
+                        self.model(self.g_ids[:b], meta, self.kv_caches)
+                    )
+                pool = g.pool()
+                self.graphs[b], self.g_logits[b] = g, out
+        torch.cuda.synchronize()
+        self.graph_capture_s = time.perf_counter() - t0
+
+    def _replay(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
+        b = len(items)
+        gb = min(s for s in self.graphs if s >= b)
+        bs = self.block_size
+        ids, pos, slots, lens = [], [], [], []
+        tables = np.zeros((gb, self.max_blocks_per_seq), dtype=np.int32)
+        for i, (seq, _) in enumerate(items):
+            c = seq.num_computed_tokens
+            ids.append(seq.all_token_ids[c])
+            pos.append(c)
+            slots.append(seq.block_ids[c // bs] * bs + c % bs)
+            lens.append(c + 1)
+            tables[i, : len(seq.block_ids)] = seq.block_ids
+        pad = gb - b
+        self.g_ids[:gb].copy_(self._tensor(ids + [0] * pad, torch.int64), non_blocking=True)
+        self.g_pos[:gb].copy_(self._tensor(pos + [0] * pad, torch.int64), non_blocking=True)
+        self.g_slots[:gb].copy_(self._tensor(slots + [-1] * pad, torch.int64), non_blocking=True)
+        self.g_lens[:gb].copy_(self._tensor(lens + [0] * pad, torch.int32), non_blocking=True)
+        self.g_tables[:gb].copy_(
+            torch.from_numpy(tables).pin_memory().to(self.device, non_blocking=True)
+        )
+        self.graphs[gb].replay()
+        return self.g_logits[gb][:b]

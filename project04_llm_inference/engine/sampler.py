@@ -1,0 +1,64 @@
+"""Sampling on the device, for a batch of requests with their own parameters.
+
+Greedy rows take the argmax. Other rows: temperature, then top-k, top-p and min-p filters, then
+a draw by the exponential race (argmax of p / E with E ~ Exp(1), which picks token i with
+probability p_i). A request with a seed draws its E from its own generator, so the same seed
+gives the same tokens whatever else is in the batch. Logprobs are those of the model's
+distribution (raw logits, before temperature and filters), as vLLM returns them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sequence import Sequence
+
+
+def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor):
+    """Mask to -inf what each row's top-k (0 = off), top-p and min-p drop. logits (N, V) fp32."""
+    v = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    ranks = torch.arange(v, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, v)[:, None]
+    drop = ranks >= k
+    # top-p: keep a token while the mass before it is < p (the top token is always kept)
+    mass_before = probs.cumsum(-1) - probs
+    drop |= mass_before >= top_p[:, None]
+    drop |= probs < min_p[:, None] * probs[:, :1]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None):
+    """logits (N, V) float32, one row per sequence -> (token ids (N,), logprobs (N,) or None)."""
+    n = logits.shape[0]
+    dev = logits.device
+    params = [s.params for s in seqs]
+    greedy = torch.tensor([p.greedy for p in params], device=dev)
+    tokens = logits.argmax(-1)
+    if not all(p.greedy for p in params):
+        temps = torch.tensor(
+            [p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev
+        )
+        scaled = logits / temps[:, None]
+        if any(p.top_k or p.top_p < 1 or p.min_p > 0 for p in params):
+            scaled = _filter(
+                scaled,
+                torch.tensor([p.top_k for p in params], device=dev),
+                torch.tensor([p.top_p for p in params], device=dev),
+                torch.tensor([p.min_p for p in params], device=dev),
+            )
+        probs = scaled.softmax(-1)
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=generator)
+        for i, s in enumerate(seqs):  # seeded rows: their own stream, independent of the batch
+            if s.generator is not None and not params[i].greedy:
+                noise[i].exponential_(generator=s.generator)
+        drawn = (probs / noise).argmax(-1)
+        tokens = torch.where(greedy, tokens, drawn)
+    logprobs = None
+    if any(p.logprobs for p in params):
+        logprobs = logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+    assert tokens.shape == (n,)
+    return tokens, logprobs

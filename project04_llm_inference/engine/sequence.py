@@ -1,0 +1,50 @@
+"""A request's state as the engine sees it: tokens, how many have their K/V cached, its blocks."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    block_ids: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0  # leading full blocks registered in the prefix cache
+    block_hashes: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    output_text: str = ""
+    num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    generator: torch.Generator | None = None  # per-request seed: the same tokens every time
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,1 @@
+"""The model: the Llama family over a paged KV cache, its loader and tokenizer."""

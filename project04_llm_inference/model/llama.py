@@ -1,0 +1,198 @@
+"""The Llama family (Llama 2, Llama 3.x: GQA, Llama-3 RoPE scaling, tied embeddings) over a
+paged KV cache.
+
+Tokens of all sequences in a step are packed into one (T,) batch: the first `num_decodes` are
+decode tokens (one per sequence), the rest are prefill chunks. Every op runs on the packed batch
+except attention, which reads each sequence's paged K/V through its block table (`AttnMetadata`).
+Weights are stored fused (q|k|v and gate|up) so each projection is one matmul.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import kernels
+from ..kernels.reference import rope_cos_sin_cache
+
+
+@dataclass
+class AttnMetadata:
+    """Where each token of the packed batch reads and writes the paged KV cache."""
+
+    num_decodes: int  # the first num_decodes tokens are decodes, one per sequence
+    positions: torch.Tensor  # (T,) int64 position of each token in its sequence
+    slot_mapping: torch.Tensor  # (T,) int64 cache slot of each token; -1 = padding
+    decode_block_tables: torch.Tensor  # (num_decodes, max_blocks) int32
+    decode_context_lens: torch.Tensor  # (num_decodes,) int32, the new token included
+    max_context_len: int  # host-side upper bound of decode_context_lens (the split plan)
+    prefill_block_tables: torch.Tensor | None = None  # (P, max_blocks) int32
+    cu_seqlens_q: torch.Tensor | None = None  # (P + 1,) int32, offsets into the prefill part
+    prefill_context_lens: torch.Tensor | None = None  # (P,) int32
+    max_seqlen_q: int = 0
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The fields of a Hugging Face Llama config.json that the model reads."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    rope_scaling: dict | None = None
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> LlamaConfig:
+        missing = [
+            k
+            for k in ("hidden_size", "intermediate_size", "num_hidden_layers")
+            + ("num_attention_heads", "vocab_size")
+            if k not in cfg
+        ]
+        if missing:
+            raise ValueError(f"config.json lacks {missing}: not a Llama-family config")
+        heads = cfg["num_attention_heads"]
+        kv = cfg.get("num_key_value_heads") or heads
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        if heads % kv:
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of kv heads {kv}")
+        scaling = cfg.get("rope_scaling")
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind not in ("llama3", "default", "linear"):
+                raise ValueError(f"rope_scaling type {kind!r} is not supported (llama3, linear)")
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=head_dim,
+            vocab_size=cfg["vocab_size"],
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(cfg.get("rope_theta", 10_000.0)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """(D/2,) float32 inverse frequencies, with Llama-3's (or linear) context scaling applied."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = cfg.rope_scaling
+    kind = None if s is None else s.get("rope_type", s.get("type"))
+    if kind == "linear":
+        inv = inv / s["factor"]
+    elif kind == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old_len = s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = ((old_len / wavelen) - lo) / (hi - lo)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        inv = torch.where(wavelen > old_len / lo, inv / factor, inv)
+        mid = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+        inv = torch.where(mid, blended, inv)
+    return inv.float()
+
+
+def _param(*shape: int, dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
+        super().__init__()
+        self.cfg = cfg
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_size, self.kv_size = hq * d, hkv * d
+        p = dict(dtype=dtype, device=device)
+        self.input_layernorm = _param(cfg.hidden_size, **p)
+        self.qkv_proj = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, **p)
+        self.o_proj = _param(cfg.hidden_size, self.q_size, **p)
+        self.post_attention_layernorm = _param(cfg.hidden_size, **p)
+        self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size, **p)
+        self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size, **p)
+
+    def forward(self, x, residual, meta: AttnMetadata, cos_sin, k_cache, v_cache):
+        cfg, eps = self.cfg, self.cfg.rms_norm_eps
+        if residual is None:  # the first layer: the residual stream starts as the embeddings
+            residual = x
+            x = kernels.rms_norm(x, self.input_layernorm, eps)
+        else:
+            x, residual = kernels.fused_add_rms_norm(x, residual, self.input_layernorm, eps)
+        t = x.shape[0]
+        qkv = F.linear(x, self.qkv_proj)  # (T, (Hq + 2 Hkv) D)
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = qkv[:, : self.q_size].view(t, hq, d)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, hkv, d)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, hkv, d)
+        kernels.rope_and_cache(
+            q, k, v, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping
+        )
+        q = q.contiguous()  # (T, Hq, D)
+        out = torch.empty_like(q)
+        scale = 1.0 / math.sqrt(d)
+        nd = meta.num_decodes
+        if nd:
+            out[:nd] = kernels.paged_decode_attention(
+                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
+                scale, meta.max_context_len,
+            )  # fmt: skip
+        if t > nd:
+            out[nd:] = kernels.paged_prefill_attention(
+                q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.cu_seqlens_q,
+                meta.prefill_context_lens, meta.max_seqlen_q, scale,
+            )  # fmt: skip
+        x = F.linear(out.view(t, self.q_size), self.o_proj)
+        x, residual = kernels.fused_add_rms_norm(x, residual, self.post_attention_layernorm, eps)
+        x = F.linear(kernels.silu_and_mul(F.linear(x, self.gate_up_proj)), self.down_proj)
+        return x, residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Weights in fused layout; `loader.py` maps Hugging Face tensor names onto them."""
+
+    def __init__(self, cfg: LlamaConfig, *, dtype: torch.dtype, device, max_positions: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        p = dict(dtype=dtype, device=device)
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, **p)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers)
+        )
+        self.norm = _param(cfg.hidden_size, **p)
+        self.lm_head = (
+            self.embed_tokens
+            if cfg.tie_word_embeddings
+            else _param(cfg.vocab_size, cfg.hidden_size, **p)
+        )
+        inv = rope_inv_freq(cfg).to(device)
+        self.register_buffer("cos_sin", rope_cos_sin_cache(inv, max_positions), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, meta: AttnMetadata, kv_caches) -> torch.Tensor:
+        """input_ids (T,) -> final hidden states (T, hidden), normalised."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer, (kc, vc) in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, meta, self.cos_sin, kc, vc)
+        x, _ = kernels.fused_add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, hidden) -> (N, vocab) float32."""
+        return F.linear(hidden, self.lm_head).float()
