@@ -37,7 +37,7 @@ endif
 
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: help setup test gpu-test demo project01 project02 project03 apple apple-test apple-tier lint format fork clean readme
+.PHONY: help setup test gpu-test demo project01 project02 project03 project04 apple apple-test apple-tier lint format fork clean readme
 
 help:  ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -91,6 +91,17 @@ project02: $(SETUP)  ## FSDP strong-scaling benchmark (GPUs, or 2 gloo processes
 
 project03: $(SETUP)  ## fault-tolerant training under injected failures
 	$(PYTHON) -m scripts.demo --only project03
+
+# project04's benchmarks write to a run folder (never to reports/); publish by copying it there.
+P04_RUN ?= runs/project04-$(shell date -u +%Y%m%dT%H%M%S)
+P04_BENCHES ?= decode-kernel prefill-kernel latency throughput memory prefix
+
+project04: $(SETUP)  ## build, test, benchmark and report the inference engine (needs a GPU)
+	$(PYTHON) -m pytest -m gpu tests/project04_llm_inference -q
+	@for b in $(P04_BENCHES); do echo "== project04 $$b"; \
+	  $(PYTHON) -m project04_llm_inference $$b --reports-dir $(P04_RUN) || exit 1; done
+	$(PYTHON) -m project04_llm_inference report --reports-dir $(P04_RUN)
+	@echo "project04: results in $(P04_RUN)"
 
 apple: $(SETUP)  ## the on-device track, in its own environment (.venv-apple)
 	$(PYTHON) -m scripts.demo --only apple

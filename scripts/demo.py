@@ -169,7 +169,9 @@ def run(steps: list[Step], dry_run: bool = False) -> list[tuple[Step, str, float
             outcomes.append((step, "would run", 0.0))
             continue
         t0 = time.perf_counter()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **step.env}
+        # Prepend the repo: packages the caller put on PYTHONPATH (outside site-packages) stay.
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path, **step.env}
         rc = subprocess.call(step.argv, cwd=ROOT, env=env)
         dt = time.perf_counter() - t0
         status = "ok" if rc == 0 else f"FAILED (exit {rc})"

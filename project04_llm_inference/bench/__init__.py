@@ -1,0 +1,1 @@
+"""Benchmarks: run(config) -> one JSON record each (kernels, offline throughput, latency, memory, prefix caching)."""
