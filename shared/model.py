@@ -4,7 +4,11 @@ A plain `nn.Module` with no parallelism inside: FSDP, activation checkpointing a
 `torch.compile` are applied from outside (`shared.parallelize`). The attention function is
 injectable, so project01's fused kernel can replace SDPA in a training check.
 
-Presets (parameter counts with untied embeddings, vocab 32,000):
+Grouped-query attention: `n_kv_heads` key/value heads shared by groups of `n_heads //
+n_kv_heads` query heads (None: one per query head, plain multi-head attention). The fused `wqkv`
+projection then has `dim + 2 * n_kv_heads * head_dim` out-features, laid out [q | k | v].
+
+Presets (parameter counts with untied embeddings, vocab 32,000; all multi-head):
 - `tiny`: a few hundred thousand parameters, for CPU tests.
 - `125m`: 134 M.
 - `1b`: 1.11 B (d 2048, 18 layers, 16 heads of 128, SwiGLU hidden 6144).
@@ -34,6 +38,10 @@ class ModelArgs:
     max_seq_len: int = 2048
     norm_eps: float = 1e-5
     rope_theta: float = 10_000.0
+    # New fields go last, with defaults that reproduce the earlier model exactly, so positional
+    # construction, old config records and checkpoint keys/shapes keep working.
+    n_kv_heads: int | None = None  # None: n_heads (multi-head attention)
+    tie_embeddings: bool = False  # output head shares the embedding table's weight
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "vocab_size", "ffn_hidden", "max_seq_len"):
@@ -45,10 +53,28 @@ class ModelArgs:
             )
         if (self.dim // self.n_heads) % 2:
             raise ValueError(f"head dim {self.dim // self.n_heads} must be even for RoPE")
+        if self.n_kv_heads is not None:
+            if self.n_kv_heads <= 0:
+                raise ValueError(f"ModelArgs.n_kv_heads must be positive, got {self.n_kv_heads}")
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(
+                    f"ModelArgs.n_heads ({self.n_heads}) must be divisible by n_kv_heads "
+                    f"({self.n_kv_heads}): each key/value head serves a whole group of query heads"
+                )
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """The number of key/value heads, resolved (n_kv_heads, or n_heads when None)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Out-features of each of the K and V parts of `wqkv`."""
+        return self.kv_heads * self.head_dim
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> ModelArgs:
@@ -59,8 +85,10 @@ class ModelArgs:
     def num_params(self) -> int:
         """Parameter count computed from the shapes (matches Transformer.num_params())."""
         d, h, v, L = self.dim, self.ffn_hidden, self.vocab_size, self.n_layers
-        per_block = 4 * d * d + 3 * d * h + 2 * d  # attention, SwiGLU, two RMSNorm weights
-        return L * per_block + 2 * v * d + d  # embedding, output head, final norm
+        attn = 2 * d * d + 2 * d * self.kv_dim  # q and o, then k and v (4 d^2 without GQA)
+        per_block = attn + 3 * d * h + 2 * d  # attention, SwiGLU, two RMSNorm weights
+        tables = 1 if self.tie_embeddings else 2  # a tied output head adds no parameters
+        return L * per_block + tables * v * d + d  # embedding, output head, final norm
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,8 +107,10 @@ PRESETS: dict[str, ModelArgs] = {
 }
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, enable_gqa: bool = False
+):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=enable_gqa)
 
 
 class RMSNorm(nn.Module):
@@ -115,16 +145,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.n_heads, self.head_dim = args.n_heads, args.head_dim
-        self.wqkv = nn.Linear(args.dim, 3 * args.dim, bias=False)
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.split = (args.dim, args.kv_dim, args.kv_dim)  # [q | k | v] along out-features
+        self.wqkv = nn.Linear(args.dim, sum(self.split), bias=False)
         self.wo = nn.Linear(args.dim, args.dim, bias=False)
 
     def forward(self, x, cos, sin, attn_fn: AttentionFn) -> torch.Tensor:
         B, S, _ = x.shape
-        qkv = self.wqkv(x).view(B, S, 3, self.n_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, S, D)
+        q, k, v = self.wqkv(x).split(self.split, dim=-1)
+        q = q.view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, D)
+        k = k.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, S, D)
+        v = v.view(B, S, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attn_fn(q, k, v, causal=True)  # (B, H, S, D)
+        if self.n_kv_heads == self.n_heads:
+            out = attn_fn(q, k, v, causal=True)  # (B, H, S, D)
+        elif attn_fn is sdpa_attention:  # SDPA pairs query head h with kv head h // group itself
+            out = attn_fn(q, k, v, causal=True, enable_gqa=True)
+        else:
+            # Injected kernels expect one K/V head per query head: query head h reads kv head
+            # h // group, so each kv head is copied `group` times, copies adjacent.
+            group = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            out = attn_fn(q, k, v, causal=True)
         return self.wo(out.transpose(1, 2).reshape(B, S, -1))
 
 
@@ -162,6 +204,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:  # one Parameter under two names; FSDP keeps both in the root unit
+            self.output.weight = self.tok_embeddings.weight
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
         # Not parameters, not in the state dict: recomputed on construction.
         self.register_buffer("rope_cos", cos, persistent=False)

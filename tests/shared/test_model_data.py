@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -88,6 +89,90 @@ def test_attention_function_is_injectable():
     x = torch.randint(0, 256, (2, 10))
     torch.testing.assert_close(model(x), ref(x))
     assert calls == [((2, 4, 10, 16), True)] * 2  # one call per layer, (B, H, S, D)
+
+
+# --- grouped-query attention -----------------------------------------------------------------
+
+
+def test_default_kv_heads_keep_the_multi_head_shapes():
+    # The tiny preset's state dict as it was before n_kv_heads existed: checkpoints stay loadable.
+    d, f, v = 64, 192, 256
+    per_layer = {
+        "attention_norm.weight": (d,),
+        "attention.wqkv.weight": (3 * d, d),
+        "attention.wo.weight": (d, d),
+        "ffn_norm.weight": (d,),
+        "feed_forward.w1.weight": (f, d),
+        "feed_forward.w3.weight": (f, d),
+        "feed_forward.w2.weight": (d, f),
+    }
+    expected = {"tok_embeddings.weight": (v, d), "norm.weight": (d,), "output.weight": (v, d)}
+    expected |= {f"layers.{i}.{k}": s for i in range(2) for k, s in per_layer.items()}
+    for args in (ModelArgs.from_preset("tiny"), ModelArgs.from_preset("tiny", n_kv_heads=4)):
+        shapes = {k: tuple(t.shape) for k, t in Transformer(args).state_dict().items()}
+        assert shapes == expected
+    assert ModelArgs.from_preset("tiny").kv_heads == 4
+
+
+def _mha_from_gqa(gqa: Transformer) -> Transformer:
+    """The multi-head model that GQA abbreviates: each kv head copied to every query head of its
+    group (query head h reads kv head h // group)."""
+    a = gqa.args
+    mha = Transformer(replace(a, n_kv_heads=None))
+    sd, group = gqa.state_dict(), a.n_heads // a.kv_heads
+
+    def rep(w):  # (kv_heads * D, dim) -> (n_heads * D, dim)
+        return w.view(a.kv_heads, a.head_dim, a.dim).repeat_interleave(group, 0).flatten(0, 1)
+
+    for i in range(a.n_layers):
+        key = f"layers.{i}.attention.wqkv.weight"
+        q, k, v = sd[key].split((a.dim, a.kv_dim, a.kv_dim))
+        sd[key] = torch.cat([q, rep(k), rep(v)])
+    mha.load_state_dict(sd)
+    return mha
+
+
+def _sdpa(q, k, v, causal=True):
+    assert q.shape == k.shape == v.shape  # injected kernels get one kv head per query head
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+@pytest.mark.parametrize("attn_fn", [None, _sdpa], ids=["sdpa-enable-gqa", "injected-repeat"])
+def test_gqa_is_mha_with_kv_heads_repeated_per_group(attn_fn):
+    args = ModelArgs.from_preset("tiny", n_heads=8, n_kv_heads=2, n_layers=2)
+    gqa = build_model(args, seed=0, attn_fn=attn_fn)
+    with torch.no_grad():  # larger attention weights: peaked softmax, so a wrong kv head shows
+        for layer in gqa.layers:
+            layer.attention.wqkv.weight.normal_(0.0, 0.3)
+    assert gqa.layers[0].attention.wqkv.weight.shape == (64 + 2 * 2 * 8, 64)
+    mha = _mha_from_gqa(gqa)
+    x = torch.randint(0, 256, (2, 24))
+    # float32 throughout; the same products, at most summed in another order inside SDPA, so the
+    # default float32 tolerances (rtol 1.3e-6, atol 1e-5) hold with room to spare.
+    torch.testing.assert_close(gqa(x), mha(x))
+    # ...and the check can fail: pairing query heads with the wrong kv heads changes the output
+    wrong = _mha_from_gqa(gqa)
+    with torch.no_grad():
+        w = wrong.layers[0].attention.wqkv.weight
+        kv = w[64:].view(2, 8, 8, 64)  # (k|v, head, D, dim)
+        w[64:] = kv.roll(1, dims=1).reshape(128, 64)
+    assert (wrong(x) - mha(x)).abs().max() > 1e-3
+
+
+def test_gqa_parameter_count_and_bad_kv_heads():
+    # tiny with 2 kv heads of 16: per block 2*64*64 + 2*64*32 + 3*64*192 + 2*64 = 49,280
+    args = ModelArgs.from_preset("tiny", n_kv_heads=2)
+    assert args.num_params() == 2 * 49_280 + 2 * 256 * 64 + 64 == Transformer(args).num_params()
+    tied = ModelArgs.from_preset("tiny", n_kv_heads=2, tie_embeddings=True)
+    model = Transformer(tied)
+    assert model.output.weight is model.tok_embeddings.weight
+    assert tied.num_params() == args.num_params() - 256 * 64 == model.num_params()
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="n_kv_heads must be positive"):
+            ModelArgs.from_preset("tiny", n_kv_heads=bad)
+    for bad in (3, 8):
+        with pytest.raises(ValueError, match=r"n_heads \(4\) must be divisible by n_kv_heads"):
+            ModelArgs.from_preset("tiny", n_kv_heads=bad)
 
 
 # --- data ------------------------------------------------------------------------------------
