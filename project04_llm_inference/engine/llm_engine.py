@@ -220,16 +220,12 @@ class LLMEngine:
             len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len
         ):
             seq.finish_reason = "length"
+        if seq.finish_reason is not None and self.tokenizer is not None:
+            # (a stop string returned above with its cut text, which may be empty)
+            seq.output_text = self.tokenizer.decode(seq.output_token_ids)
 
     def _output(self, seq: Sequence, new: list[int]) -> RequestOutput:
         finished = seq.finish_reason is not None
-        text = seq.output_text
-        if (
-            finished
-            and self.tokenizer is not None
-            and not (seq.params.stop and seq.finish_reason == "stop" and text)
-        ):
-            text = self.tokenizer.decode(seq.output_token_ids)
         return RequestOutput(
             request_id=seq.request_id,
             prompt_token_ids=seq.prompt_token_ids,
@@ -237,7 +233,7 @@ class LLMEngine:
             new_token_ids=new,
             finished=finished,
             finish_reason=seq.finish_reason,
-            text=text,
+            text=seq.output_text,  # set when it finishes (_check_stop)
             logprobs=list(seq.output_logprobs) if seq.params.logprobs else None,
             num_cached_tokens=seq.num_cached_prompt_tokens,
         )
