@@ -1,4 +1,4 @@
-"""Build and load the CUDA extensions on first use, through `torch.utils.cpp_extension`.
+"""Build and load project01's CUDA extensions on first use (through `shared.cuda_build`).
 
 Importing the package needs no GPU and no compiler: nothing here runs until a kernel is first
 called. When something needed is missing, `CudaUnavailableError` says what in one sentence.
@@ -7,66 +7,47 @@ called. When something needed is missing, `CudaUnavailableError` says what in on
   On compute capability 9.0 the target is `9.0a`, so Hopper-only instructions (wgmma, setmaxnreg)
   assemble.
 - Build directory: `.build/<extension>/` at the repository root (ignored by git), or
-  `$P01_BUILD_DIR/<extension>/`; ninja rebuilds only what changed.
+  `$P01_BUILD_DIR/<extension>/`; ninja rebuilds only what changed. `P01_VERBOSE_BUILD=1` prints
+  the compiler's commands.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import shutil
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from shared import cuda_build
+from shared.cuda_build import (
+    CudaUnavailableError,
+    cuda_unavailable_reason,
+    require_cuda,
+    target_arch_list,
+)
+
+__all__ = [
+    "CSRC",
+    "CudaUnavailableError",
+    "build_root",
+    "cuda_unavailable_reason",
+    "is_hopper",
+    "load_extension",
+    "require_cuda",
+    "target_arch_list",
+]
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 
 
-class CudaUnavailableError(RuntimeError):
-    """No CUDA GPU, no nvcc, or a CPU-only build of torch: the kernels cannot run here."""
-
-
-def cuda_unavailable_reason() -> str | None:
-    """One sentence saying why the CUDA kernels cannot run here, or None when they can."""
-    if torch.version.cuda is None:
-        return (
-            f"torch {torch.__version__} is a CPU-only build; the CUDA kernels need a CUDA build "
-            "of torch (pip install torch on a machine with an NVIDIA driver)."
-        )
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible to torch (torch.cuda.is_available() is False)."
-    if _nvcc() is None:
-        return "nvcc was not found (set CUDA_HOME or put the CUDA toolkit's bin/ on PATH)."
-    return None
-
-
-def require_cuda() -> None:
-    reason = cuda_unavailable_reason()
-    if reason is not None:
-        raise CudaUnavailableError(reason)
-
-
 def _nvcc() -> str | None:
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "nvcc").exists():
-        return str(Path(CUDA_HOME) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    return cuda_build.find_nvcc()
 
 
 def build_root() -> Path:
     env = os.environ.get("P01_BUILD_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / ".build"
-
-
-def target_arch_list() -> str:
-    """The value given to TORCH_CUDA_ARCH_LIST for this build, e.g. '9.0a' on an H100/H200."""
-    override = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if override:
-        return override
-    major, minor = torch.cuda.get_device_capability()
-    return f"{major}.{minor}a" if (major, minor) == (9, 0) else f"{major}.{minor}"
+    return Path(env) if env else cuda_build.default_build_root()
 
 
 def is_hopper() -> bool:
@@ -74,7 +55,6 @@ def is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-@functools.cache
 def load_extension(
     name: str,
     sources: tuple[str, ...],
@@ -86,29 +66,11 @@ def load_extension(
     `sources` are paths relative to `csrc/`. Raises CudaUnavailableError when the kernels cannot
     run here.
     """
-    require_cuda()
-    from torch.utils.cpp_extension import load
-
-    os.environ["TORCH_CUDA_ARCH_LIST"] = target_arch_list()
-    build_dir = build_root() / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    paths = [str(CSRC / s) for s in sources]
-    missing = [p for p in paths if not Path(p).exists()]
-    if missing:
-        raise FileNotFoundError(f"extension {name}: missing sources {missing}")
-    return load(
-        name=name,
-        sources=paths,
-        build_directory=str(build_dir),
-        extra_cflags=["-O3", "-std=c++17"],
-        extra_cuda_cflags=[
-            "-O3",
-            "-std=c++17",
-            "--use_fast_math",
-            "-lineinfo",
-            f"-I{CSRC}",
-            *extra_cuda_cflags,
-        ],
-        extra_include_paths=[str(CSRC)],
+    return cuda_build.load_extension(
+        name,
+        CSRC,
+        sources,
+        extra_cuda_cflags,
+        build_root=build_root(),
         verbose=verbose or bool(os.environ.get("P01_VERBOSE_BUILD")),
     )

@@ -1,9 +1,9 @@
 """`python -m project04_llm_inference <command> --help`: generate, benchmark, report.
 
-    python -m project04_llm_inference generate --engine.load-format dummy --engine.dummy-shape tiny --prompt-ids 1 2 3
-    python -m project04_llm_inference throughput        # offline throughput vs baselines (GPU)
-    python -m project04_llm_inference latency           # decode ms/step vs the bandwidth floor (GPU)
-    python -m project04_llm_inference report --reports-dir runs/<time>
+python -m project04_llm_inference generate --engine.load-format dummy --engine.dummy-shape tiny --prompt-ids 1 2 3
+python -m project04_llm_inference throughput        # offline throughput vs baselines (GPU)
+python -m project04_llm_inference latency           # decode ms/step vs the bandwidth floor (GPU)
+python -m project04_llm_inference report --reports-dir runs/<time>
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ greedy agreement, CUDA graphs against eager, and a smoke run of the Llama-3.2-1B
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -88,30 +89,42 @@ def test_teacher_forced_logits_bf16_within_twice_transformers_bf16(d64_dir):
         eng.abort(str(i))
 
 
-def test_greedy_agrees_with_transformers_and_graphs_with_eager(d64_dir):
+def _hf_greedy(model, prompt, n):
+    gen = copy.deepcopy(model.generation_config)
+    gen.eos_token_id = None  # never stop: the engine runs with ignore_eos
+    gen.max_new_tokens, gen.do_sample, gen.pad_token_id = n, False, 0
+    out = model.generate(torch.tensor([prompt], device="cuda"), generation_config=gen)
+    return out[0, len(prompt) :].tolist()
+
+
+def test_greedy_agrees_with_float32_as_often_as_transformers_bf16(d64_dir):
+    """Greedy tokens over 32 steps: ours (bf16) against the float32 reference, next to PyTorch's
+    own bf16 run against the same reference. With random weights, near-ties of the top two
+    logits are common and bf16 rounding flips them (and the rest of the sequence), so neither
+    bf16 run matches on every prompt: ours must match about as often as transformers' bf16 does.
+    CUDA graphs and eager run the same kernels on the same inputs: they must agree."""
     transformers = pytest.importorskip("transformers")
-    ref = transformers.LlamaForCausalLM.from_pretrained(d64_dir, dtype=torch.bfloat16).cuda().eval()
+    load = transformers.LlamaForCausalLM.from_pretrained
+    ref32 = load(d64_dir, dtype=torch.float32).cuda().eval()
+    ref16 = load(d64_dir, dtype=torch.bfloat16).cuda().eval()
     prompts = _prompts(16, 10, 400, seed=2)
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     graphs = LLM(str(d64_dir), max_model_len=1024, num_gpu_blocks=512).generate(prompts, params)
     eager = LLM(str(d64_dir), max_model_len=1024, num_gpu_blocks=512, enforce_eager=True).generate(
         prompts, params
     )
-    same_as_hf = same_as_eager = 0
+    ours = theirs = same_as_eager = 0
     for p, g, e in zip(prompts, graphs, eager):
-        gen = ref.generation_config
-        gen.eos_token_id = None
-        want = ref.generate(torch.tensor([p], device="cuda"), generation_config=gen,
-                            max_new_tokens=32, do_sample=False, pad_token_id=0)[0, len(p):].tolist()  # fmt: skip
-        same_as_hf += g.token_ids == want
+        want = _hf_greedy(ref32, p, 32)
+        ours += g.token_ids == want
+        theirs += _hf_greedy(ref16, p, 32) == want
         same_as_eager += g.token_ids == e.token_ids
     print(
-        f"greedy 32 tokens, bf16: {same_as_hf}/16 equal to transformers, {same_as_eager}/16 graph == eager"
+        f"greedy, 32 tokens, 16 prompts, equal to the float32 reference: ours bf16 {ours}/16, "
+        f"transformers bf16 {theirs}/16; CUDA graph == eager {same_as_eager}/16"
     )
-    # bf16 rounding differs between implementations, so a near-tie can flip a token and the rest
-    # of the sequence with it; most sequences must still agree over 32 tokens.
-    assert same_as_hf >= 10
-    assert same_as_eager >= 12
+    assert ours >= theirs - 3
+    assert same_as_eager >= 14
 
 
 def test_llama_3_2_1b_shape_smoke():
