@@ -52,7 +52,7 @@ def _caches(b: int, s: int, cfg: KernelBenchConfig, dtype):
         x = torch.randn(b, hkv, per_seq * bs, d, device="cuda", dtype=dtype)
         # (B, Hkv, nblk, bs, D) -> (B * nblk, bs, Hkv, D): block j of sequence i at perm[i, j]
         blocks = x.view(b, hkv, per_seq, bs, d).permute(0, 2, 3, 1, 4).reshape(-1, bs, hkv, d)
-        cache = torch.empty_like(blocks)
+        cache = torch.empty(blocks.shape, device="cuda", dtype=dtype)  # contiguous
         cache[perm] = blocks
         del blocks
         dense.append(x[:, :, :s])
