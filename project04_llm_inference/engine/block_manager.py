@@ -106,10 +106,10 @@ class BlockManager:
 
     def register_computed(self, seq: Sequence) -> None:
         """Put seq's newly completed full blocks (K/V computed) into the prefix cache."""
-        if not self.enable_prefix_caching:
-            return
-        tokens = seq.all_token_ids
         n_full = seq.num_computed_tokens // self.block_size
+        if not self.enable_prefix_caching or seq.num_hashed_blocks >= n_full:
+            return  # the common decode step: no block completed
+        tokens = seq.all_token_ids
         while seq.num_hashed_blocks < n_full:
             i = seq.num_hashed_blocks
             chunk = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])

@@ -37,9 +37,19 @@ class Sequence:
     first_token_time: float | None = None
     generator: torch.Generator | None = None  # per-request seed: the same tokens every time
 
+    _all: list[int] = field(default_factory=list, repr=False)
+
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """Prompt + outputs, kept as one list extended as outputs are appended (outputs only
+        grow), so a step costs O(new tokens), not O(sequence length). Do not modify it."""
+        n_prompt = len(self.prompt_token_ids)
+        if not self._all:
+            self._all = list(self.prompt_token_ids)
+        have = len(self._all) - n_prompt
+        if have < len(self.output_token_ids):
+            self._all.extend(self.output_token_ids[have:])
+        return self._all
 
     @property
     def num_tokens(self) -> int:
