@@ -1,6 +1,7 @@
 """`python -m project04_llm_inference <command> --help`: generate, benchmark, report.
 
 python -m project04_llm_inference generate --engine.load-format dummy --engine.dummy-shape tiny --prompt-ids 1 2 3
+python -m project04_llm_inference serve --engine.model path/to/model   # OpenAI API on 127.0.0.1:8000
 python -m project04_llm_inference throughput        # offline throughput vs baselines (GPU)
 python -m project04_llm_inference latency           # decode ms/step vs the bandwidth floor (GPU)
 python -m project04_llm_inference report --reports-dir runs/<time>
@@ -8,22 +9,67 @@ python -m project04_llm_inference report --reports-dir runs/<time>
 
 from __future__ import annotations
 
+import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from .config import EngineArgs, SamplingParams
+
+
+def _engine_defaults() -> EngineArgs:
+    """EngineArgs' own defaults, not checked: tyro only reads the defaults from it and builds the
+    checked EngineArgs from the command line. So `serve --engine.model DIR` loads DIR's weights
+    (never dummy ones by surprise), and `serve` alone asks for a model or --engine.load-format
+    dummy, in one line."""
+    args = object.__new__(EngineArgs)
+    for f in fields(EngineArgs):
+        setattr(args, f.name, f.default if f.default is not MISSING else f.default_factory())
+    return args
 
 
 @dataclass
 class GenerateConfig:
     """Generate for one prompt and print the tokens (and text, with a tokenizer)."""
 
-    engine: EngineArgs = field(default_factory=lambda: EngineArgs(load_format="dummy"))
+    engine: EngineArgs = field(default_factory=lambda: _engine_defaults())
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     prompt: str = ""
     """Text prompt (needs the model folder's tokenizer.json)."""
     prompt_ids: list[int] = field(default_factory=list)
     """Token-id prompt (when there is no tokenizer)."""
+
+
+@dataclass
+class ServeConfig:
+    """Serve the OpenAI HTTP API (completions, chat completions, streaming) until SIGINT/SIGTERM."""
+
+    engine: EngineArgs = field(default_factory=_engine_defaults)
+    host: str = "127.0.0.1"
+    """Address to bind; 127.0.0.1 keeps the server local (there is no authentication)."""
+    port: int = 8000
+    """TCP port; 0 picks a free one (the line printed at start says which)."""
+    served_model_name: str | None = None
+    """The `model` clients name; default: --engine.model as given, or dummy-<shape>."""
+    max_queued_requests: int = 256
+    """Most requests waiting for a place in the running batch; past it, requests get 503."""
+    shutdown_grace_s: float = 10.0
+    """On SIGINT/SIGTERM, how long running requests may finish before they are aborted."""
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("ServeConfig.host: empty")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"ServeConfig.port must be in [0, 65535], got {self.port}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("ServeConfig.served_model_name: empty")
+        if self.max_queued_requests < 1:
+            raise ValueError(
+                f"ServeConfig.max_queued_requests must be >= 1, got {self.max_queued_requests}"
+            )
+        if not (math.isfinite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0):
+            raise ValueError(
+                f"ServeConfig.shutdown_grace_s must be finite and >= 0, got {self.shutdown_grace_s}"
+            )
 
 
 @dataclass
@@ -46,6 +92,27 @@ def _generate(cfg: GenerateConfig) -> None:
         print(out.text)
 
 
+def _serve(cfg: ServeConfig) -> None:
+    import asyncio
+    import logging
+
+    from .server.api import serve
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(
+        serve(
+            cfg.engine,
+            host=cfg.host,
+            port=cfg.port,
+            served_model_name=cfg.served_model_name,
+            max_queued_requests=cfg.max_queued_requests,
+            shutdown_grace_s=cfg.shutdown_grace_s,
+        )
+    )
+
+
 def _report(cfg: ReportConfig) -> None:
     from .report.render import render
 
@@ -56,21 +123,25 @@ def _report(cfg: ReportConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     import tyro
 
-    from .bench import offline, prefill
+    from .bench import offline, prefill, serving
 
     commands = {
         "generate": GenerateConfig,
+        "serve": ServeConfig,
         "throughput": offline.ThroughputConfig,
         "latency": offline.LatencyConfig,
         "memory": offline.MemoryConfig,
         "prefix": offline.PrefixConfig,
         "prefill-kernel": prefill.PrefillBenchConfig,
+        "serving": serving.ServingBenchConfig,
         "report": ReportConfig,
     }
     runners = {
         GenerateConfig: _generate,
+        ServeConfig: _serve,
         ReportConfig: _report,
         prefill.PrefillBenchConfig: prefill.run,
+        serving.ServingBenchConfig: serving.run,
         **offline.RUNNERS,
     }
     try:
