@@ -92,6 +92,17 @@ class EngineArgs:
     """Never capture CUDA graphs."""
     cuda_graph_max_batch: int = 256
     """Decode batches up to this size replay CUDA graphs; larger ones run eagerly."""
+    speculative_method: Literal["none", "ngram", "draft"] = "none"
+    """Speculative decoding: 'ngram' proposes from the sequence's own earlier tokens (prompt
+    lookup), 'draft' from a small model (`speculative_model`); the output is unchanged (lossless)."""
+    num_speculative_tokens: int = 4
+    """Draft tokens proposed per sequence and step (with a speculative method)."""
+    speculative_model: str | None = None
+    """Draft model folder (Hugging Face format, the target's vocabulary) for 'draft'."""
+    ngram_prompt_lookup_min: int = 1
+    """Shortest suffix n-gram looked up by 'ngram'."""
+    ngram_prompt_lookup_max: int = 4
+    """Longest suffix n-gram looked up by 'ngram' (tried first)."""
 
     def __post_init__(self) -> None:
         if self.model is None and self.load_format != "dummy":
@@ -129,6 +140,32 @@ class EngineArgs:
         if self.cuda_graph_max_batch < 0:
             raise ValueError(
                 f"EngineArgs.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}"
+            )
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        method = self.speculative_method
+        if method not in ("none", "ngram", "draft"):
+            raise ValueError(
+                f"EngineArgs.speculative_method: expected 'none', 'ngram' or 'draft', got {method!r}"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+            raise ValueError(f"EngineArgs.num_speculative_tokens must be in [1, 64], got {k!r}")
+        if method == "draft" and not self.speculative_model:
+            raise ValueError("EngineArgs.speculative_model: 'draft' needs a draft model folder")
+        if method != "draft" and self.speculative_model is not None:
+            raise ValueError(
+                "EngineArgs.speculative_model is only used with speculative_method 'draft', "
+                f"got it with {method!r}"
+            )
+        lo, hi = self.ngram_prompt_lookup_min, self.ngram_prompt_lookup_max
+        if lo < 1:
+            raise ValueError(f"EngineArgs.ngram_prompt_lookup_min must be >= 1, got {lo}")
+        if hi < lo:
+            raise ValueError(
+                f"EngineArgs.ngram_prompt_lookup_max must be >= ngram_prompt_lookup_min ({lo}), "
+                f"got {hi}"
             )
 
 

@@ -3,6 +3,15 @@
 `add_request` / `abort` / `step` are what a server drives (one step = schedule, run the model
 once, sample, update every sequence); `step()` returns a `RequestOutput` for each request that
 got a token or finished, carrying the new tokens (the stream) and everything so far.
+
+With speculative decoding (`EngineArgs.speculative_method`), a step first asks the proposer for
+draft tokens for every decoding sequence; each is then scheduled with its last token and its
+drafts, and the one target forward returns logits at all of those positions. The acceptance
+rule (`spec.rejection`) keeps a prefix of the drafts and adds one token, so a step may emit
+several tokens per request (`new_token_ids`); stop conditions are checked token by token and
+cut the run exactly. The sequence's computed length then counts only the accepted positions:
+the K/V written for rejected drafts lie past it and are overwritten by the next step, and only
+blocks full of accepted tokens reach the prefix cache.
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ import torch
 from ..config import DUMMY_SHAPES, EngineArgs, SamplingParams
 from ..model.loader import build_model, read_config
 from ..model.tokenizer import Tokenizer
+from ..spec.draft import DraftProposer
+from ..spec.ngram import NgramProposer
+from ..spec.verifier import SpecGroup, verify_groups
 from .block_manager import BlockManager
 from .model_runner import ModelRunner
 from .sampler import sample
@@ -42,6 +54,7 @@ class StepRecord:
     prefill_tokens: int
     decode_seqs: int
     duration_s: float  # wall time of the step, the device synchronised (sampling reads tokens)
+    draft_tokens: int = 0  # speculative drafts verified in this step
 
 
 @dataclass
@@ -52,6 +65,9 @@ class _Counters:
     steps: int = 0
     finished: int = 0
     aborted: int = 0
+    spec_proposed: int = 0  # draft tokens verified by the target
+    spec_accepted: int = 0  # of those, accepted
+    spec_verifications: int = 0  # (sequence, step) pairs that verified drafts
 
 
 def resolve_device(name: str) -> torch.device:
@@ -90,9 +106,13 @@ class LLMEngine:
             seed=args.seed,
         )
         self.vocab_size = model.cfg.vocab_size
+        self.proposer = self._build_proposer()  # a draft model's weights before profiling
         self.runner = ModelRunner(model, args, max_model_len=self.max_model_len)
-        num_blocks = self.runner.profile_num_blocks()
+        extra = self.proposer.bytes_per_block() if isinstance(self.proposer, DraftProposer) else 0
+        num_blocks = self.runner.profile_num_blocks(extra)
         self.runner.allocate_kv_cache(num_blocks)
+        if isinstance(self.proposer, DraftProposer):
+            self.proposer.allocate(num_blocks, args.block_size)
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -104,6 +124,19 @@ class LLMEngine:
         self.step_log: list[StepRecord] = []
         self.counters = _Counters()
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
+        self._q: torch.Tensor | None = None  # the draft model's q of this step's proposals
+        self._q_rows: dict[int, int] = {}  # id(sequence) -> its row in _q
+
+    def _build_proposer(self):
+        a = self.args
+        if a.speculative_method == "ngram":
+            return NgramProposer(a.ngram_prompt_lookup_min, a.ngram_prompt_lookup_max)
+        if a.speculative_method == "draft":
+            return DraftProposer(
+                a, device=self.device, dtype=self.dtype, max_model_len=self.max_model_len,
+                vocab_size=self.vocab_size,
+            )  # fmt: skip
+        return None
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -152,6 +185,8 @@ class LLMEngine:
         if seq is None:
             return False
         self.scheduler.remove(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         seq.finish_reason = "abort"
         self.counters.aborted += 1
         return True
@@ -163,47 +198,135 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        proposed = self._propose() if self.proposer is not None else []
         batch = self.scheduler.schedule()
+        for seq in batch.preempted:
+            if self.proposer is not None:
+                self.proposer.release(seq)
         if not batch:
+            for seq in proposed:
+                seq.spec_token_ids.clear()
             if self.scheduler.has_unfinished() and not batch.preempted:
                 raise RuntimeError("scheduler made no progress: no request fits the KV pool")
             return []
         running_now = len(self.scheduler.running)
         logits = self.runner.run(batch.items)
-        seqs = [
-            s
-            for s, n in sorted(batch.items, key=lambda it: it[1] != 1)
-            if n + s.num_computed_tokens == s.num_tokens
-        ]
-        tokens, logprobs = sample(logits, seqs, self.generator)
-        tokens = tokens.tolist()
-        logprobs = logprobs.tolist() if logprobs is not None else None
-        n_prefill = sum(n for _, n in batch.items if n > 1)
-        n_decode = sum(1 for _, n in batch.items if n == 1)
+        # the runner's order (decodes first); each item's logits rows follow one another
+        plain_rows, plain_seqs, groups, sampled = [], [], [], []
+        row = 0
+        for s, n in sorted(batch.items, key=lambda it: it[1] != 1):
+            rows = s.num_computed_tokens + n - s.num_tokens + 1
+            if rows <= 0:
+                continue  # a prefill chunk short of the prompt's end
+            if s.spec_token_ids:
+                groups.append(SpecGroup(s, row, self._q_rows.get(id(s))))
+            else:
+                plain_rows.append(row)
+                plain_seqs.append(s)
+            sampled.append(s)
+            row += rows
+        new_tokens: dict[int, list[int]] = {}
+        new_logprobs: dict[int, list[float]] = {}
+        if plain_seqs:
+            tokens, logprobs = sample(logits[plain_rows], plain_seqs, self.generator)
+            tokens = tokens.tolist()
+            logprobs = logprobs.tolist() if logprobs is not None else None
+            for i, s in enumerate(plain_seqs):
+                new_tokens[id(s)] = [tokens[i]]
+                if logprobs is not None:
+                    new_logprobs[id(s)] = [logprobs[i]]
+        n_drafts = sum(len(g.seq.spec_token_ids) for g in groups)
+        if groups:
+            verified, logprobs = verify_groups(
+                logits, groups, self._q, self.generator, self.args.num_speculative_tokens
+            )
+            c = self.counters
+            c.spec_verifications += len(groups)
+            c.spec_proposed += n_drafts
+            c.spec_accepted += sum(verified.num_accepted)
+            for i, g in enumerate(groups):
+                new_tokens[id(g.seq)] = verified.tokens[i]
+                if logprobs is not None:
+                    new_logprobs[id(g.seq)] = logprobs[i]
+        n_spec = len(groups)
+        n_prefill = sum(n for s, n in batch.items if n > 1 and not s.spec_token_ids)
+        n_decode = sum(1 for _, n in batch.items if n == 1) + n_spec
         for seq, n in batch.items:
-            seq.num_computed_tokens += n
-            self.block_manager.register_computed(seq)
+            if not seq.spec_token_ids:  # a speculating sequence's count waits for verification
+                seq.num_computed_tokens += n
+                self.block_manager.register_computed(seq)
         outputs = []
         now = time.monotonic()
-        for i, seq in enumerate(seqs):
-            seq.output_token_ids.append(tokens[i])
-            if logprobs is not None:
-                seq.output_logprobs.append(logprobs[i])
+        for seq in sampled:
+            emitted = self._append(seq, new_tokens[id(seq)], new_logprobs.get(id(seq)))
+            if seq.spec_token_ids:
+                # K/V are valid for the last token and the accepted drafts that were kept
+                seq.num_computed_tokens += len(emitted)
+                self.block_manager.register_computed(seq)
+                seq.spec_token_ids.clear()
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            self._check_stop(seq)
             if seq.finish_reason is not None:
                 self.scheduler.remove(seq)
+                if self.proposer is not None:
+                    self.proposer.release(seq)
                 self.requests.pop(seq.request_id, None)
                 self.counters.finished += 1
-            outputs.append(self._output(seq, [tokens[i]]))
+            outputs.append(self._output(seq, emitted))
+        for seq in proposed:  # drafts the scheduler did not run
+            seq.spec_token_ids.clear()
         c = self.counters
         c.prefill_tokens_computed += n_prefill
         c.decode_tokens += n_decode
         c.steps += 1
         c.peak_running_seqs = max(c.peak_running_seqs, running_now)
-        self.step_log.append(StepRecord(n_prefill, n_decode, time.perf_counter() - t0))
+        self.step_log.append(
+            StepRecord(n_prefill, n_decode, time.perf_counter() - t0, draft_tokens=n_drafts)
+        )
         return outputs
+
+    def _append(self, seq: Sequence, tokens: list[int], logprobs: list[float] | None) -> list[int]:
+        """Append tokens one by one until a stop condition holds; returns those appended."""
+        emitted = []
+        for j, tok in enumerate(tokens):
+            seq.output_token_ids.append(tok)
+            if logprobs is not None:
+                seq.output_logprobs.append(logprobs[j])
+            emitted.append(tok)
+            self._check_stop(seq)
+            if seq.finish_reason is not None:
+                break
+        return emitted
+
+    def _propose(self) -> list[Sequence]:
+        """Draft tokens (`spec_token_ids`) for every decoding sequence that has room for them."""
+        k = self.args.num_speculative_tokens
+        seqs, ks = [], []
+        for s in self.scheduler.running:
+            if s.num_computed_tokens != s.num_tokens - 1:
+                continue  # not decoding (a prompt in progress)
+            # no more drafts than could be emitted: max_tokens and max_model_len bound the run
+            room = min(
+                k,
+                self.max_model_len - s.num_tokens,
+                s.params.max_tokens - len(s.output_token_ids) - 1,
+            )
+            if room >= 1:
+                seqs.append(s)
+                ks.append(room)
+        self.proposer.retain(self.scheduler.running)
+        self._q, self._q_rows = None, {}
+        if not seqs:
+            return []
+        drafts, q = self.proposer.propose(seqs, ks, self.generator)
+        proposed = []
+        for i, (s, d) in enumerate(zip(seqs, drafts)):
+            if d:
+                s.spec_token_ids = list(d)
+                self._q_rows[id(s)] = i
+                proposed.append(s)
+        self._q = q
+        return proposed
 
     def _check_stop(self, seq: Sequence) -> None:
         p, tok = seq.params, seq.output_token_ids[-1]
@@ -258,4 +381,10 @@ class LLMEngine:
             finished=c.finished,
             aborted=c.aborted,
             cuda_graph_sizes=sorted(self.runner.graphs),
+            spec_proposed_tokens=c.spec_proposed,
+            spec_accepted_tokens=c.spec_accepted,
+            spec_verifications=c.spec_verifications,
+            # accepted drafts per verification (each also emits one more token)
+            spec_mean_accepted_len=c.spec_accepted / max(c.spec_verifications, 1),
+            spec_acceptance_rate=c.spec_accepted / max(c.spec_proposed, 1),
         )

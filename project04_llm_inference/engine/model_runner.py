@@ -44,14 +44,16 @@ class ModelRunner:
         return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * elem
 
     @torch.inference_mode()
-    def profile_num_blocks(self) -> int:
+    def profile_num_blocks(self, extra_bytes_per_block: int = 0) -> int:
         """Blocks that fit: on a GPU, what `gpu_memory_utilization` leaves after the weights and
         the peak activations of a full-budget prefill (measured by running one); on the CPU, the
-        `cpu_kv_cache_gib` budget."""
+        `cpu_kv_cache_gib` budget. `extra_bytes_per_block`: what each block costs elsewhere too
+        (a draft model's cache of the same number of blocks)."""
         if self.args.num_gpu_blocks is not None:
             return self.args.num_gpu_blocks
+        per_block = self.bytes_per_block() + extra_bytes_per_block
         if self.device.type != "cuda":
-            return max(1, int(self.args.cpu_kv_cache_gib * 2**30) // self.bytes_per_block())
+            return max(1, int(self.args.cpu_kv_cache_gib * 2**30) // per_block)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -73,13 +75,13 @@ class ModelRunner:
         _, total = torch.cuda.mem_get_info()
         slack = 512 * 2**20  # CUDA graphs' pool and the sampler's (batch, vocab) logits
         budget = total * self.args.gpu_memory_utilization - base - peak_activations - slack
-        if budget < self.bytes_per_block():
+        if budget < per_block:
             raise RuntimeError(
                 f"no room for a KV cache: {total / 2**30:.1f} GiB x gpu_memory_utilization "
                 f"{self.args.gpu_memory_utilization} leaves {budget / 2**30:.2f} GiB after weights "
                 f"({base / 2**30:.2f} GiB) and activations ({peak_activations / 2**30:.2f} GiB)"
             )
-        return int(budget // self.bytes_per_block())
+        return int(budget // per_block)
 
     def _allocate_kv(self, num_blocks: int) -> None:
         c = self.cfg
@@ -124,7 +126,11 @@ class ModelRunner:
     def prepare(self, items: list[tuple[Sequence, int]]):
         """Packed inputs for (sequence, new tokens) items; decodes (1 token) must come first.
 
-        Returns (input_ids (T,), AttnMetadata, logits row index of each sampling item)."""
+        An item may reach past the sequence's tokens into its `spec_token_ids` (speculative
+        decoding): it then runs as a multi-token query (bottom-right causal over the cache) and
+        gets a logits row at each position from its last sampled token on.
+
+        Returns (input_ids (T,), AttnMetadata, logits row index of each sampling position)."""
         bs = self.block_size
         ids, pos, slots, sample_rows = [], [], [], []
         dec_tables, dec_lens, pre_tables, pre_lens, cu = [], [], [], [], [0]
@@ -132,6 +138,8 @@ class ModelRunner:
         for seq, n in items:
             c = seq.num_computed_tokens
             toks = seq.all_token_ids[c : c + n]
+            if len(toks) < n:  # a speculative item: the last sampled token, then the drafts
+                toks = toks + seq.spec_token_ids[: n - len(toks)]
             ids.extend(toks)
             pos.extend(range(c, c + n))
             table = seq.block_ids
@@ -145,8 +153,9 @@ class ModelRunner:
                 pre_tables.append(padded)
                 pre_lens.append(c + n)
                 cu.append(cu[-1] + n)
-            if c + n == seq.num_tokens:
-                sample_rows.append(len(ids) - 1)
+            # one row per position from the last known token on: 1, or 1 + drafts
+            first = max(c, seq.num_tokens - 1)
+            sample_rows.extend(range(len(ids) - (c + n - first), len(ids)))
         i32, i64 = torch.int32, torch.int64
         meta = AttnMetadata(
             num_decodes=num_decodes,
@@ -169,7 +178,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Logits (float32) of every item that reaches its last token, in item order."""
+        """Logits (float32) of every item that reaches its last token, in item order (decodes
+        first): one row per item, or 1 + drafts rows for a speculative item (which runs eagerly,
+        with the prefill chunks: only decode-only batches replay CUDA graphs)."""
         # decodes first (the attention kernels take them as one group)
         items = sorted(items, key=lambda it: it[1] != 1)
         order = [s for s, _ in items]

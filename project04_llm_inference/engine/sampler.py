@@ -1,9 +1,10 @@
 """Sampling on the device, for a batch of requests with their own parameters.
 
-Greedy rows take the argmax. Other rows: temperature, then top-k, top-p and min-p filters, then
-a draw by the exponential race (argmax of p / E with E ~ Exp(1), which picks token i with
-probability p_i). A request with a seed draws its E from its own generator, so the same seed
-gives the same tokens whatever else is in the batch. Logprobs are those of the model's
+Greedy rows take the argmax. Other rows: temperature, then top-k, top-p and min-p filters
+(`request_probs`: the request's distribution, which speculative decoding's verifier uses too),
+then a draw by the exponential race (`race`: argmax of p / E with E ~ Exp(1), which picks token
+i with probability p_i). A request with a seed draws its E from its own generator, so the same
+seed gives the same tokens whatever else is in the batch. Logprobs are those of the model's
 distribution (raw logits, before temperature and filters), as vLLM returns them.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config import SamplingParams
 from .sequence import Sequence
 
 
@@ -30,6 +32,44 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def request_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """(N, V) float32 logits, one row per params -> (N, V) probabilities after each row's
+    temperature, top-k, top-p and min-p. A greedy row (temperature 0) gets its temperature-1
+    distribution: callers take the argmax of the logits for those rows instead."""
+    dev = logits.device
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
+    scaled = logits / temps[:, None]
+    if any(p.top_k or p.top_p < 1 or p.min_p > 0 for p in params):
+        scaled = _filter(
+            scaled,
+            torch.tensor([p.top_k for p in params], device=dev),
+            torch.tensor([p.top_p for p in params], device=dev),
+            torch.tensor([p.min_p for p in params], device=dev),
+        )
+    return scaled.softmax(-1)
+
+
+def exponential_noise(
+    shape: tuple[int, int],
+    generators: list[torch.Generator | None],
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """(N, V) Exp(1) noise: row i from generators[i] when it is not None (a seeded request: its
+    own stream, independent of the batch), the other rows from `generator`."""
+    noise = torch.empty(shape, device=device)
+    noise.exponential_(generator=generator)
+    for i, g in enumerate(generators):
+        if g is not None:
+            noise[i].exponential_(generator=g)
+    return noise
+
+
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One draw per row of probs (N, V) (rows need not be normalised): argmax of p / E."""
+    return (probs / noise).argmax(-1)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None):
     """logits (N, V) float32, one row per sequence -> (token ids (N,), logprobs (N,) or None)."""
     n = logits.shape[0]
@@ -38,24 +78,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     greedy = torch.tensor([p.greedy for p in params], device=dev)
     tokens = logits.argmax(-1)
     if not all(p.greedy for p in params):
-        temps = torch.tensor(
-            [p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev
-        )
-        scaled = logits / temps[:, None]
-        if any(p.top_k or p.top_p < 1 or p.min_p > 0 for p in params):
-            scaled = _filter(
-                scaled,
-                torch.tensor([p.top_k for p in params], device=dev),
-                torch.tensor([p.top_p for p in params], device=dev),
-                torch.tensor([p.min_p for p in params], device=dev),
-            )
-        probs = scaled.softmax(-1)
-        noise = torch.empty_like(probs)
-        noise.exponential_(generator=generator)
-        for i, s in enumerate(seqs):  # seeded rows: their own stream, independent of the batch
-            if s.generator is not None and not params[i].greedy:
-                noise[i].exponential_(generator=s.generator)
-        drawn = (probs / noise).argmax(-1)
+        probs = request_probs(logits, params)
+        gens = [None if p.greedy else s.generator for s, p in zip(seqs, params)]
+        drawn = race(probs, exponential_noise(probs.shape, gens, generator, dev))
         tokens = torch.where(greedy, tokens, drawn)
     logprobs = None
     if any(p.logprobs for p in params):

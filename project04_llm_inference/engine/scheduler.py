@@ -8,6 +8,11 @@ preempted: its blocks are freed and it goes back to the front of the queue, to b
 (its full blocks may still be in the prefix cache then). Waiting requests are admitted in
 arrival order (FCFS) while the budget, `max_num_seqs` and the pool allow, and not in a step that
 had to preempt.
+
+Speculative decoding: a decoding sequence with draft tokens (`spec_token_ids`) is scheduled with
+1 + drafts tokens when the budget and the pool allow it without taking blocks that the running
+sequences after it need for their own next tokens; otherwise its drafts are cut (to what the
+budget holds) or dropped, and it decodes one token as usual. Drafts never cause a preemption.
 """
 
 from __future__ import annotations
@@ -74,9 +79,30 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        # blocks the running sequences need for their own next tokens (drafts aside): drafts
+        # may only take what is left beyond them
+        reserve = 0
+        if any(s.spec_token_ids for s in self.running):
+            reserve = sum(
+                self.bm.blocks_needed(s, s.num_tokens - s.num_computed_tokens) for s in self.running
+            )
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
+            if reserve:
+                reserve -= self.bm.blocks_needed(seq, seq.num_tokens - seq.num_computed_tokens)
+            if seq.spec_token_ids:
+                n = min(1 + len(seq.spec_token_ids), budget)
+                room = self.bm.num_free_blocks - max(reserve, 0)
+                if n > 1 and self.bm.blocks_needed(seq, n) <= room:
+                    allocated = self.bm.allocate(seq, n)
+                    assert allocated, "the room was checked just above"
+                    del seq.spec_token_ids[n - 1 :]
+                    batch.items.append((seq, n))
+                    budget -= n
+                    idx += 1
+                    continue
+                seq.spec_token_ids.clear()  # no room: a plain decode this step
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.bm.allocate(seq, n):
                 victim = self.running.pop()  # the newest request gives way

@@ -36,6 +36,9 @@ class Sequence:
     num_preemptions: int = 0
     first_token_time: float | None = None
     generator: torch.Generator | None = None  # per-request seed: the same tokens every time
+    # speculative decoding: this step's draft tokens, scheduled after the last sampled token
+    # (they are not part of the sequence until the verifier accepts them)
+    spec_token_ids: list[int] = field(default_factory=list)
 
     _all: list[int] = field(default_factory=list, repr=False)
 
