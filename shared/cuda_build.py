@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -97,6 +99,27 @@ def load_extension(
     return _load(name, csrc, paths, tuple(extra_cuda_cflags), root, verbose)
 
 
+STALE_LOCK_S = 900  # no single extension here takes 15 minutes to build
+
+
+def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove torch's build lock when it is older than any build takes.
+
+    `torch.utils.cpp_extension` holds a `lock` file in the build folder while it compiles and
+    waits, silently and forever, while one exists. A build killed mid-way (a timeout, Ctrl-C, a
+    lost machine) leaves it behind, and every later run then hangs. Returns True if removed."""
+    lock = Path(build_dir) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    print(f"removing a stale build lock ({age / 60:.0f} min old): {lock}", file=sys.stderr)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 @functools.cache
 def _load(
     name: str,
@@ -112,6 +135,10 @@ def _load(
     os.environ["TORCH_CUDA_ARCH_LIST"] = target_arch_list()
     build_dir = root / name
     build_dir.mkdir(parents=True, exist_ok=True)
+    clear_stale_lock(build_dir)
+    if not any(build_dir.glob(f"{name}*.so")):
+        # the first build takes a minute or more and torch prints nothing meanwhile
+        print(f"building CUDA extension {name} (first use; later runs reuse it)", file=sys.stderr)
     return load(
         name=name,
         sources=list(paths),
