@@ -37,7 +37,7 @@ endif
 
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: help setup test gpu-test demo project01 project02 project03 project04 apple apple-test apple-tier lint format fork clean readme
+.PHONY: help setup test gpu-test demo publish project01 project02 project03 project04 apple apple-test apple-tier lint format fork clean readme
 
 help:  ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -80,8 +80,12 @@ apple-tier:
 gpu-test: $(SETUP)  ## the GPU tier (on a CUDA machine)
 	$(PYTHON) -m pytest -m gpu $(PYTEST_ARGS)
 
-demo: $(SETUP)  ## every capstone at the size this hardware allows; writes reports/
+demo: $(SETUP)  ## every capstone at the size this hardware allows, into runs/<UTC time>/
 	$(PYTHON) -m scripts.demo
+
+publish: $(SETUP)  ## make publish RUN=runs/<time>: a run becomes reports/ and the README results
+	@test -n "$(RUN)" || { echo "usage: make publish RUN=runs/<time> (the folder make demo printed)"; exit 2; }
+	$(PYTHON) -m scripts.publish $(RUN)
 
 project01: $(SETUP)  ## build, test, benchmark and profile the CUDA kernels (needs a GPU)
 	$(PYTHON) -m scripts.demo --only project01

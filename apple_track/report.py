@@ -26,7 +26,9 @@ from shared.results import (
     markdown_table,
 )
 
-README = REPO_ROOT / "apple_track" / "README.md"
+# The track's README; in a standalone fork it is the repository's README, at its root.
+README = next((p for p in (REPO_ROOT / "apple_track" / "README.md", REPO_ROOT / "README.md")
+               if p.is_file()), REPO_ROOT / "apple_track" / "README.md")  # fmt: skip
 MAIN_NAME = "export"  # the record `make apple` writes; other names are extra runs
 DEFAULT_RECORD = REPORTS_DIR / "apple_track" / f"{MAIN_NAME}.json"
 RUNTIME_LABELS = {"coreml": "Core ML", "litert": "LiteRT", "mlx": "MLX"}

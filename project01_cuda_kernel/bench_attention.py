@@ -45,6 +45,7 @@ PROVIDER_LABELS = {
 }
 
 
+PROVIDER_MARKERS = dict(zip(PROVIDERS, ("o", "s", "^", "v", "D", "P", "X", "*")))
 PROVIDER_COLORS = {  # one colour per provider in every chart
     "ours": "#1f77b4",
     "ours_fa2": "#ff7f0e",
@@ -276,21 +277,36 @@ def ratios(rows: list[dict], base: str = "flash") -> list[dict]:
     return out
 
 
-def make_charts(result: dict, out_dir: Path, env_line: str) -> list[Path]:
-    """One PNG per mode: TFLOP/s vs sequence length, a panel per (head dim, causal)."""
-    import matplotlib
+def hardware_peak(env: dict, dtype: str = "bfloat16") -> tuple[float, str] | None:
+    """(TFLOP/s, label) of the dense peak of the record's GPU in `dtype` (shared.hardware's
+    datasheet table); None when the GPU is not in the table."""
+    from shared.hardware import dtype_key, match_gpu_name
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    spec = match_gpu_name(env.get("gpu") or "")
+    key = dtype_key(dtype)
+    if spec is None or key not in spec.peak_tflops:
+        return None
+    peak = spec.peak_tflops[key].value
+    return peak, f"dense {key} peak of {spec.name} (datasheet): {peak:.0f} TFLOP/s"
+
+
+def make_charts(result: dict, out_dir: Path, env_line: str,
+                peak: tuple[float, str] | None = None) -> list[Path]:  # fmt: skip
+    """One PNG per mode: TFLOP/s vs sequence length, a 2x2 grid of panels (rows: head dim,
+    columns: non-causal / causal), the GPU's dense peak (`peak`: TFLOP/s, label) drawn across."""
+    from shared.charts import _finish, hline, integer_xticks, plt, save_figure
 
     rows = result["rows"]
-    panels = sorted({(r["head_dim"], r["causal"]) for r in rows})
+    dims = sorted({r["head_dim"] for r in rows})
+    causals = sorted({r["causal"] for r in rows})
     paths = []
     for mode in MODES:
-        fig, axes = plt.subplots(
-            1, len(panels), figsize=(4.2 * len(panels), 4.0), squeeze=False, sharey=True
-        )
-        for ax, (d, causal) in zip(axes[0], panels):
+        fig, axes = plt.subplots(len(dims), len(causals), squeeze=False, sharey=True,
+                                 figsize=(5.2 * len(causals), 3.3 * len(dims) + 1.3))  # fmt: skip
+        top = peak[0] if peak else 0.0
+        for (i, d), (j, causal) in ((a, b) for a in enumerate(dims) for b in enumerate(causals)):
+            ax = axes[i][j]
+            seqs = []
             for provider in PROVIDERS:
                 pts = sorted(
                     (r["seq_len"], r["tflops"])
@@ -300,47 +316,52 @@ def make_charts(result: dict, out_dir: Path, env_line: str) -> list[Path]:
                 )  # fmt: skip
                 if pts:
                     xs, ys = zip(*pts)
-                    ax.plot(xs, ys, marker="o", lw=2.2 if provider == "ours" else 1.2,
+                    seqs += xs
+                    top = max(top, *ys)
+                    ax.plot(xs, ys, marker=PROVIDER_MARKERS[provider],
+                            lw=2.2 if provider == "ours" else 1.2, ms=5,
                             color=PROVIDER_COLORS[provider], label=PROVIDER_LABELS[provider],
-                            ls="--" if provider in VARIANT_MODE else "-")  # fmt: skip
+                            ls="--" if provider in VARIANT_MODE else "-",
+                            zorder=3 if provider == "ours" else 2)  # fmt: skip
+            if peak:
+                hline(ax, peak[0], peak[1], color="0.2", ls=":", text=(i, j) == (0, 0))
             ax.set_xscale("log", base=2)
+            integer_xticks(ax, seqs, log=True)
             ax.set_title(f"head dim {d}, {'causal' if causal else 'non-causal'}", fontsize=10)
-            ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
+            if i == len(dims) - 1:
+                ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
+            if j == 0:
+                ax.set_ylabel(f"{mode.replace('_', '+')} TFLOP/s")
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel(f"{mode.replace('_', '+')} TFLOP/s")
+        axes[0][0].set_ylim(0, top * 1.08 if top else 1.0)  # shared: every panel from 0
         handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.04),
-                   ncol=min(4, len(labels)), fontsize=8)  # fmt: skip
         fig.suptitle(f"Attention {mode.replace('_', '+')} throughput, bf16, hidden 2048")
-        fig.text(0.01, 0.005, env_line, fontsize=6, color="0.35")
-        fig.tight_layout(rect=(0, 0.17, 1, 0.95))
-        path = out_dir / f"attention_{mode}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.035),
+                   ncol=2, fontsize=8)  # fmt: skip
+        _finish(fig, env_line)
+        legend_h = (0.2 * math.ceil(len(labels) / 2) + 0.35) / fig.get_figheight()
+        fig.tight_layout(rect=(0, legend_h + 0.03, 1, 1))
+        paths.append(save_figure(fig, out_dir / f"attention_{mode}.png"))
     mem = [m for m in result["memory"] if m["head_dim"] == max(r["head_dim"] for r in rows)
            and not m["causal"]]  # fmt: skip
     if mem:
-        fig, ax = plt.subplots(figsize=(6.5, 4.0))
+        fig, ax = plt.subplots(figsize=(6.8, 4.4))
         for provider in PROVIDERS:
             pts = sorted((m["seq_len"], m["peak_mib"]) for m in mem if m["provider"] == provider)
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", color=PROVIDER_COLORS[provider],
-                        label=PROVIDER_LABELS[provider])  # fmt: skip
+                ax.plot(xs, ys, marker=PROVIDER_MARKERS[provider], color=PROVIDER_COLORS[provider],
+                        label=PROVIDER_LABELS[provider], ms=8 if provider == "ours" else 5,
+                        lw=2.5 if provider == "ours" else 1.5)  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        integer_xticks(ax, [m["seq_len"] for m in mem], log=True)
         ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
         ax.set_ylabel("peak extra memory, fwd+bwd (MiB)")
         ax.set_title(f"Attention memory, head dim {mem[0]['head_dim']}, non-causal, bf16")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        fig.text(0.01, 0.005, env_line, fontsize=6, color="0.35")
-        fig.tight_layout(rect=(0, 0.03, 1, 1))
-        path = out_dir / "attention_memory.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(_finish(fig, env_line), out_dir / "attention_memory.png"))
     return paths
 
 
@@ -367,9 +388,10 @@ def redraw_charts(json_path: str | Path) -> list[Path]:
     from shared.results import environment_line, load_result
 
     record = load_result(json_path)
-    return make_charts(
-        record["results"], Path(json_path).parent, environment_line(record["environment"])
-    )
+    env = record["environment"]
+    dtype = (record.get("config") or {}).get("dtype", "bfloat16")
+    return make_charts(record["results"], Path(json_path).parent, environment_line(env),
+                       peak=hardware_peak(env, dtype))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"wrote {path}")
     if cfg.charts:
-        for p in make_charts(result, path.parent, environment_line(env)):
+        for p in make_charts(result, path.parent, environment_line(env),
+                             peak=hardware_peak(env, cfg.dtype)):  # fmt: skip
             print(f"wrote {p}")
     print_summary(result)
     return 0

@@ -9,7 +9,10 @@ Each generated block sits between `<!-- name -->` and `<!-- /name -->` markers i
 - gemm:profile   Nsight Compute occupancy and throughput (profile_gemm.json)
 - attention      the FlashAttention section (attention_report.render_markdown, when present)
 
-    python -m project01_cuda_kernel.report [--reports-dir DIR] [--readme PATH] [--check]
+    python -m project01_cuda_kernel.report [--reports-dir DIR] [--readme PATH] [--check] [--no-readme]
+
+Image links are written relative to the README wherever it is (in a fork of this project the
+README is the repository's own, at its root).
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
 PROJECT = "project01_cuda_kernel"
-README = Path(__file__).resolve().parent / "README.md"
+_HERE = Path(__file__).resolve().parent
+# The project's README; in a standalone fork it is the repository's README, one level up.
+README = next((p for p in (_HERE / "README.md", _HERE.parent / "README.md") if p.is_file()),
+              _HERE / "README.md")  # fmt: skip
 TARGET_PCT = 90.0  # % of cuBLAS, from the issue
 
 
@@ -183,16 +190,25 @@ def render_profile(prof: dict) -> str:
     ])  # fmt: skip
 
 
-def render_attention(reports_dir: Path) -> str:
+def render_attention(reports_dir: Path, image_prefix: str | None = None) -> str:
     try:
         mod = importlib.import_module(f"{__package__}.attention_report")
     except ModuleNotFoundError:
         return "The attention report module is not in this checkout yet."
-    return mod.render_markdown(reports_dir)
+    if image_prefix is None:
+        return mod.render_markdown(reports_dir)
+    return mod.render_markdown(reports_dir, image_prefix=image_prefix)
 
 
-def render_all(reports_dir: Path) -> dict[str, str]:
-    """Marker name -> Markdown, for every section whose JSON exists."""
+def image_prefix_for(readme: Path, reports_dir: Path) -> str:
+    """The charts' folder as a link relative to the README's folder."""
+    rel = os.path.relpath(Path(reports_dir).resolve() / PROJECT, Path(readme).resolve().parent)
+    return rel.replace(os.sep, "/") + "/"
+
+
+def render_all(reports_dir: Path, image_prefix: str | None = None) -> dict[str, str]:
+    """Marker name -> Markdown, for every section whose JSON exists; chart links start with
+    `image_prefix` (default: as seen from project01_cuda_kernel/README.md)."""
     folder = reports_dir / PROJECT
     out: dict[str, str] = {}
     missing = "_No {what} yet: run `{cmd}` on a CUDA GPU._"
@@ -217,7 +233,7 @@ def render_all(reports_dir: Path) -> dict[str, str]:
         if prof is not None
         else missing.format(what="profile", cmd="python -m project01_cuda_kernel.profile gemm")
     )
-    out["attention"] = render_attention(reports_dir)
+    out["attention"] = render_attention(reports_dir, image_prefix)
     return out
 
 
@@ -249,6 +265,21 @@ def render_summary(reports_dir: Path) -> str:
     return "\n".join(parts)
 
 
+def render_charts(reports_dir: Path) -> list[Path]:
+    """Every chart again from the JSON records present (gemm.json, attention.json): no GPU."""
+    folder = Path(reports_dir) / PROJECT
+    paths: list[Path] = []
+    if (folder / "gemm.json").is_file():
+        from .bench_gemm import redraw_charts
+
+        paths += redraw_charts(folder / "gemm.json")
+    if (folder / "attention.json").is_file():
+        from .bench_attention import redraw_charts as redraw_attention
+
+        paths += redraw_attention(folder / "attention.json")
+    return paths
+
+
 def update_readme(readme: Path, sections: dict[str, str]) -> str:
     from shared.results import replace_between_markers
 
@@ -268,18 +299,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", type=Path, default=README)
     p.add_argument("--check", action="store_true",
                    help="exit 1 if the README is not up to date (writes nothing)")  # fmt: skip
+    p.add_argument("--no-readme", action="store_true",
+                   help="write <reports-dir>/project01_cuda_kernel/summary.md only")  # fmt: skip
     args = p.parse_args(argv)
     from shared.results import REPORTS_DIR, atomic_write_text
 
-    reports_dir = args.reports_dir or REPORTS_DIR
-    new = update_readme(args.readme, render_all(Path(reports_dir)))
+    reports_dir = Path(args.reports_dir or REPORTS_DIR)
+    summary = reports_dir / PROJECT / "summary.md"
+    if not args.check:  # the charts, redrawn from the same records
+        print(f"wrote {len(render_charts(reports_dir))} charts under {reports_dir / PROJECT}")
+    if args.no_readme and not args.check:
+        atomic_write_text(summary, render_summary(reports_dir))
+        print(f"wrote {summary}")
+        return 0
+    prefix = image_prefix_for(args.readme, reports_dir)
+    new = update_readme(args.readme, render_all(reports_dir, prefix))
     if args.check:
         stale = new != args.readme.read_text()
         print(f"{args.readme.name} is {'out of date' if stale else 'up to date'}")
         return 1 if stale else 0
     atomic_write_text(args.readme, new)
-    summary = Path(reports_dir) / PROJECT / "summary.md"
-    atomic_write_text(summary, render_summary(Path(reports_dir)))
+    atomic_write_text(summary, render_summary(reports_dir))
     print(f"wrote {args.readme} and {summary}")
     return 0
 

@@ -74,12 +74,10 @@ def param_parity(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict
 
 
 def run_compare(cfg: CompareConfig) -> Path:
-    from shared import charts
     from shared.results import (
         REPORTS_DIR,
         atomic_write_text,
         environment,
-        environment_line,
         load_result,
         save_result,
     )
@@ -150,21 +148,9 @@ def run_compare(cfg: CompareConfig) -> Path:
         reports_dir=root, env=environment(),
     )  # fmt: skip
     rec = load_result(path)
-    series = {
-        label: (list(range(1, len(results[k]["losses"]) + 1)), results[k]["losses"])
-        for k, label in (("fsdp", "FSDP2"), ("deepspeed", "DeepSpeed ZeRO-3"))
-        if results.get(k, {}).get("status") == "ok"
-    }
-    if series:
-        charts.line_chart(
-            out_dir / f"{name}_loss.png",
-            series,
-            title=f"Loss per step, {train.preset}, world size {cfg.world_size}, {cfg.param_dtype}",
-            xlabel="optimizer step",
-            ylabel="training loss (nats/token)",
-            footnote=environment_line(rec["environment"]),
-        )
-    from project02_fsdp_scaling.report import compare_markdown
+    from project02_fsdp_scaling.report import compare_chart, compare_markdown
+
+    compare_chart(rec, out_dir, name)
 
     md = compare_markdown(rec, name=name)
     atomic_write_text(path.with_suffix(".md"), md)

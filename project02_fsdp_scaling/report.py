@@ -8,6 +8,7 @@ Nothing here measures: every number comes from a JSON record written by `scaling
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,10 @@ from shared.results import (
 )
 
 PROJECT = "project02_fsdp_scaling"
-README = Path(__file__).resolve().parent / "README.md"
+_HERE = Path(__file__).resolve().parent
+# The project's README; in a standalone fork it is the repository's README, one level up.
+README = next((p for p in (_HERE / "README.md", _HERE.parent / "README.md") if p.is_file()),
+              _HERE / "README.md")  # fmt: skip
 
 
 def _pct(x):
@@ -85,6 +89,7 @@ def render_scaling(path: str | Path) -> list[Path]:
                     ylabel="efficiency (%)",
                     ideal=(ws, [100.0] * len(ws)),
                     ideal_label="ideal (100%)",
+                    ylim=(0, 105),  # from 0: a 5% loss reads as 5%, not as a cliff
                     footnote=foot,
                 )
             )
@@ -421,6 +426,31 @@ def compare_markdown(rec: dict, heading: str = "#", name: str | None = None) -> 
     return "\n".join(lines)
 
 
+def compare_chart(rec: dict, out_dir: Path, name: str | None = None) -> Path | None:
+    """<name>_loss.png: the loss per step of each side that ran, from the compare record."""
+    from shared import charts
+
+    res = rec["results"]
+    name = name or rec.get("name", "compare")
+    series = {
+        label: (list(range(1, len(res[k]["losses"]) + 1)), res[k]["losses"])
+        for k, label in (("fsdp", "FSDP2"), ("deepspeed", "DeepSpeed ZeRO-3"))
+        if (res.get(k) or {}).get("status") == "ok"
+    }
+    if not series:
+        return None
+    return charts.line_chart(
+        Path(out_dir) / f"{name}_loss.png",
+        series,
+        title=f"Loss per step, {res['preset']}, world size {res['world_size']}, "
+        f"{res['param_dtype']}",
+        xlabel="optimizer step",
+        ylabel="training loss (nats/token)",
+        y_from_zero=False,  # a loss curve: its shape, not its distance from 0
+        footnote=charts.footer(rec["environment"]),
+    )
+
+
 # ---- README -----------------------------------------------------------------------------------
 def _section(out_dir: Path, stem: str, fn, missing: str) -> str:
     path = out_dir / f"{stem}.json"
@@ -432,7 +462,9 @@ def _section(out_dir: Path, stem: str, fn, missing: str) -> str:
 def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> Path:
     """Fill the README's generated sections from the JSON records in out_dir."""
     out_dir = Path(out_dir) if out_dir else Path(REPORTS_DIR) / PROJECT
-    rel = "../reports/project02_fsdp_scaling/"
+    # links to the records' folder, relative to the README wherever both are
+    rel = os.path.relpath(out_dir.resolve(), Path(readme).resolve().parent).replace(os.sep, "/")
+    rel += "/"
     text = readme.read_text()
 
     def fix_links(md: str) -> str:  # image and trace links relative to the README
@@ -519,6 +551,8 @@ def render_all(out_dir: Path) -> None:
                      ("compare_cpu", compare_markdown)):  # fmt: skip
         if (out_dir / f"{stem}.json").is_file():
             atomic_write_text(out_dir / f"{stem}.md", fn(load_result(out_dir / f"{stem}.json")))
+            if stem.startswith("compare"):
+                compare_chart(load_result(out_dir / f"{stem}.json"), out_dir, stem)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ ENTRY_POINTS = {
     "tune": "Ray Tune HPO over lr, weight decay and warm-up with ASHA (and a random-search baseline)",
     "cost": "on-demand vs spot vs spot with Young/Daly checkpoints, fp32 vs bf16, Monte Carlo check",
     "data_pipeline": "resumable DataLoader and DALI pipelines: throughput comparison",
+    "report": "redraw every chart and summary.md from the JSON records (no rerun)",
 }
 
 

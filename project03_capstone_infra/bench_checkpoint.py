@@ -232,20 +232,39 @@ def _rows(res: dict, d: dict) -> list[tuple[str, str, dict]]:
     return rows
 
 
+def write_chart(record: dict, out_dir: Path) -> Path:
+    """checkpoint_bench.png: % of training time each kind of save holds, from a record."""
+    from shared.charts import bar_chart, footer
+
+    res, d = record["results"], record["results"]["derived"]
+    env, n = record["environment"], d["ckpt_interval_steps"]
+    gib = res["sync"]["bytes"] / 2**30
+    labels, pct = [], []
+    for label, _, x in _rows(res, d):
+        labels.append(label)
+        pct.append(100 * x.get("fraction", x["held_s"] / (d["interval_s"] + x["held_s"])))
+    foot = footer(env, f"{record['config']['preset']}, {res['n_params'] / 1e9:.2f} B params, bf16 "
+                  f"FSDP2, batch {record['config']['global_batch']}x"
+                  f"{res['tokens_per_step'] // record['config']['global_batch']}")  # fmt: skip
+    if labels and labels[0] == "sync":  # tallest bar last: clear of the legend at the top left
+        labels, pct = labels[1:] + labels[:1], pct[1:] + pct[:1]
+    return bar_chart(out_dir / "checkpoint_bench.png", labels, pct,
+                     title=f"Training time held by checkpoints ({gib:.1f} GiB, 1 per {n} steps)",
+                     ylabel="% of training time", baseline=1.0, baseline_label="target: 1%",
+                     footnote=foot)  # fmt: skip
+
+
 def write_report(record: dict, out_dir: Path) -> Path:
     """checkpoint_bench.md and checkpoint_bench.png from a record (raw + derived)."""
-    from shared.charts import bar_chart
     from shared.results import atomic_write_text, environment_line, markdown_table
 
     res, d = record["results"], record["results"]["derived"]
     env, n = record["environment"], d["ckpt_interval_steps"]
     gib = res["sync"]["bytes"] / 2**30
     pct_col = f"% of time at 1 per {n} steps"
-    rows, labels, pct = [], [], []
+    rows = []
     for label, desc, x in _rows(res, d):
         frac = x.get("fraction", x["held_s"] / (d["interval_s"] + x["held_s"]))
-        labels.append(label)
-        pct.append(100 * frac)
         rows.append({
             "save": desc, "held (s)": x["held_s"], pct_col: 100 * frac,
             "1st step excess (s)": x.get("first_step_excess_s", float("nan")),
@@ -253,14 +272,7 @@ def write_report(record: dict, out_dir: Path) -> Path:
             "to committed (s)": x.get("write_to_commit_s", x["held_s"] if label == "sync" else float("nan")),
         })  # fmt: skip
     r = res.get("resume") or {}
-    foot = (f"{record['config']['preset']}, {res['n_params'] / 1e9:.2f} B params, bf16 FSDP2, batch "
-            f"{record['config']['global_batch']}x{res['tokens_per_step'] // record['config']['global_batch']}; "
-            f"{env.get('gpu') or 'CPU'}, torch {env.get('torch')}, {(env.get('date') or '')[:10]}")  # fmt: skip
-    if labels and labels[0] == "sync":  # tallest bar last: clear of the legend at the top left
-        labels, pct = labels[1:] + labels[:1], pct[1:] + pct[:1]
-    bar_chart(out_dir / "checkpoint_bench.png", labels, pct,
-              title=f"Training time held by checkpoints ({gib:.1f} GiB, 1 per {n} steps)",
-              ylabel="% of training time", baseline=1.0, baseline_label="target: 1%", footnote=foot)  # fmt: skip
+    write_chart(record, out_dir)
     lines = []
     st = d.get("steady_state")
     if st:

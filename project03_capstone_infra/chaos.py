@@ -149,53 +149,110 @@ def fault_table(events: list[dict], sigterm_sent_t: float | None) -> list[dict]:
     return rows
 
 
-def _timeline_chart(path: Path, ref_events, fault_events, marks, footnote: str) -> Path:
-    """Step reached against wall time for both runs; `marks` are (time, label, step) faults."""
-    import matplotlib
+def timeline(ref_events: list[dict], fault_events: list[dict], marks) -> dict:
+    """What the timeline chart draws, for the record: (seconds since launch, step reached) of
+    both runs and the faults (seconds, kind, step), so the chart redraws from the JSON alone."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def points(evs: list[dict]) -> list[list[float]]:
+        starts = [e["t"] for e in evs if e["event"] == "start"]
+        if not starts:
+            return []
+        t0 = min(starts)
+        return [[round(e["t"] - t0, 3), e["step"]] for e in evs if e["event"] == "step"]
 
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    for name, evs, style in (("reference", ref_events, "-"), ("under faults", fault_events, "-")):
-        steps = [e for e in evs if e["event"] == "step"]
-        if not steps:
-            continue
-        t0 = min(e["t"] for e in evs if e["event"] == "start")
-        ax.plot(
-            [e["t"] - t0 for e in steps],
-            [e["step"] for e in steps],
-            style,
-            marker=".",
-            ms=3,
-            label=name,
+    starts = [e["t"] for e in fault_events if e["event"] == "start"]
+    t0 = min(starts) if starts else 0.0
+    return {
+        "reference": points(ref_events),
+        "faulted": points(fault_events),
+        "faults": [{"t": round(t - t0, 3), "kind": k, "step": step} for t, k, step in marks],
+    }
+
+
+def _stagger(xs: list[float], min_gap: float, rows: int = 3) -> list[int]:
+    """A row for each label at x (sorted) so that labels closer than min_gap never share a row."""
+    last = [-float("inf")] * rows
+    out = []
+    for x in xs:
+        row = next(
+            (r for r in range(rows) if x - last[r] >= min_gap),
+            min(range(rows), key=last.__getitem__),
         )
-    t0 = min(e["t"] for e in fault_events if e["event"] == "start")
-    for t, label, step in marks:
-        ax.axvline(t - t0, color="#C44E52", ls=":", lw=1)
-        ax.annotate(label, (t - t0, step), rotation=90, fontsize=7, va="bottom", color="#C44E52")
+        last[row] = x
+        out.append(row)
+    return out
+
+
+def timeline_chart(path: Path, tl: dict, footnote: str) -> Path:
+    """Step reached against wall time for both runs, each fault a dotted line with its label
+    written horizontally in staggered rows at the top (labels of close faults never overlap)."""
+    from shared.charts import COLORS, _finish, plt, save_figure
+
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    end = 1.0
+    for i, (name, key) in enumerate((("reference", "reference"), ("under faults", "faulted"))):
+        pts = tl.get(key) or []
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=".", ms=3,
+                    color=COLORS[i], label=name)  # fmt: skip
+            end = max(end, max(p[0] for p in pts))
+    faults = sorted(tl.get("faults") or [], key=lambda f: f["t"])
+    top = max([p[1] for k in ("reference", "faulted") for p in tl.get(k) or []] or [1])
+    ax.set_ylim(0, top * 1.35)  # room above the curves for three rows of labels
+    rows = _stagger([f["t"] for f in faults], min_gap=0.11 * end)
+    for f, row in zip(faults, rows):
+        ax.axvline(f["t"], color="#C44E52", ls=":", lw=1)
+        ax.annotate(f"{f['kind']} @{f['step']}", (f["t"], 1 - 0.075 * row),
+                    xycoords=("data", "axes fraction"), xytext=(3, -2),
+                    textcoords="offset points", ha="left", va="top", fontsize=8,
+                    color="#C44E52", bbox={"boxstyle": "round,pad=0.15", "fc": "white",
+                                           "ec": "none", "alpha": 0.9})  # fmt: skip
+    ax.set_xlim(0, end * 1.03)
     ax.set_xlabel("wall time since launch, s")
     ax.set_ylabel("optimizer step reached")
-    ax.set_title("Training progress: reference vs under injected faults")
+    ax.set_title("Training progress: reference vs under injected faults (fault @ step it hit)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.text(0.01, 0.005, footnote, fontsize=7, color="0.35")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    ax.legend(fontsize=8, loc="lower right")
+    return save_figure(_finish(fig, footnote), path)
+
+
+def chaos_footer(record: dict) -> str:
+    from shared.charts import footer
+
+    c, env = record["config"], record["environment"]
+    backend = "NCCL" if env.get("gpu") else "gloo"
+    return footer(env, f"{c['preset']}, {c['nproc']} ranks over {backend}, seed {c['seed']}")
+
+
+def write_charts(record: dict, out_dir: Path) -> list[Path]:
+    """chaos_loss.png and (when the record carries it) chaos_timeline.png from a chaos record."""
+    from shared.charts import line_chart
+
+    res, foot = record["results"], chaos_footer(record)
+    ref = {int(k): v for k, v in res["loss_curve"]["reference"].items()}
+    run = {int(k): v for k, v in res["loss_curve"]["faulted"].items()}
+    same = "bitwise identical" if res["identical"] else "DIFFERENT"
+    paths = [line_chart(
+        out_dir / "chaos_loss.png",
+        {"reference (no faults)": (sorted(ref), [ref[s] for s in sorted(ref)]),
+         "under faults (final trajectory)": (sorted(run), [run[s] for s in sorted(run)])},
+        title=f"Loss: reference vs faulted run ({same})",
+        xlabel="optimizer step", ylabel="training loss (nats)", y_from_zero=False, footnote=foot,
+    )]  # fmt: skip
+    if res.get("timeline"):
+        paths.append(timeline_chart(out_dir / "chaos_timeline.png", res["timeline"], foot))
+    return paths
 
 
 def run(cfg: ChaosConfig) -> dict:
     import torch
 
-    from shared.charts import line_chart
     from shared.results import (
         REPORTS_DIR,
         atomic_write_text,
         environment,
         environment_line,
+        load_result,
         markdown_table,
         save_result,
     )
@@ -266,6 +323,9 @@ def run(cfg: ChaosConfig) -> dict:
         "steps_lost_total": sum(r.get("steps_lost", 0) for r in rows),
         "loss_curve": {"reference": ref_curve, "faulted": curve},
     }
+    marks = [(e["t"], e["kind"], e["step"]) for e in events if e["event"] == "fault"]
+    marks.append((sigterm_t, "sigterm", sigterm_step))
+    results["timeline"] = timeline(ref_events, events, marks)
     config = {
         **asdict(cfg),
         "nproc": nproc,
@@ -277,19 +337,7 @@ def run(cfg: ChaosConfig) -> dict:
     out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
     json_path = save_result(PROJECT, "chaos", results, baseline={"reference_wall_s": ref.seconds},
                             config=config, reports_dir=out_dir, env=env)  # fmt: skip
-    backend = "NCCL" if env.get("gpu") else "gloo"
-    foot = f"{cfg.preset}, {nproc} ranks over {backend}, seed {cfg.seed}; {environment_line(env)}"
-    xs = sorted(ref_curve)
-    line_chart(
-        out_dir / PROJECT / "chaos_loss.png",
-        {"reference (no faults)": (xs, [ref_curve[s] for s in xs]),
-         "under faults (final trajectory)": (sorted(curve), [curve[s] for s in sorted(curve)])},
-        title=f"Loss: reference vs faulted run ({'bitwise identical' if identical else 'DIFFERENT'})",
-        xlabel="optimizer step", ylabel="training loss (nats)", footnote=foot,
-    )  # fmt: skip
-    marks = [(e["t"], e["kind"], e["step"]) for e in events if e["event"] == "fault"]
-    marks.append((sigterm_t, "sigterm", sigterm_step))
-    _timeline_chart(out_dir / PROJECT / "chaos_timeline.png", ref_events, events, marks, foot)
+    write_charts(load_result(json_path), out_dir / PROJECT)
 
     table = markdown_table(
         rows,

@@ -487,6 +487,7 @@ class CostConfig:
     mc_runs: int = 20_000  # simulated jobs per plan
     seed: int = 0  # of the Monte Carlo
     reports_dir: str = ""  # default: the repo's reports/
+    measurements_dir: str = ""  # where measured throughput is read from; default: reports_dir
     out_name: str = "cost"  # stem of the report files
 
     def validate(self) -> CostConfig:
@@ -665,8 +666,9 @@ def run(cfg: CostConfig) -> dict:
     cfg.validate()
     spec = get_gpu(cfg.gpu)
     reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else _reports_dir()
-    tput, ratio = resolve_throughput(cfg, reports_dir)
-    save, restart = resolve_checkpoint_costs(cfg, reports_dir)
+    measured = Path(cfg.measurements_dir) if cfg.measurements_dir else reports_dir
+    tput, ratio = resolve_throughput(cfg, measured)
+    save, restart = resolve_checkpoint_costs(cfg, measured)
     cfg = replace(cfg, save_s=save.value, restart_s=restart.value)
     if cfg.trace:
         gaps = load_trace(cfg.trace)
@@ -735,13 +737,7 @@ def _fmt_h(h: float) -> str:
 
 
 def write_report(cfg: CostConfig, results: dict, reports_dir: Path) -> list[Path]:
-    from shared.charts import grouped_bar_chart, line_chart
-    from shared.results import (
-        atomic_write_text,
-        environment,
-        environment_line,
-        save_result,
-    )
+    from shared.results import atomic_write_text, environment, load_result, save_result
 
     env = environment()
     out = reports_dir / PROJECT
@@ -750,28 +746,64 @@ def write_report(cfg: CostConfig, results: dict, reports_dir: Path) -> list[Path
     baseline = next(r for r in rows if r["market"] == "on-demand" and r["precision"] == "bf16")
     paths = [save_result(PROJECT, name, results, baseline=baseline, config=asdict(cfg),
                          reports_dir=reports_dir, env=env)]  # fmt: skip
+    paths += write_charts(load_result(paths[0]), out)
+    paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
+    return paths
+
+
+def _sources(results: dict) -> list[str]:
+    """The result records the plan's inputs were read from (measured throughput, bf16/fp32
+    ratio, checkpoint save and restart times), in order, each once."""
+    import re
+
+    found = []
+    for key in ("bf16_tokens_per_s_per_gpu", "bf16_speedup", "save_source", "restart_source"):
+        found += re.findall(r"reports/[\w./-]+\.json", (results.get(key) or {}).get("source", ""))
+    return list(dict.fromkeys(found))
+
+
+def chart_footer(record: dict, context: str | None = None) -> str:
+    """What the cost figures are about: a projection for the planned GPUs from the records it
+    read, never the machine that ran the model."""
+    from shared.charts import projection_footer
+
+    res = record["results"]
+    if context is None:
+        mc = (record.get("config") or {}).get("mc_runs")
+        context = "model + Monte Carlo" + (f" ({mc:,} runs)" if mc else "")
+    return projection_footer(
+        f"{res['n_gpus']}x {res['gpu']}, {res['total_tokens']:.3g} tokens",
+        _sources(res) or ["datasheet peaks and assumed MFU"],
+        context=context,
+        date=(record.get("environment") or {}).get("date"),
+    )
+
+
+def write_charts(record: dict, out_dir: Path) -> list[Path]:
+    """<name>.png (cost per plan) and <name>_interval.png (Young/Daly) from a cost record."""
+    from shared.charts import grouped_bar_chart, line_chart
+
+    results = record["results"]
+    name = (record.get("config") or {}).get("out_name") or record.get("name", "cost")
+    rows = results["plans"]
+    baseline = next(r for r in rows if r["market"] == "on-demand" and r["precision"] == "bf16")
     groups = list(dict.fromkeys(r["plan"] for r in rows))
     series = {
-        f"{p} expected": [next(r["expected_usd"] for r in rows if r["plan"] == g and r["precision"] == p)
-                          for g in groups]
+        f"{p} {what}": [next(r[key] for r in rows if r["plan"] == g and r["precision"] == p)
+                        for g in groups]
+        for what, key in (("expected", "expected_usd"), ("P90", "p90_usd"))
         for p in ("fp32", "bf16")
     }  # fmt: skip
-    series.update({
-        f"{p} P90": [next(r["p90_usd"] for r in rows if r["plan"] == g and r["precision"] == p)
-                     for g in groups]
-        for p in ("fp32", "bf16")
-    })  # fmt: skip
-    foot = (f"{results['n_gpus']}x {results['gpu']}, {results['total_tokens']:.3g} tokens; "
-            f"model + Monte Carlo ({cfg.mc_runs:,} runs); {environment_line(env)}")  # fmt: skip
-    paths.append(grouped_bar_chart(
-        out / f"{name}.png", groups, series,
+    foot = chart_footer(record)
+    paths = [grouped_bar_chart(
+        out_dir / f"{name}.png", groups, series,
         title=f"Training job cost: on-demand vs spot, fp32 vs bf16 ({results['gpu']})",
         ylabel="USD per job", baseline=baseline["expected_usd"],
         baseline_label="on-demand bf16 (expected)", footnote=foot,
-    ))  # fmt: skip
+    )]  # fmt: skip
     sweep = results["interval_sweep_spot_bf16"]
     paths.append(line_chart(
-        out / f"{name}_interval.png",
+        out_dir / f"{name}_interval.png",
         {
             "expected cost (model)": (sweep["interval_h"], sweep["expected_usd"]),
             "Young/Daly sqrt(2CM)": ([sweep["young_daly_h"]], [sweep["young_daly_usd"]]),
@@ -779,12 +811,10 @@ def write_report(cfg: CostConfig, results: dict, reports_dir: Path) -> list[Path
         },
         title="Spot bf16: expected cost vs checkpoint interval",
         xlabel="checkpoint interval (hours of work, log)", ylabel="expected USD per job",
-        logx=True,
-        footnote=f"{results['n_gpus']}x {results['gpu']}, {results['total_tokens']:.3g} tokens, "
-        f"save {results['save_s']:.3g} s, restart {results['restart_s']:.3g} s; analytic model, "
-        f"{env['date'][:10]}",
+        logx=True, y_from_zero=False,  # the curve's minimum is the point: not from 0
+        footnote=chart_footer(record, f"analytic model; save {results['save_s']:.3g} s, "
+                                      f"restart {results['restart_s']:.3g} s"),
     ))  # fmt: skip
-    paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
     return paths
 
 

@@ -383,11 +383,11 @@ def benchmark(cfg: DataBenchConfig) -> dict:
 def write_report(cfg: DataBenchConfig, results: dict, reports_dir) -> list:
     from pathlib import Path
 
-    from shared.charts import bar_chart
     from shared.results import (
         atomic_write_text,
         environment,
         environment_line,
+        load_result,
         markdown_table,
         save_result,
     )
@@ -398,15 +398,8 @@ def write_report(cfg: DataBenchConfig, results: dict, reports_dir) -> list:
     base = results["runs"]["in-loop stream (baseline)"]
     paths = [save_result(PROJECT, cfg.out_name, results, baseline=base, config=asdict(cfg),
                          reports_dir=reports_dir, env=env)]  # fmt: skip
-    labels = list(results["runs"])
-    fastest = max(labels, key=lambda k: results["runs"][k]["tokens_per_s"])
-    foot = (f"{cfg.preset}: batch {cfg.global_batch} x seq {results['seq_len']}; median of "
-            f"{cfg.repeats} x {cfg.batches} batches; {environment_line(env)}")  # fmt: skip
-    paths.append(bar_chart(out / f"{cfg.out_name}.png", labels,
-                           [results["runs"][k]["tokens_per_s"] for k in labels],
-                           title="Data loading throughput: DataLoader and DALI vs the in-loop stream",
-                           ylabel="tokens/s", baseline=base["tokens_per_s"],
-                           baseline_label="in-loop stream", footnote=foot))  # fmt: skip
+    paths += write_charts(load_result(paths[0]), out)
+    fastest = max(results["runs"], key=lambda k: results["runs"][k]["tokens_per_s"])
     rows = [{"loader": k, "batches/s": v["batches_per_s"], "tokens/s": v["tokens_per_s"],
              "x baseline": v["speedup_vs_baseline"]} for k, v in results["runs"].items()]  # fmt: skip
     md = [
@@ -434,6 +427,22 @@ def write_report(cfg: DataBenchConfig, results: dict, reports_dir) -> list:
         md += ["", f"DALI not measured: {results['dali_skipped_reason']}."]
     paths.append(atomic_write_text(out / f"{cfg.out_name}.md", "\n".join(md) + "\n"))
     return paths
+
+
+def write_charts(record: dict, out) -> list:
+    """<out_name>.png (tokens/s of every loader against the in-loop stream) from a data record."""
+    from shared.charts import bar_chart, footer
+
+    results, c = record["results"], record["config"]
+    base = results["runs"]["in-loop stream (baseline)"]
+    labels = list(results["runs"])
+    foot = footer(record["environment"], f"{c['preset']}: batch {c['global_batch']} x seq "
+                  f"{results['seq_len']}; median of {c['repeats']} x {c['batches']} batches")  # fmt: skip
+    return [bar_chart(out / f"{c.get('out_name') or 'data'}.png", labels,
+                      [results["runs"][k]["tokens_per_s"] for k in labels],
+                      title="Data loading throughput: DataLoader and DALI vs the in-loop stream",
+                      ylabel="tokens/s", baseline=base["tokens_per_s"],
+                      baseline_label="in-loop stream", footnote=foot)]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

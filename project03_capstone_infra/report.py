@@ -1,10 +1,16 @@
 """reports/project03_capstone_infra/summary.md: the project's results in one place (the top-level
 README's results block is refreshed from it by `make readme`). Written by the chaos run and the
-checkpoint benchmark from whatever result files exist; each part names its own context."""
+checkpoint benchmark from whatever result files exist; each part names its own context.
+
+    python -m project03_capstone_infra.report [--reports-dir DIR]
+
+redraws every chart from the JSON records alone (cost, chaos, checkpoint_bench, data, tune;
+nothing is rerun) and rewrites summary.md."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT = "project03_capstone_infra"
@@ -60,3 +66,44 @@ def write_summary(reports_dir: str | Path | None = None) -> Path:
     out = d / "summary.md"
     atomic_write_text(out, text + "\n")
     return out
+
+
+def render_charts(reports_dir: str | Path | None = None) -> list[Path]:
+    """Every chart again from the records present. The chaos timeline needs the record's
+    `timeline` (chaos runs since it was added); the loss chart redraws from any chaos record."""
+    from shared.results import REPORTS_DIR, load_result
+
+    from . import bench_checkpoint, chaos, cost, data_pipeline, tune
+
+    d = (Path(reports_dir) if reports_dir else REPORTS_DIR) / PROJECT
+    drawers = {"cost": cost.write_charts, "chaos": chaos.write_charts,
+               "checkpoint_bench": lambda rec, out: [bench_checkpoint.write_chart(rec, out)],
+               "data": data_pipeline.write_charts, "tune": tune.write_charts}  # fmt: skip
+    paths: list[Path] = []
+    for stem, draw in drawers.items():
+        if (d / f"{stem}.json").is_file():
+            paths += draw(load_result(d / f"{stem}.json"), d)
+    return paths
+
+
+@dataclass
+class ReportConfig:
+    """Redraw project03's charts and summary.md from the JSON records."""
+
+    reports_dir: str = ""  # default: the repo's reports/
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tyro
+
+    cfg = tyro.cli(ReportConfig, args=argv)
+    if cfg.reports_dir and not Path(cfg.reports_dir).is_dir():
+        raise SystemExit(f"--reports-dir: no folder at {cfg.reports_dir}")
+    for p in render_charts(cfg.reports_dir or None):
+        print(f"wrote {p}")
+    print(f"wrote {write_summary(cfg.reports_dir or None)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

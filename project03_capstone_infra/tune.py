@@ -521,15 +521,26 @@ def compare(asha: list[dict], fifo: list[dict], max_steps: int) -> dict:
 
 
 def write_report(cfg: TuneRunConfig, results: dict, reports_dir: Path) -> list[Path]:
-    from shared.charts import bar_chart, line_chart
-    from shared.results import atomic_write_text, environment, environment_line, save_result
+    from shared.results import atomic_write_text, environment, load_result, save_result
 
     env = environment()
     out = reports_dir / PROJECT
     name = cfg.out_name
     paths = [save_result(PROJECT, name, results, config=asdict(cfg), reports_dir=reports_dir,
                          env=env, baseline=results.get("comparison"))]  # fmt: skip
-    foot = f"{cfg.preset} preset, {cfg.num_samples} trials, {environment_line(env)}"
+    paths += write_charts(load_result(paths[0]), out)
+    paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
+    return paths
+
+
+def write_charts(record: dict, out: Path) -> list[Path]:
+    """tune_curves.png, tune_random_curves.png and tune_compute.png from a tune record."""
+    from shared.charts import bar_chart, footer, line_chart
+
+    results, c = record["results"], record["config"]
+    name = c.get("out_name") or record.get("name", "tune")
+    foot = footer(record["environment"], f"{c['preset']} preset, {c['num_samples']} trials")
+    paths = []
 
     def curves(records: list[dict]) -> dict:
         series = {}
@@ -544,13 +555,15 @@ def write_report(cfg: TuneRunConfig, results: dict, reports_dir: Path) -> list[P
         return series
 
     paths.append(line_chart(out / f"{name}_curves.png", curves(results["trials"]),
-                            title=f"ASHA: training loss of every trial (grace {cfg.grace_steps}, rf {cfg.reduction_factor})",
-                            xlabel="optimiser step", ylabel="training loss (nats)", footnote=foot))  # fmt: skip
+                            title=f"ASHA: training loss of every trial (grace {c['grace_steps']}, rf {c['reduction_factor']})",
+                            xlabel="optimiser step", ylabel="training loss (nats)",
+                            y_from_zero=False, footnote=foot))  # fmt: skip
     comp = results.get("comparison")
     if results.get("random_trials"):
         paths.append(line_chart(out / f"{name}_random_curves.png", curves(results["random_trials"]),
                                 title="Random search (no early stopping): the same configurations",
-                                xlabel="optimiser step", ylabel="training loss (nats)", footnote=foot))  # fmt: skip
+                                xlabel="optimiser step", ylabel="training loss (nats)",
+                                y_from_zero=False, footnote=foot))  # fmt: skip
     if comp:
         labels = ["ASHA", "random search"]
         values = [comp["asha_trial_steps"], comp["random_trial_steps"]]
@@ -561,7 +574,6 @@ def write_report(cfg: TuneRunConfig, results: dict, reports_dir: Path) -> list[P
         paths.append(bar_chart(out / f"{name}_compute.png", labels, values,
                                title="Compute to search (trial-steps; lower is better)",
                                ylabel="optimiser steps over all trials", footnote=foot))  # fmt: skip
-    paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
     return paths
 
 

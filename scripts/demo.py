@@ -1,20 +1,28 @@
-"""Run every capstone at the size this machine allows and write reports/ (`make demo`).
+"""Run every capstone at the size this machine allows, into a run folder (`make demo`).
 
-    python -m scripts.demo                 # all projects
+    python -m scripts.demo                 # all projects, into runs/<UTC time>/
     python -m scripts.demo --only project02
     python -m scripts.demo --list          # what would run here, and why
+    python -m scripts.demo --run-dir runs/mine
 
 Each project's steps are chosen by the hardware: with CUDA GPUs, the kernels, their benchmarks
 and the 1b training runs; on a CPU, the same code paths at the `tiny` size over gloo, and the CUDA
 sources compiled (when nvcc is present) but not run. A step that cannot run here is reported as
 skipped with the reason. The exit status is non-zero when a step that ran failed.
+
+Every step writes under the run folder (`<run>/<project>/`: JSON records, charts, Markdown),
+never into `reports/` or a README: those hold the published reference results, and change only
+through `make publish RUN=<run>`. Only the projects present in this checkout are planned (a fork
+of one project plans that one).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +31,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECTS = ("project01", "project02", "project03", "apple")
+# The short name of each project (`--only`, the Makefile's targets) and its package.
+PACKAGES = {
+    "project01": "project01_cuda_kernel",
+    "project02": "project02_fsdp_scaling",
+    "project03": "project03_capstone_infra",
+    "project04": "project04_llm_inference",
+    "apple": "apple_track",
+}
+PROJECTS = tuple(name for name, pkg in PACKAGES.items() if (ROOT / pkg).is_dir())
+RUNS = Path("runs")  # relative to the repository root, ignored by git
+# project04's benchmarks, as its Makefile target runs them
+P04_BENCHES = ("decode-kernel", "prefill-kernel", "latency", "throughput", "memory", "prefix")
+
+
+def new_run_dir(now: datetime.datetime | None = None) -> Path:
+    """runs/<UTC time>/, relative to the repository root (the steps run there)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return RUNS / now.strftime("%Y%m%dT%H%M%SZ")
 
 
 @dataclass
@@ -65,7 +90,10 @@ def _py(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def plan(hw: Hardware) -> list[Step]:
+def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
+    """The steps for this hardware; each writes under `run_dir` (default runs/<UTC time>/),
+    relative to the repository root or absolute."""
+    out = str(run_dir if run_dir is not None else new_run_dir())
     steps: list[Step] = []
     gpu = hw.gpus > 0
     no_gpu = "needs a CUDA GPU (none visible here)"
@@ -77,14 +105,15 @@ def plan(hw: Hardware) -> list[Step]:
                  _py("-m", "pytest", "-m", "gpu", "-q", "tests/project01_cuda_kernel"),
                  module="project01_cuda_kernel.gemm"),
             Step("project01", "benchmark, profile and report",
-                 _py("-m", "project01_cuda_kernel", "all"), module="project01_cuda_kernel.bench"),
+                 _py("-m", "project01_cuda_kernel", "all", "--reports-dir", out, "--no-readme"),
+                 module="project01_cuda_kernel.bench"),
         ]  # fmt: skip
     else:
         steps.append(
             Step(
                 "project01",
                 "compile every CUDA source for sm_90a (no GPU needed)",
-                _py("-m", "project01_cuda_kernel.compile_check"),
+                _py("-m", "project01_cuda_kernel.compile_check", "--reports-dir", out),
                 skip_reason=None if hw.nvcc else "nvcc not found (install the CUDA toolkit)",
                 module="project01_cuda_kernel.compile_check",
             )  # fmt: skip
@@ -92,7 +121,7 @@ def plan(hw: Hardware) -> list[Step]:
         steps.append(Step("project01", "kernels, benchmarks and ncu profile", skip_reason=no_gpu))
 
     # project02: FSDP strong scaling (the harness sizes itself: 1b on GPUs, tiny over gloo on CPU)
-    argv = _py("-m", "project02_fsdp_scaling.scaling")
+    argv = _py("-m", "project02_fsdp_scaling.scaling", "--reports-root", out)
     if gpu:
         argv += ["--gpus", ",".join(str(n) for n in (1, 2, 4, 8) if n <= hw.gpus)]
     where = f"{hw.gpus} GPU(s)" if gpu else "CPU, 2 gloo processes"
@@ -101,26 +130,34 @@ def plan(hw: Hardware) -> list[Step]:
         Step("project02", f"strong scaling ({where})", argv,
              module="project02_fsdp_scaling.scaling"),
         Step("project02", "FSDP2 vs DeepSpeed ZeRO-3, same model and data",
-             _py("-m", "project02_fsdp_scaling.compare"), module="project02_fsdp_scaling.compare",
+             _py("-m", "project02_fsdp_scaling.compare", "--reports-root", out),
+             module="project02_fsdp_scaling.compare",
              skip_reason="deepspeed is not installed (pip install -e '.[deepspeed]')"
              if ds_missing else (None if hw.gpus != 1 else "needs 2 GPUs (or none: CPU)")),
-        Step("project02", "report: charts, Markdown, README",
-             _py("-m", "project02_fsdp_scaling.report"), module="project02_fsdp_scaling.report"),
+        Step("project02", "report: charts and Markdown",
+             _py("-m", "project02_fsdp_scaling.report",
+                 "--dir", f"{out}/project02_fsdp_scaling", "--no-readme"),
+             module="project02_fsdp_scaling.report"),
     ]  # fmt: skip
 
     # project03: fault tolerance, HPO, cost, data loading
     ray_missing = importlib.util.find_spec("ray") is None
     steps += [
         Step("project03", "reference run, then the same run under injected faults",
-             _py("-m", "project03_capstone_infra.chaos"), module="project03_capstone_infra.chaos"),
+             _py("-m", "project03_capstone_infra.chaos", "--reports-dir", out),
+             module="project03_capstone_infra.chaos"),
         Step("project03", "Ray Tune HPO with ASHA vs random search",
-             _py("-m", "project03_capstone_infra.tune"), module="project03_capstone_infra.tune",
+             _py("-m", "project03_capstone_infra.tune", "--reports-dir", out),
+             module="project03_capstone_infra.tune",
              skip_reason="Ray Tune is not installed (pip install -e '.[ray]')"
              if ray_missing else None),
         Step("project03", "cost plan: on-demand vs spot, fp32 vs bf16, checkpoint interval",
-             _py("-m", "project03_capstone_infra.cost"), module="project03_capstone_infra.cost"),
+             # throughput and checkpoint costs measured on GPUs: read from the published reports
+             _py("-m", "project03_capstone_infra.cost", "--reports-dir", out,
+                 "--measurements-dir", "reports"),
+             module="project03_capstone_infra.cost"),
         Step("project03", "data loading throughput: stream vs DataLoader vs DALI",
-             _py("-m", "project03_capstone_infra.data_pipeline"),
+             _py("-m", "project03_capstone_infra.data_pipeline", "--reports-dir", out),
              module="project03_capstone_infra.data_pipeline"),
     ]  # fmt: skip
     if gpu:
@@ -128,18 +165,49 @@ def plan(hw: Hardware) -> list[Step]:
             Step(
                 "project03",
                 "checkpoint blocking time and resume time (1b, one GPU)",
-                _py("-m", "project03_capstone_infra.bench_checkpoint", "--preset", "1b"),
+                _py(
+                    "-m",
+                    "project03_capstone_infra.bench_checkpoint",
+                    "--preset",
+                    "1b",
+                    "--out-dir",
+                    f"{out}/project03_capstone_infra",
+                ),
                 module="project03_capstone_infra.bench_checkpoint",
             )  # fmt: skip
+        )
+
+    # project04: the inference engine's GPU tests and benchmarks (its Makefile target's steps)
+    if gpu:
+        steps.append(
+            Step("project04", "GPU tests of the engine and kernels",
+                 _py("-m", "pytest", "-m", "gpu", "-q", "tests/project04_llm_inference"),
+                 module="project04_llm_inference.engine")
+        )  # fmt: skip
+        steps += [
+            Step("project04", f"benchmark: {b}",
+                 _py("-m", "project04_llm_inference", b, "--reports-dir", out),
+                 module="project04_llm_inference.bench")
+            for b in P04_BENCHES
+        ]  # fmt: skip
+        steps.append(
+            Step("project04", "report: tables and charts",
+                 _py("-m", "project04_llm_inference", "report", "--reports-dir", out),
+                 module="project04_llm_inference.report")
+        )  # fmt: skip
+    else:
+        steps.append(
+            Step("project04", "engine benchmarks against the baselines", skip_reason=no_gpu)
         )
 
     # apple_track: its own environment (litert-torch pins its own torch)
     steps.append(
         Step("apple", "Core ML / LiteRT export, MLX port, Metal kernels where available (own venv: .venv-apple)",
-             ["make", "--no-print-directory", "-f", "apple_track/Makefile", "report"],
+             ["make", "--no-print-directory", "-f", "apple_track/Makefile", "report",
+              f"REPORT_ARGS=--reports-dir {shlex.quote(out)} --no-readme"],
              module="apple_track.export")
     )  # fmt: skip
-    return steps
+    return [s for s in steps if s.project in PROJECTS]
 
 
 def _module_exists(name: str | None) -> bool:
@@ -188,11 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--list", action="store_true", help="print the plan for this machine; run nothing"
     )
+    p.add_argument("--run-dir", default=None,
+                   help="where the run's results go (default runs/<UTC time>/)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.run_dir is not None and not args.run_dir.strip():
+        p.error("--run-dir: expected a folder, got an empty path")
+    run_dir = Path(args.run_dir) if args.run_dir is not None else new_run_dir()
 
     hw = Hardware.detect()
-    steps = [s for s in plan(hw) if not args.only or s.project in args.only]
-    print(f"demo on {hw.describe()}", file=sys.stderr)
+    steps = [s for s in plan(hw, run_dir) if not args.only or s.project in args.only]
+    print(f"demo on {hw.describe()}; results go to {run_dir}/", file=sys.stderr)
+    if not args.list:
+        (ROOT / run_dir).mkdir(parents=True, exist_ok=True)
     outcomes = run(steps, dry_run=args.list)
 
     from rich.console import Console
@@ -205,7 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(step.project, step.title, status, f"{dt:.0f}")
     Console(stderr=True).print(table)
     if not args.list:
-        print("reports written under reports/<project>/", file=sys.stderr)
+        print(
+            f"this run's results: {run_dir}/<project>/ (reports/ is unchanged); to publish "
+            f"them as the reference results: make publish RUN={run_dir}",
+            file=sys.stderr,
+        )
     return 1 if any(s.startswith("FAILED") for _, s, _ in outcomes) else 0
 
 

@@ -2,32 +2,70 @@
 
     python -m scripts.fork_project project01_cuda_kernel ../my-kernels
 
-The fork holds the project, the `shared` library, their tests, the project's reports, a
-pyproject.toml, a Makefile with the same commands (`make test`, `make demo`, ...), a README and
-the CI entry point; it is a git repository with one commit. Its own `make test` passes on its own:
-projects import `shared` and third-party packages only, never each other (checked here first).
+The fork is built from the committed tree (`git archive HEAD`), never from the working tree, so
+uncommitted edits and local results do not leak into it. It holds:
+
+- the project and its tests; its README at the root, every relative link rewritten to resolve
+  inside the fork (or made plain text where its target is not carried), and the published
+  results of the project under `reports/<project>/`;
+- only the modules of `shared` the project imports (the import graph of the project and its
+  tests, followed through `shared`), with the tests of `shared` that need nothing else;
+- a pyproject.toml with the project's own name, description, dependencies and extras (those
+  its modules import), a Makefile with the targets that exist for it, the demo runner (which
+  plans the projects present: this one), `make publish`, the CI entry point, LICENSE;
+- a git repository with one commit by your git identity (user.name / user.email); with none
+  configured, the files are staged and the fork says how to set one and commit.
+
+Projects import `shared` and third-party packages only, never each other (checked first).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import io
+import posixpath
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECTS = ("project01_cuda_kernel", "project02_fsdp_scaling", "project03_capstone_infra",
-            "apple_track")  # fmt: skip
-MAKE_TARGETS = {"project01_cuda_kernel": "project01", "project02_fsdp_scaling": "project02",
-                "project03_capstone_infra": "project03", "apple_track": "apple"}  # fmt: skip
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".build", ".pytest_cache", "*.egg-info")
+            "project04_llm_inference", "apple_track")  # fmt: skip
+# Each project's own targets of the Makefile (the rest are common to every fork).
+MAKE_TARGETS = {
+    "project01_cuda_kernel": ("project01",),
+    "project02_fsdp_scaling": ("project02",),
+    "project03_capstone_infra": ("project03",),
+    "project04_llm_inference": ("project04",),
+    "apple_track": ("apple-tier", "apple", "apple-test"),
+}
+COMMON_TARGETS = ("help", "setup", "$(STAMP)", "test", "gpu-test", "demo", "publish", "lint",
+                  "format", "clean")  # fmt: skip
+SCRIPTS = ("__init__.py", "demo.py", "publish.py", "refresh_readme.py")
+TOP_FILES = (".gitignore", "LICENSE", ".ci/run")
+# Distribution name -> import name, where they differ.
+IMPORT_NAMES = {
+    "nvidia-ml-py": "pynvml",
+    "prometheus-client": "prometheus_client",
+    "nvidia-dali-cuda130": "nvidia.dali",
+    "scikit-learn": "sklearn",
+}
+TOOLS = {"pytest", "pytest-timeout", "ruff"}  # dev tools every fork keeps
+BUILD_TOOLS = {"ninja", "pybind11"}  # kept where the fork builds CUDA extensions
+FORK_SECTION_MARKER = "<!-- fork: this repository -->"  # scripts/publish.py keeps what follows
 
 
 class ForkError(ValueError):
     pass
+
+
+# --- imports -----------------------------------------------------------------------------------
 
 
 def imported_top_level_names(path: Path) -> set[str]:
@@ -40,6 +78,66 @@ def imported_top_level_names(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module.split(".")[0])
     return names
+
+
+def imported_modules(path: Path, module: str) -> set[str]:
+    """Dotted names a file imports, relative imports resolved against `module` (the file's own
+    dotted name). `from a import b` yields both `a` and `a.b` (b may be a module)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            if base:
+                names.add(base)
+                names |= {f"{base}.{a.name}" for a in node.names if a.name != "*"}
+    return names
+
+
+def module_file(tree: Path, name: str) -> Path | None:
+    """The file of dotted module `name` under `tree`, or None."""
+    base = tree.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _module_name(tree: Path, path: Path) -> str:
+    rel = path.relative_to(tree).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def internal_closure(tree: Path, seeds: list[Path], packages: set[str]) -> set[Path]:
+    """Files of `packages` (top-level names) that `seeds` import, transitively, with the
+    `__init__.py` of every package on the way."""
+    found: set[Path] = set()
+    queue = list(seeds)
+    seen: set[Path] = set()
+    while queue:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in imported_modules(path, _module_name(tree, path)):
+            if name.split(".")[0] not in packages:
+                continue
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                f = module_file(tree, ".".join(parts[:i]))
+                if f is not None and f not in found:
+                    found.add(f)
+                    queue.append(f)
+    return found
 
 
 def cross_project_imports(project: str, root: Path = ROOT) -> list[str]:
@@ -56,82 +154,444 @@ def cross_project_imports(project: str, root: Path = ROOT) -> list[str]:
     return problems
 
 
-def _makefile_for(project: str) -> str:
-    text = (ROOT / "Makefile").read_text()
-    for other, target in MAKE_TARGETS.items():
-        if other != project:
-            text = re.sub(rf"(?m)^{target}(-[a-z]+)?:.*\n(\t.*\n)*", "", text)
-    text = re.sub(r"(?m)^fork:.*\n(\t.*\n)*", "", text)
-    phony = "test gpu-test demo setup lint format clean readme help " + MAKE_TARGETS[project]
-    return re.sub(r"(?m)^\.PHONY:.*$", f".PHONY: {phony}", text)
+def third_party_imports(files: list[Path], internal: set[str]) -> set[str]:
+    """Dotted names of every absolute import of something outside `internal`."""
+    out = set()
+    for path in files:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                out.add(node.module)
+            elif (  # a test's pytest.importorskip("x"): an optional dependency, in an extra
+                isinstance(node, ast.Call)
+                and isinstance(node.func, (ast.Attribute, ast.Name))
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) == "importorskip"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                out.add(node.args[0].value)
+    return {n for n in out if n and n.split(".")[0] not in internal}
 
 
-def _pyproject_for(project: str) -> str:
-    text = (ROOT / "pyproject.toml").read_text()
-    text = re.sub(r'(?m)^name = ".*"$', f'name = "{project.replace("_", "-")}"', text)
-    text = re.sub(r"(?m)^include = \[.*\]$", f'include = ["shared*", "{project}*"]', text)
-    if project != "project01_cuda_kernel":
-        text = re.sub(r"(?m)^\[tool\.setuptools\.package-data\]\n.*\n\n", "", text)
-    return text
+# --- what the fork holds -----------------------------------------------------------------------
 
 
-def _readme_for(project: str) -> str:
-    own = ROOT / project / "README.md"
-    body = own.read_text() if own.exists() else f"# {project}\n"
+@dataclass
+class Selection:
+    """Paths (posix, relative to the tree) the fork copies, and how the README moves."""
+
+    project: str
+    files: list[str] = field(default_factory=list)
+    shared_modules: list[str] = field(default_factory=list)
+    shared_tests: list[str] = field(default_factory=list)
+
+    @property
+    def readme(self) -> str:
+        return f"{self.project}/README.md"
+
+
+def _files_under(tree: Path, folder: str) -> list[str]:
+    base = tree / folder
+    if not base.is_dir():
+        return []
+    return sorted(p.relative_to(tree).as_posix() for p in base.rglob("*") if p.is_file())
+
+
+def select(tree: Path, project: str) -> Selection:
+    sel = Selection(project)
+    own = _files_under(tree, project) + _files_under(tree, f"tests/{project}")
+    scripts = [f"scripts/{n}" for n in SCRIPTS if (tree / "scripts" / n).is_file()]
+    tests_top = [f"tests/{n}" for n in ("__init__.py", "conftest.py") if (tree / "tests" / n).is_file()]  # fmt: skip
+    seeds = [tree / f for f in own + scripts + tests_top if f.endswith(".py")]
+    internal = internal_closure(tree, seeds, {"shared", "tests"})
+    shared = {p for p in internal if p.relative_to(tree).parts[0] == "shared"}
+    if shared or (tree / "shared" / "__init__.py").is_file():
+        shared.add(tree / "shared" / "__init__.py")
+    carried = {p.relative_to(tree).as_posix() for p in shared}
+    carried |= {p.relative_to(tree).as_posix() for p in internal}
+
+    # tests of shared: those whose imports (through shared and tests) the fork already holds
+    shared_tests: set[str] = set()
+    folder = tree / "tests" / "shared"
+    candidates = sorted(folder.glob("test_*.py")) if folder.is_dir() else []
+    others = set(PROJECTS) - {project}
+    for test in candidates:
+        if imported_top_level_names(test) & others:
+            continue  # a test of shared that reaches into another project stays behind
+        needs = internal_closure(tree, [test], {"shared", "tests"})
+        rel_needs = {p.relative_to(tree).as_posix() for p in needs}
+        helpers = [h for h in folder.glob("_*.py") if h.name != "__init__.py"
+                   and h.stem in test.read_text()]  # fmt: skip
+        for h in helpers:  # files a test starts by path (workers), with their imports
+            rel_needs.add(h.relative_to(tree).as_posix())
+            rel_needs |= {p.relative_to(tree).as_posix()
+                          for p in internal_closure(tree, [h], {"shared", "tests"})}  # fmt: skip
+        rel_needs.discard("tests/shared/__init__.py")
+        rel_needs.discard("tests/__init__.py")
+        if all(n in carried or n.startswith("tests/shared/") for n in rel_needs) and not any(
+            n.startswith("shared/") and n not in carried for n in rel_needs
+        ):
+            shared_tests.add(test.relative_to(tree).as_posix())
+            shared_tests |= {n for n in rel_needs if n.startswith("tests/shared/")}
+    if shared_tests and (folder / "__init__.py").is_file():
+        shared_tests.add("tests/shared/__init__.py")
+
+    reports = _files_under(tree, f"reports/{project}")
+    top = [f for f in TOP_FILES if (tree / f).is_file()]
+    sel.shared_modules = sorted(p.relative_to(tree).as_posix() for p in shared)
+    sel.shared_tests = sorted(shared_tests)
+    files = set(own) | set(scripts) | set(tests_top) | set(sel.shared_modules)
+    files |= set(sel.shared_tests) | set(reports) | set(top)
+    files |= {f for f in carried if f.startswith("tests/")}
+    files.discard(sel.readme)
+    sel.files = sorted(files)
+    return sel
+
+
+# --- README and Markdown links -----------------------------------------------------------------
+
+_FENCE = re.compile(r"^(```|~~~)")
+_LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*([^)\s]+)(\s+\"[^\"]*\")?\s*\)")
+
+
+def _is_external(target: str) -> bool:
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target)) or target.startswith(("#", "//"))
+
+
+def rewrite_links(text: str, old_path: str, new_path: str, locate) -> str:
+    """Links of a Markdown file that moves from `old_path` to `new_path` (both relative to the
+    repository root), re-pointed: a target that `locate(path)` places in the fork (returning
+    its path there) is linked relative to the new place; any other relative link becomes its
+    text (an image its alt text), so no link is left broken."""
+    old_dir, new_dir = posixpath.dirname(old_path), posixpath.dirname(new_path)
+
+    def fix(m: re.Match) -> str:
+        bang, label, target, title = m.group(1), m.group(2), m.group(3), m.group(4) or ""
+        if _is_external(target):
+            return m.group(0)
+        path, sep, frag = target.partition("#")
+        if not path:
+            return m.group(0)
+        resolved = posixpath.normpath(posixpath.join(old_dir, path))
+        moved = None if resolved.startswith("..") else locate(resolved)
+        if moved is None:
+            return label if not bang else (f"_{label}_" if label else "")
+        rel = posixpath.relpath(moved, new_dir or ".")
+        if path.endswith("/") and not rel.endswith("/"):
+            rel += "/"
+        return f"{bang}[{label}]({rel}{sep}{frag}{title})"
+
+    out, fenced = [], False
+    for line in text.splitlines(keepends=True):
+        if _FENCE.match(line.lstrip()):
+            fenced = not fenced
+            out.append(line)
+            continue
+        out.append(line if fenced else _LINK.sub(fix, line))
+    return "".join(out)
+
+
+def _title(readme: str, project: str) -> str:
+    for line in readme.splitlines():
+        if line.startswith("# "):
+            return line[2:].strip().replace("`", "").replace('"', "'")
+    return project
+
+
+def _readme_for(sel: Selection, tree: Path, locate) -> str:
+    src = tree / sel.readme
+    body = src.read_text() if src.is_file() else f"# {sel.project}\n"
+    body = rewrite_links(body, sel.readme, "README.md", locate)
+    shared = ", ".join(f"`{Path(m).stem}`" for m in sel.shared_modules if not m.endswith("__init__.py"))  # fmt: skip
     return (
-        f"{body.rstrip()}\n\n---\n\n## Running this repository\n\n"
+        f"{body.rstrip()}\n\n{FORK_SECTION_MARKER}\n\n---\n\n## Running this repository\n\n"
         "```bash\nmake test   # creates .venv, installs, runs the CPU test tier\n"
-        "make demo   # runs this project at the size your hardware allows, writes reports/\n```\n\n"
-        "`shared/` is the library this project stands on: hardware specs, timing, FLOP counts, "
-        "roofline, cost, result files, charts, the reference transformer and the distributed "
-        "set-up. `make help` lists the other commands.\n"
+        "make demo   # runs this project at the size your hardware allows, into runs/<time>/\n"
+        "make publish RUN=runs/<time>   # that run becomes reports/ and the results above\n```\n\n"
+        f"`shared/` holds the parts of the library this project stands on ({shared or 'none'}). "
+        "`make help` lists the other commands.\n"
     )
 
 
-def fork(project: str, dest: Path, *, git: bool = True) -> Path:
+# --- pyproject and Makefile --------------------------------------------------------------------
+
+
+def _sections(toml: str) -> list[tuple[str, str]]:
+    """(header, body) of each [section] in order; the text before the first has header ''."""
+    parts = re.split(r"(?m)^(\[[^\]\n]+\])\s*$", toml)
+    out = [("", parts[0])]
+    out += [(parts[i], parts[i + 1]) for i in range(1, len(parts), 2)]
+    return out
+
+
+def _dist(spec: str) -> str:
+    return re.match(r"[A-Za-z0-9_.-]+", spec.strip()).group(0).lower()
+
+
+def _imported(dist: str, imports: set[str]) -> bool:
+    name = IMPORT_NAMES.get(dist, dist.replace("-", "_"))
+    return any(i == name or i.startswith(name + ".") for i in imports)
+
+
+def _keep(spec: str, imports: set[str], builds_cuda: bool) -> bool:
+    dist = _dist(spec)
+    if dist in BUILD_TOOLS:
+        return builds_cuda
+    return dist in TOOLS or _imported(dist, imports)
+
+
+def _pyproject_for(sel: Selection, tree: Path, imports: set[str], builds_cuda: bool) -> str:
+    text = (tree / "pyproject.toml").read_text()
+    readme = tree / sel.readme
+    description = _title(readme.read_text(), sel.project) if readme.is_file() else sel.project
+    out = []
+    for header, body in _sections(text):
+        if header == "[project]":
+            body = re.sub(r'(?m)^name = ".*"$', f'name = "{sel.project.replace("_", "-")}"', body)
+            body = re.sub(r'(?m)^description = ".*"$', lambda _: f'description = "{description}"', body)  # fmt: skip
+
+            def deps(m: re.Match) -> str:
+                lines = [ln for ln in m.group(2).splitlines(keepends=True)
+                         if not re.search(r'"([^"]+)"', ln)
+                         or _keep(re.search(r'"([^"]+)"', ln).group(1), imports, builds_cuda)]  # fmt: skip
+                return m.group(1) + "".join(lines) + m.group(3)
+
+            body = re.sub(r"(?ms)^(dependencies = \[\n)(.*?)(^\])", deps, body)
+        elif header == "[project.optional-dependencies]":
+            kept, pending = [], ""
+            for chunk in re.split(r"\n(?=(?:#[^\n]*\n)*\w+ = \[)", body.strip("\n")):
+                chunk, pending = pending + chunk, ""
+                m = re.search(r"(?m)^(\w+) = \[(.*?)\]\s*$", chunk, re.S)
+                if m is None:  # comment lines: they belong to the entry below
+                    pending = chunk + "\n"
+                    continue
+                specs = re.findall(r'"([^"]+)"', m.group(2))
+                if m.group(1) == "dev":
+                    specs = [s for s in specs if _keep(s, imports, builds_cuda)]
+                    chunk = "dev = [" + ", ".join(f'"{s}"' for s in specs) + "]"
+                elif not any(_imported(_dist(s), imports) for s in specs):
+                    continue
+                kept.append(chunk)
+            body = "\n" + "\n".join(kept) + "\n\n"
+        elif header == "[tool.setuptools.packages.find]":
+            body = f'\ninclude = ["shared*", "{sel.project}*"]\n\n'
+        elif header == "[tool.setuptools.package-data]":
+            lines = [ln for ln in body.splitlines() if ln.startswith(f"{sel.project} =")]
+            if not lines:
+                continue
+            body = "\n" + "\n".join(lines) + "\n\n"
+        out.append(header + body)
+    return "".join(out).rstrip() + "\n"
+
+
+def fork_extras(pyproject: str) -> list[str]:
+    """The optional extras of a pyproject besides dev (what `make setup` tries)."""
+    for header, body in _sections(pyproject):
+        if header == "[project.optional-dependencies]":
+            return [n for n in re.findall(r"(?m)^(\w+) = \[", body) if n != "dev"]
+    return []
+
+
+_COND = re.compile(r"^(ifeq|ifneq|ifdef|ifndef|else|endif)\b")
+_ASSIGN = re.compile(r"^[A-Za-z0-9_]+\s*(\?|:|\+)?=")
+
+
+def make_rule(text: str, target: str) -> str:
+    """The rule of `target` in a Makefile with its recipe and the comments and variables just
+    above it (and a paragraph of variables above those that the recipe uses)."""
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines)
+              if ln.startswith(f"{target}:") and not ln.startswith(f"{target}:=")]  # fmt: skip
+    if not starts:
+        raise ForkError(f"the Makefile has no target {target!r}")
+    i = starts[0]
+    j = i + 1
+    while j < len(lines) and (lines[j].startswith("\t") or _COND.match(lines[j])):
+        j += 1
+    k = i
+    while k > 0 and (lines[k - 1].startswith("#") or _ASSIGN.match(lines[k - 1])):
+        k -= 1
+    if k >= 2 and lines[k - 1] == "":
+        p = k - 1
+        while p > 0 and lines[p - 1] != "":
+            p -= 1
+        para = lines[p : k - 1]
+        names = [_ASSIGN.match(ln).group(0).split()[0].rstrip("?:+=") for ln in para
+                 if _ASSIGN.match(ln)]  # fmt: skip
+        body = "\n".join(lines[i:j])
+        if (
+            para
+            and all(ln.startswith("#") or _ASSIGN.match(ln) for ln in para)
+            and any(f"$({n})" in body for n in names)
+        ):
+            return "\n".join(lines[p : k - 1] + [""] + lines[k:j]) + "\n"
+    return "\n".join(lines[k:j]) + "\n"
+
+
+def _drop_conditional(block: str, opening: str) -> str:
+    """`block` without the conditional that starts with the line `opening` (nested ones too)."""
+    out, depth = [], 0
+    for line in block.splitlines(keepends=True):
+        if depth == 0 and line.startswith(opening):
+            depth = 1
+            continue
+        if depth:
+            if re.match(r"^(ifeq|ifneq|ifdef|ifndef)\b", line):
+                depth += 1
+            elif line.startswith("endif"):
+                depth -= 1
+            continue
+        out.append(line)
+    return "".join(out)
+
+
+def _makefile_for(sel: Selection, tree: Path, extras: list[str]) -> str:
+    text = (tree / "Makefile").read_text()
+    head = text[: text.index(".PHONY:")]
+    head = re.sub(r"\A(#.*\n)+", "", head).lstrip("\n")
+    head = re.sub(r"(?m)^OPTIONAL_EXTRAS \?=.*$", f"OPTIONAL_EXTRAS ?= {' '.join(extras)}".rstrip(), head)  # fmt: skip
+    apple = sel.project == "apple_track"
+    if not apple:
+        head = re.sub(r"(?m)^APPLE_TESTS \?=.*\n", "", head)
+    targets = [*COMMON_TARGETS[:7], *MAKE_TARGETS[sel.project], *COMMON_TARGETS[7:]]
+    rules = []
+    for t in list(targets):
+        try:
+            rule = make_rule(text, t)
+        except ForkError:
+            if t in MAKE_TARGETS[sel.project]:
+                raise
+            targets.remove(t)  # a common target this tree does not have yet
+            continue
+        if t == "test" and not apple:
+            rule = _drop_conditional(rule, "ifneq ($(wildcard apple_track/Makefile),)")
+        rules.append(rule.replace("## every capstone at the size", "## the project at the size"))
+    phony = " ".join(t for t in targets if not t.startswith("$"))
+    intro = (
+        f"# {sel.project}: `make test` (the CPU tier) and `make demo` (the project at the size\n"
+        "# this hardware allows, into runs/<time>/). Both create .venv and install everything.\n"
+        "# `make help` lists the targets.\n\n"
+    )
+    return intro + head + f".PHONY: {phony}\n\n" + "\n".join(rules)
+
+
+# --- the fork ----------------------------------------------------------------------------------
+
+
+def _git(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, check=check)
+
+
+def committed_tree(root: Path, into: Path, rev: str = "HEAD") -> None:
+    """Extract the tree of `rev` (default HEAD) of the git checkout at `root` into `into`."""
+    if shutil.which("git") is None:
+        raise ForkError("git is not installed: the fork is taken from the committed tree")
+    r = subprocess.run(["git", "archive", "--format=tar", rev], cwd=root, capture_output=True)
+    if r.returncode != 0:
+        raise ForkError(f"cannot read the committed tree of {root} ({rev}): "
+                        f"{r.stderr.decode(errors='replace').strip()}")  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(into, filter="data")
+        else:  # Python < 3.11.4: git archive writes plain files and folders only
+            tar.extractall(into)  # noqa: S202
+
+
+def git_identity(cwd: Path = ROOT) -> tuple[str, str] | None:
+    """(user.name, user.email) as git resolves them here, or None where either is unset."""
+    vals = []
+    for key in ("user.name", "user.email"):
+        r = subprocess.run(["git", "config", key], cwd=cwd, capture_output=True, text=True)
+        if r.returncode != 0 or not r.stdout.strip():
+            return None
+        vals.append(r.stdout.strip())
+    return vals[0], vals[1]
+
+
+@dataclass
+class Fork:
+    dest: Path
+    selection: Selection
+    committed: bool | None  # None: no git repository made
+    note: str = ""
+
+
+def fork(project: str, dest: Path, *, git: bool = True, root: Path = ROOT, rev: str = "HEAD") -> Fork:  # fmt: skip
     if project not in PROJECTS:
         raise ForkError(f"unknown project {project!r}; expected one of {', '.join(PROJECTS)}")
-    dest = dest.expanduser().resolve()
+    dest = Path(dest).expanduser().resolve()
+    root = Path(root).resolve()
     if dest.exists() and any(dest.iterdir()):
         raise ForkError(f"destination {dest} exists and is not empty")
-    if dest == ROOT or ROOT in dest.parents:
+    if dest == root or root in dest.parents:
         raise ForkError("the destination must be outside this repository")
-    problems = cross_project_imports(project)
-    if problems:
-        raise ForkError("the project imports another project, so it cannot stand alone:\n  "
-                        + "\n  ".join(problems))  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="fork-tree-") as tmp:
+        tree = Path(tmp)
+        committed_tree(root, tree, rev)
+        if not (tree / project).is_dir():
+            raise ForkError(f"{project} is not in the committed tree ({rev}) of {root}")
+        problems = cross_project_imports(project, tree)
+        if problems:
+            raise ForkError("the project imports another project, so it cannot stand alone:\n  "
+                            + "\n  ".join(problems))  # fmt: skip
+        sel = select(tree, project)
+        carried = set(sel.files) | {"README.md", "Makefile", "pyproject.toml"}
+        dirs = {posixpath.dirname(f) for f in carried}
+        dirs |= {d for f in list(dirs) for d in _parents(f)}
 
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(ROOT / project, dest / project, ignore=_IGNORE)
-    shutil.copytree(ROOT / "shared", dest / "shared", ignore=_IGNORE)
-    (dest / "tests").mkdir()
-    for name in ("__init__.py", "conftest.py"):
-        shutil.copy2(ROOT / "tests" / name, dest / "tests" / name)
-    for sub in ("shared", project):
-        if (ROOT / "tests" / sub).exists():
-            shutil.copytree(ROOT / "tests" / sub, dest / "tests" / sub, ignore=_IGNORE)
-    (dest / "scripts").mkdir()
-    for name in ("__init__.py", "demo.py", "refresh_readme.py"):
-        if (ROOT / "scripts" / name).exists():
-            shutil.copy2(ROOT / "scripts" / name, dest / "scripts" / name)
-    if (ROOT / "reports" / project).exists():
-        shutil.copytree(ROOT / "reports" / project, dest / "reports" / project, ignore=_IGNORE)
-    else:
-        (dest / "reports").mkdir()
-    (dest / ".ci").mkdir()
-    shutil.copy2(ROOT / ".ci" / "run", dest / ".ci" / "run")
-    shutil.copy2(ROOT / ".gitignore", dest / ".gitignore")
-    shutil.copy2(ROOT / "LICENSE", dest / "LICENSE")
-    (dest / "Makefile").write_text(_makefile_for(project))
-    (dest / "pyproject.toml").write_text(_pyproject_for(project))
-    (dest / "README.md").write_text(_readme_for(project))
+        def locate(path: str) -> str | None:
+            """Where a file or folder of the monorepo is in the fork (None: not carried)."""
+            path = "README.md" if path == sel.readme else path.rstrip("/")
+            return path if path in carried or path in dirs or path == "." else None
 
+        dest.mkdir(parents=True, exist_ok=True)
+        for rel in sel.files:
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tree / rel, target)
+            if rel.endswith(".md") and rel.startswith(f"{project}/"):
+                # the project's own notes; reports/ Markdown is generated, byte for byte
+                target.write_text(rewrite_links(target.read_text(), rel, rel, locate))
+        py_files = [dest / f for f in sel.files if f.endswith(".py")]
+        imports = third_party_imports(py_files, {"shared", "tests", "scripts", project})
+        builds_cuda = any(i.startswith("torch.utils.cpp_extension") for i in imports)
+        pyproject = _pyproject_for(sel, tree, imports, builds_cuda)
+        (dest / "pyproject.toml").write_text(pyproject)
+        (dest / "Makefile").write_text(_makefile_for(sel, tree, fork_extras(pyproject)))
+        (dest / "README.md").write_text(_readme_for(sel, tree, locate))
+
+    result = Fork(dest, sel, None)
     if git and shutil.which("git"):
-        ident = ["-c", "user.name=fork", "-c", "user.email=fork@localhost"]
-        for cmd in (["init", "-q"], ["add", "-A"],
-                    [*ident, "commit", "-qm", f"{project}: standalone fork"]):  # fmt: skip
-            subprocess.run(["git", *cmd], cwd=dest, check=True, capture_output=True)
-    return dest
+        _git("init", "-q", cwd=dest)
+        _git("add", "-A", cwd=dest)
+        ident = git_identity()
+        if ident is None:
+            result.committed = False
+            result.note = (
+                "not committed: git has no user.name / user.email here. Set yours, then commit:\n"
+                '  git config --global user.name "Your Name"\n'
+                '  git config --global user.email "you@example.com"\n'
+                f'  cd {dest} && git commit -m "{project}: standalone fork"'
+            )
+        else:
+            name, email = ident
+            _git("-c", f"user.name={name}", "-c", f"user.email={email}", "commit", "-qm",
+                 f"{project}: standalone fork", cwd=dest)  # fmt: skip
+            result.committed = True
+            result.note = f"committed as {name} <{email}>"
+    return result
+
+
+def _parents(path: str) -> list[str]:
+    out = []
+    while path:
+        path = posixpath.dirname(path)
+        if path:
+            out.append(path)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,11 +602,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-git", action="store_true", help="do not make the fork a git repository")
     args = p.parse_args(argv)
     try:
-        dest = fork(args.project, args.dest, git=not args.no_git)
+        result = fork(args.project, args.dest, git=not args.no_git)
     except ForkError as e:
         print(f"fork: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {dest}\nnext: cd {dest} && make test")
+    sel = result.selection
+    shared = [Path(m).stem for m in sel.shared_modules if not m.endswith("__init__.py")]
+    print(f"wrote {result.dest} from the committed tree: {sel.project}, its tests, shared "
+          f"({', '.join(shared) or 'none'}), {len(sel.shared_tests)} shared test file(s)")  # fmt: skip
+    if result.note:
+        print(result.note, file=sys.stderr if result.committed is False else sys.stdout)
+    print(f"next: cd {result.dest} && make test")
     return 0
 
 
