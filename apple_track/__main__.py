@@ -13,11 +13,15 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        print(f"error: unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)} "
+              "(see python -m apple_track --help)", file=sys.stderr)  # fmt: skip
+        return 2
+    if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m apple_track {export,report,profile} [--help]\n")
         for name, what in COMMANDS.items():
             print(f"  {name:<8} {what}")
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+        return 0
     import importlib
 
     return importlib.import_module(f"apple_track.{argv[0]}").main(argv[1:])

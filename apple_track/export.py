@@ -17,6 +17,7 @@ with OPENBLAS_NUM_THREADS=1, for a like-for-like comparison.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import re
@@ -38,8 +39,16 @@ from apple_track.model import (
     parity,
     within_tolerance,
 )
+from shared.cli import (
+    ArgumentParser,
+    nonempty_path,
+    nonneg_int,
+    one_line,
+    positive_int,
+    writable_dir,
+)
 from shared.model import PRESETS
-from shared.results import REPO_ROOT, save_result
+from shared.results import REPO_ROOT, REPORTS_DIR, save_result
 from shared.timing import benchmark
 
 PROJECT = "apple_track"
@@ -357,6 +366,8 @@ def _parse_overrides(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
+        if not key.strip():
+            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
         try:
             out[key] = int(value)
         except ValueError:
@@ -364,11 +375,13 @@ def _parse_overrides(items: list[str]) -> dict:
                 out[key] = float(value)
             except ValueError:
                 raise ValueError(f"--set {key}: {value!r} is not a number") from None
+        if not math.isfinite(out[key]):
+            raise ValueError(f"--set {key}: {value!r} is not a finite number")
     return out
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ExportConfig, argparse.Namespace]:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m apple_track.export",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -376,17 +389,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[ExportConfig, argparse.Na
     p.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)} (default tiny)")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
                    help="override ModelArgs fields, e.g. --set dim=128 n_layers=4")  # fmt: skip
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-steps", type=int, default=300)
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--seq-len", type=positive_int, default=64)
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--train-steps", type=nonneg_int, default=300)
     for runtime, names in VARIANTS.items():
         p.add_argument(f"--{runtime}", nargs="*", default=list(names), metavar="VARIANT",
                        help=f"{runtime} variants: any of {', '.join(names)} (default all; "
                        "none to skip)")  # fmt: skip
-    p.add_argument("--out-dir", type=Path, default=None,
+    p.add_argument("--out-dir", type=nonempty_path, default=None,
                    help="where model files are written (default .build/apple_track/NAME)")  # fmt: skip
-    p.add_argument("--reports-dir", type=Path, default=None, help="default reports/")
+    p.add_argument("--reports-dir", type=nonempty_path, default=None, help="default reports/")
     p.add_argument("--name", default=RESULT_NAME,
                    help=f"result name: reports/apple_track/NAME.json (default {RESULT_NAME}, the "
                    "main run; other names are extra runs listed in the README)")  # fmt: skip
@@ -411,14 +424,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[ExportConfig, argparse.Na
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg, args = parse_args(argv)
+        out_dir = args.out_dir if args.out_dir is not None else DEFAULT_OUT / args.name
+        writable_dir("--out-dir", out_dir)  # both before the training and the exports
+        writable_dir("--reports-dir", Path(args.reports_dir or REPORTS_DIR) / PROJECT)
     except (ValueError, TypeError) as e:
-        print(f"apple_track.export: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     # Before MLX loads its BLAS: one thread, like PyTorch under torch.utils.benchmark. Set by
     # the command, not at import, so importing this module changes nothing for its importer.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
         os.environ.setdefault(var, "1")
-    out_dir = args.out_dir if args.out_dir is not None else DEFAULT_OUT / args.name
     path, n_failed = run(cfg, out_dir, args.reports_dir, name=args.name)
     _log(f"wrote {path}")
     from apple_track import report

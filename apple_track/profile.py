@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from apple_track.model import VARIANTS, eval_batch
+from shared.cli import ArgumentParser, nonempty_path, one_line, positive_float
 from shared.results import REPO_ROOT, load_result
 
 MODEL_ROOT = REPO_ROOT / ".build" / "apple_track"  # the export's default, one folder per run name
@@ -70,16 +71,16 @@ def _step_fn(runtime: str, variant: str, model_dir: Path, record: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m apple_track.profile", description=__doc__,
+    p = ArgumentParser(prog="python -m apple_track.profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("runtime", choices=[*VARIANTS, "metal"])
     p.add_argument("variant", help="a variant of that runtime (metal: a kernel or 'attention')")
-    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--seconds", type=positive_float, default=20.0)
     p.add_argument("--name", default="export",
                    help="the export run whose files to use (default export, the main run)")  # fmt: skip
-    p.add_argument("--model-dir", type=Path, default=None,
+    p.add_argument("--model-dir", type=nonempty_path, default=None,
                    help="default .build/apple_track/NAME")  # fmt: skip
-    p.add_argument("--record", type=Path, default=None,
+    p.add_argument("--record", type=nonempty_path, default=None,
                    help="the export record, for the model's shape and seed "
                    "(default reports/apple_track/NAME.json)")  # fmt: skip
     args = p.parse_args(argv)
@@ -93,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         step = _step_fn(args.runtime, args.variant, model_dir, record)
         step()  # warm-up (first-call compilation, weight loading); raises where it cannot run
+    except ImportError as e:  # the runtime's package is an optional extra
+        print(f"error: {args.runtime}: {e.name or e} is not installed in this environment",
+              file=sys.stderr)  # fmt: skip
+        return 2
     except (FileNotFoundError, RuntimeError, ValueError) as e:
-        print(f"apple_track.profile: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < args.seconds:

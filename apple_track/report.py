@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from shared.cli import ArgumentParser, nonempty_path, one_line
 from shared.results import (
     REPO_ROOT,
     REPORTS_DIR,
@@ -437,15 +438,15 @@ def console_summary(record_path: str | os.PathLike) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m apple_track.report", description=__doc__,
+    p = ArgumentParser(prog="python -m apple_track.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--record", type=Path, default=DEFAULT_RECORD)
+    p.add_argument("--record", type=nonempty_path, default=DEFAULT_RECORD)
     p.add_argument("--no-readme", action="store_true")
     args = p.parse_args(argv)
     try:
         written = write_report(args.record, readme=not args.no_readme)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"apple_track.report: {e}", file=sys.stderr)
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     print("\n".join(f"wrote {w}" for w in written))
     return 0

@@ -6,14 +6,16 @@ reports/); `--no-readme` leaves the README alone (`make demo` passes both: a run
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from shared.cli import ArgumentParser, main_guard, writable_dir
 
 from . import bench, profile, report
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m project01_cuda_kernel",
         description="Benchmark, profile (Nsight Compute) and report the project01 kernels.",
     )
@@ -26,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.reports_dir is not None and not args.reports_dir.strip():
         p.error("--reports-dir: expected a folder, got an empty path")
+    if args.reports_dir is not None:
+        writable_dir("--reports-dir", args.reports_dir)  # before the benchmarks, not after
     out = ["--reports-dir", args.reports_dir] if args.reports_dir is not None else []
     rc = bench.main([args.which, *out])
     if not args.skip_profile:

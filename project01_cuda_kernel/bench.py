@@ -14,6 +14,8 @@ import argparse
 import importlib
 import sys
 
+from shared.cli import ArgumentParser, main_guard
+
 from ._build import CudaUnavailableError
 
 SIDES = ("gemm", "attention")
@@ -36,7 +38,7 @@ def run_side(side: str, module: str, argv: list[str]) -> int:
 
 
 def dispatch(verb: str, modules: dict[str, str], argv: list[str] | None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog=f"python -m project01_cuda_kernel.{verb}",
         description=f"{verb} the project01 kernels: `gemm`, `attention` or `all` (both, in that "
         f"order). Options after the choice go to that side's own command line (see "
@@ -56,6 +58,7 @@ def dispatch(verb: str, modules: dict[str, str], argv: list[str] | None) -> int:
 MODULES = {"gemm": "bench_gemm", "attention": "bench_attention"}
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     return dispatch("bench", MODULES, argv)
 

@@ -16,7 +16,6 @@ attention [--quick].
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from collections.abc import Callable
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from shared.cli import main_guard
 
 PROJECT = "project01_cuda_kernel"
 PROVIDERS = ("ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math")
@@ -73,7 +74,7 @@ class BenchConfig:
     warmup_ms: float = 10.0
     rep_ms: float = 50.0
     quick: bool = False  # head dim 128, seq 1k and 4k only
-    reports_dir: Path | None = None  # default: the repository's reports/
+    reports_dir: str | None = None  # default: the repository's reports/
     name: str = "attention"
     charts: bool = True
 
@@ -85,12 +86,25 @@ class BenchConfig:
             raise ValueError(f"providers: unknown {bad}; expected some of {PROVIDERS}")
         if self.dtype not in ("bfloat16", "float16"):
             raise ValueError(f"dtype must be 'bfloat16' or 'float16', got {self.dtype!r}")
+        for name in ("total_tokens", "hidden", "math_max_seq"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for s in self.seq_lens:
             if s < 1 or self.total_tokens % s:
                 raise ValueError(f"seq_lens: {s} must divide total_tokens {self.total_tokens}")
         for d in self.head_dims:
-            if self.hidden % d:
+            if d < 1 or self.hidden % d:
                 raise ValueError(f"head_dims: {d} must divide hidden {self.hidden}")
+        for name in ("warmup_ms", "rep_ms"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {v}")
+        if not self.head_dims or not self.seq_lens or not self.causal or not self.providers:
+            raise ValueError("head_dims, seq_lens, causal and providers need at least one value")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"name must be a plain file stem like 'attention', got {self.name!r}")
+        if self.reports_dir is not None and not str(self.reports_dir).strip():
+            raise ValueError("reports_dir: expected a folder, got an empty path")
 
 
 def _sdpa_backend(provider: str):
@@ -170,17 +184,9 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def _progress(total: int):
-    try:
-        from rich.progress import Progress
-
-        return Progress(transient=False)
-    except ImportError:  # pragma: no cover - rich is a dependency; keep the bench usable anyway
-        return None
-
-
 def run(cfg: BenchConfig) -> dict:
     from shared.flops import attention_flops
+    from shared.progress import progress
     from shared.timing import benchmark
 
     from ._build import require_cuda
@@ -192,10 +198,7 @@ def run(cfg: BenchConfig) -> dict:
     checks: list[dict] = []
     memory: list[dict] = []
     skipped: list[dict] = []
-    progress = _progress(len(shapes))
-    ctx = progress if progress is not None else contextlib.nullcontext()
-    with ctx:
-        task = progress.add_task("attention", total=len(shapes)) if progress else None
+    with progress(len(shapes), "attention", unit="shape", every=1) as bar:
         for d, s, causal in shapes:
             b, h = cfg.total_tokens // s, cfg.hidden // d
             gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
@@ -249,8 +252,7 @@ def run(cfg: BenchConfig) -> dict:
                 torch.cuda.empty_cache()
             del q, k, v, do
             torch.cuda.empty_cache()
-            if progress:
-                progress.advance(task)
+            bar.advance(status=f"head dim {d}, seq {s}, {'causal' if causal else 'non-causal'}")
     from project01_cuda_kernel.attention import resolve_fwd_kernel
 
     return {
@@ -394,15 +396,17 @@ def redraw_charts(json_path: str | Path) -> list[Path]:
                        peak=hardware_peak(env, dtype))  # fmt: skip
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
-
+    from shared.cli import parse_dataclass, writable_dir
     from shared.results import REPORTS_DIR, environment, environment_line, save_result
 
-    cfg = tyro.cli(BenchConfig, args=sys.argv[1:] if argv is None else argv)
+    cfg = parse_dataclass(BenchConfig, sys.argv[1:] if argv is None else argv,
+                          prog="python -m project01_cuda_kernel.bench attention")  # fmt: skip
+    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
+    writable_dir("--reports-dir", reports_dir / PROJECT)  # before the GPU work, not after
     result = run(cfg)
     env = environment()
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
     config = {k: v for k, v in asdict(cfg).items() if k != "reports_dir"}
     result["ratios_vs_flash"] = ratios(result["rows"])
     path = save_result(

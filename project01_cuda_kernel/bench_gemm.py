@@ -25,6 +25,15 @@ import sys
 import time
 from pathlib import Path
 
+from shared.cli import (
+    ArgumentParser,
+    main_guard,
+    nonempty_path,
+    positive_float,
+    positive_int,
+    writable_dir,
+)
+
 PROJECT = "project01_cuda_kernel"
 SQUARE_SIZES = (512, 1024, 2048, 4096, 8192)
 # (M, N, K) with M = tokens: a 1B-class model's FFN up (d 2048 -> 5632) and down projections.
@@ -57,23 +66,25 @@ def _parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m project01_cuda_kernel.bench gemm",
         description="Time every GEMM ladder kernel next to cuBLAS (same process), after checking "
         "each result against a float64 reference.",
     )
-    p.add_argument("--sizes", type=int, nargs="+", default=list(SQUARE_SIZES),
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=list(SQUARE_SIZES),
                    help="square sizes M = N = K")  # fmt: skip
     p.add_argument("--shapes", type=_parse_shape, nargs="*", default=list(TRANSFORMER_SHAPES),
                    help="extra MxNxK shapes (default: transformer FFN shapes)")  # fmt: skip
     p.add_argument("--kernels", nargs="+", default=None, help="ladder kernels (default: all here)")
     p.add_argument("--half-dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"],
                    help="dtypes for the tensor-core kernels")  # fmt: skip
-    p.add_argument("--warmup-ms", type=float, default=25.0)
-    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--warmup-ms", type=positive_float, default=25.0)
+    p.add_argument("--rep-ms", type=positive_float, default=100.0)
     p.add_argument("--quick", action="store_true", help="sizes 256 and 512 only (smoke run)")
-    p.add_argument("--reports-dir", type=Path, default=None, help="default: the repo's reports/")
-    p.add_argument("--out", type=Path, default=None, help="also copy the JSON and PNGs here")
+    p.add_argument("--reports-dir", type=nonempty_path, default=None,
+                   help="default: the repo's reports/")  # fmt: skip
+    p.add_argument("--out", type=nonempty_path, default=None,
+                   help="also copy the JSON and PNGs here")  # fmt: skip
     p.add_argument("--no-charts", action="store_true")
     return p
 
@@ -132,6 +143,7 @@ def run(args) -> dict:
     import torch
 
     from shared.hardware import detect_gpu
+    from shared.progress import progress
     from shared.timing import benchmark
 
     from . import gemm
@@ -144,9 +156,6 @@ def run(args) -> dict:
     sizes = [256, 512] if args.quick else args.sizes
     shapes = [(s, s, s) for s in sizes] + ([] if args.quick else list(args.shapes))
     kernels = args.kernels or list(gemm.available_kernels())
-    for k in kernels:
-        if k not in gemm.GEMM_KERNELS:
-            raise ValueError(f"--kernels: unknown kernel {k!r}; choose from {gemm.GEMM_KERNELS}")
     half = [getattr(torch, DTYPE_NAMES[d]) for d in args.half_dtypes]
     dtypes = [torch.float32, *half]
     timing_kw = dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
@@ -154,64 +163,65 @@ def run(args) -> dict:
     inputs: dict = {}  # (shape, dtype) -> (a, b, ref, cublas error)
     baseline: list[dict] = []
     t0 = time.perf_counter()
-    print(f"cuBLAS baselines: {len(shapes)} shapes x {len(dtypes)} dtypes", flush=True)
-    for shape in shapes:
-        m, n, k = shape
-        for dt in dtypes:
-            gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k * 17)
-            a = torch.randn(m, k, device="cuda", generator=gen).to(dt)
-            b = torch.randn(k, n, device="cuda", generator=gen).to(dt)
-            ref = a.double() @ b.double()
-            c = a @ b
-            err = _rel_err(c, ref)
-            inputs[(shape, dt)] = (a, b, ref, err)
-            timing = benchmark(lambda a=a, b=b: torch.matmul(a, b), **timing_kw)
-            dn = str(dt).removeprefix("torch.")
-            baseline.append(_row("cublas", "cublas", dn, shape, timing, err, err, spec, dt))
-            print(f"  cublas {dn:8s} {_shape_label(*shape):>16s} "
-                  f"{baseline[-1]['tflops']:8.1f} TFLOP/s", flush=True)  # fmt: skip
+    ladder = [(kernel, dt, shape) for kernel in kernels for dt in gemm.kernel_dtypes(kernel)
+              if dt in dtypes for shape in shapes
+              if 2 * shape[0] * shape[1] * shape[2] <= MAX_FLOPS.get(gemm.step_of(kernel), float("inf"))]  # fmt: skip
+    print(f"cuBLAS baselines: {len(shapes)} shapes x {len(dtypes)} dtypes, then "
+          f"{len(ladder)} ladder measurements", flush=True)  # fmt: skip
+    with progress(len(shapes) * len(dtypes) + len(ladder), "gemm", unit="measurement",
+                  every=max(1, len(ladder) // 10), stream=sys.stdout) as bar:  # fmt: skip
+        for shape in shapes:
+            m, n, k = shape
+            for dt in dtypes:
+                gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k * 17)
+                a = torch.randn(m, k, device="cuda", generator=gen).to(dt)
+                b = torch.randn(k, n, device="cuda", generator=gen).to(dt)
+                ref = a.double() @ b.double()
+                c = a @ b
+                err = _rel_err(c, ref)
+                inputs[(shape, dt)] = (a, b, ref, err)
+                timing = benchmark(lambda a=a, b=b: torch.matmul(a, b), **timing_kw)
+                dn = str(dt).removeprefix("torch.")
+                baseline.append(_row("cublas", "cublas", dn, shape, timing, err, err, spec, dt))
+                bar.log(f"  cublas {dn:8s} {_shape_label(*shape):>16s} "
+                        f"{baseline[-1]['tflops']:8.1f} TFLOP/s")  # fmt: skip
+                bar.advance(status=f"cuBLAS {dn} {_shape_label(*shape)}")
 
-    cublas = {(r["shape"], r["dtype"]): r for r in baseline}
-    rows: list[dict] = []
-    # Kernel by kernel (ladder order), so a kernel that faults cannot poison earlier results.
-    for kernel in kernels:
-        step = gemm.step_of(kernel)
-        for dt in gemm.kernel_dtypes(kernel):
-            if dt not in dtypes:
-                continue
+        cublas = {(r["shape"], r["dtype"]): r for r in baseline}
+        rows: list[dict] = []
+        # Kernel by kernel (ladder order), so a kernel that faults cannot poison earlier results.
+        for kernel, dt, shape in ladder:
             dn = str(dt).removeprefix("torch.")
-            for shape in shapes:
-                m, n, k = shape
-                if 2 * m * n * k > MAX_FLOPS.get(step, float("inf")):
-                    continue
-                a, b, ref, cublas_err = inputs[(shape, dt)]
-                try:
-                    out = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
-                    gemm.matmul(a, b, kernel=kernel, out=out)
-                    err = _rel_err(out, ref) if torch.isfinite(out).all() else float("inf")
-                    timing = None
-                    if err <= 2 * cublas_err + err_floor(dn, k):
-                        timing = benchmark(
-                            lambda a=a, b=b, out=out, kernel=kernel: gemm.matmul(
-                                a, b, kernel=kernel, out=out
-                            ),
-                            **timing_kw,
-                        )
-                    row = _row("ladder", kernel, dn, shape, timing, err, cublas_err, spec, dt)
-                except Exception as e:  # record and go on: the report shows the failure
-                    row = {"kind": "ladder", "kernel": kernel, "dtype": dn,
-                           "shape": _shape_label(*shape), "m": m, "n": n, "k": k,
-                           "correct": False, "error": f"{type(e).__name__}: {e}"}  # fmt: skip
-                base = cublas[(row["shape"], dn)]
-                if row.get("tflops") is not None:
-                    row["pct_of_cublas"] = 100 * row["tflops"] / base["tflops"]
-                rows.append(row)
-                status = (
-                    f"{row['tflops']:8.2f} TFLOP/s {row['pct_of_cublas']:6.1f}% of cuBLAS"
-                    if row.get("tflops") is not None
-                    else f"FAILED CHECK rel_err={row.get('rel_err')} {row.get('error', '')}"
-                )
-                print(f"  {kernel:24s} {dn:8s} {row['shape']:>16s} {status}", flush=True)
+            m, n, k = shape
+            a, b, ref, cublas_err = inputs[(shape, dt)]
+            try:
+                out = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
+                gemm.matmul(a, b, kernel=kernel, out=out)
+                err = _rel_err(out, ref) if torch.isfinite(out).all() else float("inf")
+                timing = None
+                if err <= 2 * cublas_err + err_floor(dn, k):
+                    timing = benchmark(
+                        lambda a=a, b=b, out=out, kernel=kernel: gemm.matmul(
+                            a, b, kernel=kernel, out=out
+                        ),
+                        **timing_kw,
+                    )
+                row = _row("ladder", kernel, dn, shape, timing, err, cublas_err, spec, dt)
+            except Exception as e:  # record and go on: the report shows the failure
+                row = {"kind": "ladder", "kernel": kernel, "dtype": dn,
+                       "shape": _shape_label(*shape), "m": m, "n": n, "k": k,
+                       "correct": False, "error": f"{type(e).__name__}: {e}"}  # fmt: skip
+            base = cublas[(row["shape"], dn)]
+            if row.get("tflops") is not None:
+                row["pct_of_cublas"] = 100 * row["tflops"] / base["tflops"]
+            rows.append(row)
+            status = (
+                f"{row['tflops']:8.2f} TFLOP/s {row['pct_of_cublas']:6.1f}% of cuBLAS"
+                if row.get("tflops") is not None
+                else f"FAILED CHECK rel_err={row.get('rel_err')} {row.get('error', '')}"
+            )
+            bar.log(f"  {kernel:24s} {dn:8s} {row['shape']:>16s} {status}")
+            bar.advance(status=f"{kernel} {dn} {row['shape']}")
     return {
         "rows": rows,
         "baseline": baseline,
@@ -381,10 +391,26 @@ def print_summary(result: dict) -> None:
     print(markdown_table(table, floatfmt=".4g"))
 
 
+def check_args(args) -> None:
+    """Everything about the command line that can be checked before a GPU is needed."""
+    from shared.results import REPORTS_DIR
+
+    from . import gemm
+
+    for k in args.kernels or ():
+        if k not in gemm.GEMM_KERNELS:
+            raise ValueError(f"--kernels: unknown kernel {k!r}; choose from {gemm.GEMM_KERNELS}")
+    writable_dir("--reports-dir", Path(args.reports_dir or REPORTS_DIR) / PROJECT)
+    if args.out is not None:
+        writable_dir("--out", args.out)
+
+
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from shared.results import REPORTS_DIR, environment, environment_line, save_result
 
+    check_args(args)
     result = run(args)
     env = environment()
     reports_dir = args.reports_dir or REPORTS_DIR

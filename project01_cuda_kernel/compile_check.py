@@ -14,7 +14,6 @@ Results: reports/project01_cuda_kernel/compile.json (with the environment and nv
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -25,6 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from shared.cli import main_guard
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 PROJECT = "project01_cuda_kernel"
@@ -235,18 +236,31 @@ def summary_rows(results: list[FileResult]) -> list[dict]:
     ]
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    from shared.cli import ArgumentParser, input_file, nonempty_str, positive_int, writable_dir
+
+    p = ArgumentParser(
         prog="python -m project01_cuda_kernel.compile_check",
         description="Compile every project01 CUDA source for sm_90a with -Xptxas -v; fail on "
         "compile errors and on spills in files marked '// compile-check: no-spill'.",
     )
     p.add_argument("files", nargs="*", help=".cu files (default: every .cu under csrc/)")
-    p.add_argument("--arch", default=DEFAULT_ARCH, help="SM architecture (default: 90a)")
-    p.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes")
-    p.add_argument("--reports-dir", default=None, help="where <project>/compile.json goes")
+    p.add_argument("--arch", type=nonempty_str, default=DEFAULT_ARCH,
+                   help="SM architecture (default: 90a)")  # fmt: skip
+    p.add_argument("--jobs", type=positive_int, default=None, help="parallel nvcc processes")
+    p.add_argument("--reports-dir", type=nonempty_str, default=None,
+                   help="where <project>/compile.json goes")  # fmt: skip
     p.add_argument("--no-write", action="store_true", help="do not write compile.json")
     args = p.parse_args(argv)
+    if not re.fullmatch(r"[0-9]+[a-z]?", args.arch):
+        p.error(f"argument --arch: expected an SM architecture like 90a or 80, got {args.arch!r}")
+    for f in args.files:
+        input_file("files", f)
+    if not args.no_write:
+        from shared.results import REPORTS_DIR
+
+        writable_dir("--reports-dir", Path(args.reports_dir or REPORTS_DIR) / PROJECT)
 
     nvcc = find_nvcc()
     if nvcc is None:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import sys
 
+from shared.cli import main_guard
+
 from .bench import dispatch
 
 MODULES = {"gemm": "profile_gemm", "attention": "profile_attention"}
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     return dispatch("profile", MODULES, argv)
 

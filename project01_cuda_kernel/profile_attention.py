@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shared.cli import main_guard
+
 PROJECT = "project01_cuda_kernel"
 KERNEL_REGEX = "regex:flash_(fwd|bwd)(_hopper)?_kernel"
 
@@ -150,14 +152,17 @@ def parse_ncu_csv(text: str) -> list[dict]:
     return out
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m project01_cuda_kernel.profile_attention")
+    from shared.cli import ArgumentParser, nonempty_path, positive_int, writable_dir
+
+    ap = ArgumentParser(prog="python -m project01_cuda_kernel.profile attention")
     ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128))
-    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--seq-len", type=positive_int, default=4096)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--total-tokens", type=int, default=16384)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--reports-dir", type=Path, default=None)
+    ap.add_argument("--total-tokens", type=positive_int, default=16384)
+    ap.add_argument("--hidden", type=positive_int, default=2048)
+    ap.add_argument("--reports-dir", type=nonempty_path, default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.total_tokens % args.seq_len or args.hidden % args.head_dim:
@@ -168,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from project01_cuda_kernel.attention import build
     from shared.results import REPORTS_DIR, environment, save_result
+
+    writable_dir("--reports-dir", Path(args.reports_dir or REPORTS_DIR) / PROJECT)
 
     ncu = find_ncu()
     if ncu is None:

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from shared.cli import main_guard
+
 PROJECT = "project01_cuda_kernel"
 # __global__ function name of each ladder step (what ncu reports).
 KERNEL_FUNCTIONS = {
@@ -127,16 +129,19 @@ def summary_rows(rows: list[dict]) -> list[dict]:
     ]
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    from shared.cli import ArgumentParser, nonempty_path, positive_int, writable_dir
+
+    p = ArgumentParser(
         prog="python -m project01_cuda_kernel.profile gemm",
         description="Nsight Compute (--clock-control none) over every GEMM ladder kernel and "
         "cuBLAS: occupancy and its limiter, DRAM and SM throughput.",
     )
-    p.add_argument("--size", type=int, default=4096, help="M = N = K (default 4096)")
+    p.add_argument("--size", type=positive_int, default=4096, help="M = N = K (default 4096)")
     p.add_argument("--kernels", nargs="+", default=None, help="default: all that run here")
-    p.add_argument("--reports-dir", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=None, help="also copy the JSON here")
+    p.add_argument("--reports-dir", type=nonempty_path, default=None)
+    p.add_argument("--out", type=nonempty_path, default=None, help="also copy the JSON here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.size < 1:
@@ -151,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.size, kernels)
         return 0
+    from shared.results import REPORTS_DIR
+
+    writable_dir("--reports-dir", Path(args.reports_dir or REPORTS_DIR) / PROJECT)
+    if args.out is not None:
+        writable_dir("--out", args.out)
 
     from . import ncu
     from ._build import require_cuda

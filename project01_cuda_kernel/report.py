@@ -17,12 +17,13 @@ README is the repository's own, at its root).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
 import sys
 from pathlib import Path
+
+from shared.cli import main_guard
 
 PROJECT = "project01_cuda_kernel"
 _HERE = Path(__file__).resolve().parent
@@ -290,13 +291,17 @@ def update_readme(readme: Path, sections: dict[str, str]) -> str:
     return text
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    from shared.cli import ArgumentParser, input_file, nonempty_path, writable_dir
+
+    p = ArgumentParser(
         prog="python -m project01_cuda_kernel.report",
         description="Regenerate project01_cuda_kernel/README.md's tables from the JSON results.",
     )
-    p.add_argument("--reports-dir", type=Path, default=None, help="default: the repo's reports/")
-    p.add_argument("--readme", type=Path, default=README)
+    p.add_argument("--reports-dir", type=nonempty_path, default=None,
+                   help="default: the repo's reports/")  # fmt: skip
+    p.add_argument("--readme", type=nonempty_path, default=README)
     p.add_argument("--check", action="store_true",
                    help="exit 1 if the README is not up to date (writes nothing)")  # fmt: skip
     p.add_argument("--no-readme", action="store_true",
@@ -304,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from shared.results import REPORTS_DIR, atomic_write_text
 
-    reports_dir = Path(args.reports_dir or REPORTS_DIR)
+    reports_dir = writable_dir("--reports-dir", args.reports_dir or REPORTS_DIR)
+    if not args.no_readme or args.check:
+        input_file("--readme", args.readme)
     summary = reports_dir / PROJECT / "summary.md"
     if not args.check:  # the charts, redrawn from the same records
         print(f"wrote {len(render_charts(reports_dir))} charts under {reports_dir / PROJECT}")

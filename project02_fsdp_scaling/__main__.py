@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     if argv[0] not in COMMANDS:
-        print(f"unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)}", file=sys.stderr)
+        print(f"error: unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)}",
+              file=sys.stderr)  # fmt: skip
         return 2
     module = importlib.import_module(f"project02_fsdp_scaling.{COMMANDS[argv[0]]}")
     return module.main(argv[1:])

@@ -20,6 +20,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from shared.cli import main_guard
+
 Interval = tuple[float, float]  # (start, end) in microseconds
 
 _STEP = re.compile(r"^ProfilerStep#\d+$")
@@ -178,17 +180,19 @@ def analyse_trace(trace: dict) -> dict:
     }
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import argparse
     import sys
 
-    p = argparse.ArgumentParser(
+    from shared.cli import ArgumentParser, input_file
+
+    p = ArgumentParser(
         prog="python -m project02_fsdp_scaling.comm_analysis",
         description="Compute vs communication vs exposed communication of a torch.profiler trace.",
     )
     p.add_argument("trace", help="Chrome trace (.json or .json.gz) written by torch.profiler")
     a = p.parse_args(argv)
-    json.dump(analyse_trace(load_trace(a.trace)), sys.stdout, indent=2)
+    json.dump(analyse_trace(load_trace(input_file("trace", a.trace))), sys.stdout, indent=2)
     print()
     return 0
 

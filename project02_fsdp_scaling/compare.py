@@ -13,6 +13,7 @@ says so and holds the FSDP side only. Writes reports/project02_fsdp_scaling/comp
 from __future__ import annotations
 
 import json
+import math
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -20,9 +21,18 @@ from pathlib import Path
 
 import torch
 
-from project02_fsdp_scaling.config import DTypeName, TrainConfig, cli_flags, parse_cli, portable
+from project02_fsdp_scaling.config import (
+    DTypeName,
+    TrainConfig,
+    check_name,
+    check_preset,
+    cli_flags,
+    parse_cli,
+    portable,
+)
 from project02_fsdp_scaling.deepspeed_zero3 import deepspeed_available
 from project02_fsdp_scaling.scaling import PROJECT, launch
+from shared.cli import main_guard, writable_dir
 
 
 @dataclass
@@ -48,6 +58,27 @@ class CompareConfig:
     name: str = ""
     """default compare_gpu or compare_cpu"""
     timeout_s: int = 1800
+
+    def validate(self) -> CompareConfig:
+        check_preset(self.preset, allow_auto=True)
+        check_name(self.name)
+        for name in ("world_size", "steps", "timeout_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("global_batch", "micro_batch", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "grad_clip"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
+        if self.reports_root:
+            writable_dir("--reports-root", self.reports_root)
+        return self
 
 
 def _summary(rec: dict) -> dict:
@@ -82,10 +113,9 @@ def run_compare(cfg: CompareConfig) -> Path:
         save_result,
     )
 
+    cfg.validate()
     on_gpu = torch.cuda.is_available()
     available = torch.cuda.device_count() if on_gpu else 2**31
-    if cfg.world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {cfg.world_size}")
     if cfg.world_size > available:
         raise ValueError(f"world_size {cfg.world_size} needs that many GPUs; {available} visible")
     train = TrainConfig(
@@ -98,12 +128,11 @@ def run_compare(cfg: CompareConfig) -> Path:
         grad_clip=cfg.grad_clip,
         param_dtype=cfg.param_dtype,
         device="cuda" if on_gpu else "cpu",
-        log_every=1,
     ).validate(cfg.world_size)
     tier = "gpu" if on_gpu else "cpu"
     root = Path(cfg.reports_root) if cfg.reports_root else Path(REPORTS_DIR)
     name = cfg.name or f"compare_{tier}"
-    out_dir = root / PROJECT
+    out_dir = writable_dir("--reports-root", root / PROJECT)  # before the runs, not after
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict = {
         "tier": tier,
@@ -161,6 +190,7 @@ def run_compare(cfg: CompareConfig) -> Path:
     return path
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     run_compare(parse_cli(CompareConfig, argv, prog=f"python -m {PROJECT}.compare"))
     return 0

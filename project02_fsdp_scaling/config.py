@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
+import math
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -19,6 +19,9 @@ from typing import Literal, TypeVar, get_args, get_origin
 from shared.model import PRESETS, ModelArgs
 
 DTypeName = Literal["bfloat16", "float32"]
+# float64 trains without mixed precision, parameters and gradient reduction in float64: the CPU
+# equivalence tests use it so reduction-order rounding stays far below their tolerance.
+ParamDTypeName = Literal["bfloat16", "float32", "float64"]
 AttentionName = Literal["sdpa", "cudnn", "flash"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 
@@ -50,10 +53,11 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     """clip the global gradient norm to this; 0 disables clipping"""
-    param_dtype: DTypeName = "bfloat16"
-    """FSDP MixedPrecisionPolicy compute dtype of parameters (float32 = no mixed precision)"""
+    param_dtype: ParamDTypeName = "bfloat16"
+    """FSDP MixedPrecisionPolicy compute dtype of parameters (float32 = no mixed precision;
+    float64 = parameters, gradients and their reduction in float64, for numerics tests)"""
     reduce_dtype: DTypeName = "float32"
-    """dtype of the gradient reduce-scatter"""
+    """dtype of the gradient reduce-scatter (with param_dtype float64: float64)"""
     activation_checkpointing: bool = False
     """recompute each block's activations in backward (less memory, ~1/3 more compute)"""
     compile: bool = False
@@ -79,9 +83,11 @@ class TrainConfig:
     out: str = ""
     """JSON result file written by rank 0 (empty: print only)"""
     save_params: str = ""
-    """write the final full parameters (float32, rank 0) to this .pt file"""
-    log_every: int = 1
-    """print a progress line every N steps (0: never)"""
+    """write the final full parameters (rank 0; float32, or float64 with --param-dtype float64)
+    to this .pt file"""
+    log_every: int = 10
+    """on a terminal a progress bar; in a log, a progress line every N steps, with rate and
+    ETA (and the first and last step); 0: none"""
 
     # ---- derived values -------------------------------------------------------------------
     def model_args(self) -> ModelArgs:
@@ -138,14 +144,20 @@ class TrainConfig:
         for name in ("warmup_steps", "lr_warmup_steps", "log_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "weight_decay", "beta1", "beta2", "grad_clip"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
         for name, allowed in (
-            ("param_dtype", DTypeName),
+            ("param_dtype", ParamDTypeName),
             ("reduce_dtype", DTypeName),
             ("attention", AttentionName),
             ("device", DeviceName),
@@ -154,6 +166,23 @@ class TrainConfig:
                 raise ValueError(
                     f"{name} must be one of {get_args(allowed)}, got {getattr(self, name)!r}"
                 )
+        if self.param_dtype == "float64" and self.reduce_dtype != "float32":
+            raise ValueError(
+                f"reduce_dtype {self.reduce_dtype!r} cannot go with param_dtype 'float64' "
+                "(gradients are reduced in float64): leave reduce_dtype at float32"
+            )
+        return self
+
+    def check_outputs(self) -> TrainConfig:
+        """Raise ValueError naming the flag when an output path cannot be written: called before
+        training, so that a typo costs seconds, not the run."""
+        from shared.cli import writable_dir, writable_file
+
+        for name in ("out", "save_params"):
+            if getattr(self, name):
+                writable_file("--" + name.replace("_", "-"), getattr(self, name))
+        if self.profile and self.trace_dir:
+            writable_dir("--trace-dir", self.trace_dir)
         return self
 
     def to_dict(self) -> dict:
@@ -174,12 +203,22 @@ def portable(config: dict) -> dict:
 
 
 def env_world_size() -> int:
-    """WORLD_SIZE as torchrun sets it (1 outside torchrun)."""
-    value = os.environ.get("WORLD_SIZE", "1")
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable WORLD_SIZE={value!r} is not an integer") from None
+    """WORLD_SIZE as torchrun sets it (1 outside torchrun); a bad value is named."""
+    from shared.cli import env_int
+
+    return env_int("WORLD_SIZE", 1, minimum=1)
+
+
+def check_preset(preset: str, *, allow_auto: bool = False) -> None:
+    allowed = sorted(PRESETS) + (["auto"] if allow_auto else [])
+    if preset not in allowed:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {allowed}")
+
+
+def check_name(name: str) -> None:
+    """A result file stem: empty (the default) or a plain name."""
+    if name and (name != name.strip() or "/" in name or "\\" in name or name.startswith(".")):
+        raise ValueError(f"name must be a plain file stem like 'scaling_gpu', got {name!r}")
 
 
 # ---- command line ----------------------------------------------------------------------------
@@ -200,12 +239,15 @@ def cli_flags(obj) -> list[str]:
 
 
 def parse_cli(cls: type[C], argv: list[str] | None = None, *, prog: str | None = None) -> C:
-    """Parse `argv` into an instance of the dataclass `cls`: tyro when installed, else argparse."""
+    """Parse `argv` into an instance of the dataclass `cls`: tyro when installed, else argparse.
+    A parse error is one `error:` line on stderr and exit code 2 either way."""
     try:
-        import tyro
+        import tyro  # noqa: F401
     except ImportError:
         return _argparse_cli(cls, argv, prog=prog)
-    return tyro.cli(cls, args=argv, prog=prog)
+    from shared.cli import parse_dataclass
+
+    return parse_dataclass(cls, argv, prog=prog)
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -233,7 +275,9 @@ def _field_docs(cls) -> dict[str, str]:
 def _argparse_cli(cls, argv, *, prog=None):
     hints = typing.get_type_hints(cls)
     docs = _field_docs(cls)
-    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
+    from shared.cli import ArgumentParser
+
+    parser = ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
     for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         tp, default = hints[f.name], f.default

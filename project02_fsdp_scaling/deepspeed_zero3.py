@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,10 +31,12 @@ from project02_fsdp_scaling.train import (
     param_groups,
     peak_memory_gib,
     resolve_device,
+    save_tensors,
     summarize_times,
     train_flops_per_token,
     write_json,
 )
+from shared.cli import main_guard
 from shared.data import SyntheticTokens
 from shared.distributed import DistInfo, cleanup, init_distributed, seed_everything
 
@@ -84,6 +85,11 @@ def run_deepspeed(cfg: TrainConfig, info: DistInfo) -> tuple[dict, dict[str, tor
         )
     if cfg.profile:
         raise ValueError("profiling is implemented for the FSDP path only: drop --profile")
+    if cfg.param_dtype == "float64":
+        raise ValueError(
+            "param_dtype 'float64' is for the FSDP path only (DeepSpeed trains in half or "
+            "float32): use --param-dtype float32"
+        )
     device = info.device.type
     args = cfg.model_args()
     seq_len = cfg.resolved_seq_len()
@@ -200,9 +206,11 @@ def run_deepspeed(cfg: TrainConfig, info: DistInfo) -> tuple[dict, dict[str, tor
     return result, final
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_cli(TrainConfig, argv, prog="python -m project02_fsdp_scaling.deepspeed_zero3")
     cfg.validate(env_world_size())
+    cfg.check_outputs()
     ok, why = deepspeed_available()
     if not ok:
         print(f"{why}; install the extra: pip install -e '.[deepspeed]'", file=sys.stderr)
@@ -221,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             if cfg.out:
                 write_json(cfg.out, result)
             if final is not None:
-                Path(cfg.save_params).parent.mkdir(parents=True, exist_ok=True)
-                torch.save(final, cfg.save_params)
+                save_tensors(cfg.save_params, final)
     finally:
         cleanup()
     return 0

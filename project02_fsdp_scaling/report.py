@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from shared.cli import main_guard
 from shared.results import (
     REPORTS_DIR,
     atomic_write_text,
@@ -555,19 +556,18 @@ def render_all(out_dir: Path) -> None:
                 compare_chart(load_result(out_dir / f"{stem}.json"), out_dir, stem)
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from shared.cli import ArgumentParser, input_dir
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog=f"python -m {PROJECT}.report",
         description="Re-render charts, Markdown and the project README from the JSON records.",
     )
     p.add_argument("--dir", default=str(Path(REPORTS_DIR) / PROJECT), help="reports folder")
     p.add_argument("--no-readme", action="store_true", help="leave README.md alone")
     a = p.parse_args(argv)
-    out_dir = Path(a.dir)
-    if not out_dir.is_dir():
-        raise SystemExit(f"no reports folder at {out_dir}")
+    out_dir = input_dir("--dir", a.dir)
     render_all(out_dir)
     atomic_write_text(out_dir / "summary.md", summary_markdown(out_dir))
     if not a.no_readme:

@@ -32,10 +32,13 @@ import torch
 from project02_fsdp_scaling.config import (
     AttentionName,
     TrainConfig,
+    check_name,
+    check_preset,
     cli_flags,
     parse_cli,
     portable,
 )
+from shared.cli import main_guard, writable_dir
 
 PROJECT = "project02_fsdp_scaling"
 
@@ -105,6 +108,16 @@ class ScalingConfig:
     def validate(self) -> ScalingConfig:
         parse_world_sizes(self.gpus) if self.gpus != "auto" else None
         parse_cost_configs(self.cost_configs)
+        check_preset(self.preset, allow_auto=True)
+        check_name(self.name)
+        for name in ("global_batch", "micro_batch", "seq_len", "sweep_max_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"{name} must be >= 0 (0 = the tier's default), got {getattr(self, name)}"
+                )
+        if self.reports_root:
+            writable_dir("--reports-root", self.reports_root)
+        parse_variants(self.sweep_variants)
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0 (0 = the tier's default), got {self.steps}")
         for name in ("sweep_steps", "timeout_s", "sweep_global_batch"):
@@ -123,6 +136,18 @@ def parse_world_sizes(text: str) -> list[int]:
     if not sizes or any(s < 1 for s in sizes):
         raise ValueError(f"gpus must be comma-separated positive integers, got {text!r}")
     return sorted(set(sizes))
+
+
+def parse_variants(text: str) -> list[str]:
+    """The sweep's variant names, each checked (see project02_fsdp_scaling.sweep)."""
+    from project02_fsdp_scaling.sweep import parse_variant
+
+    names = [v.strip() for v in str(text).split(",") if v.strip()]
+    if not names:
+        raise ValueError("sweep_variants must name at least one variant")
+    for v in names:
+        parse_variant(v)
+    return names
 
 
 def parse_cost_configs(text: str) -> list[tuple[str, int]]:
@@ -177,12 +202,12 @@ def make_plan(cfg: ScalingConfig) -> Plan:
         attention=cfg.attention,
         device="cuda" if on_gpu else "cpu",
         profile=cfg.profile,
-        log_every=1,
     )
     for ws in sizes:  # every error before the first launch
         micro = cfg.micro_batch or (min(8, global_batch // ws) if on_gpu else 0)
         TrainConfig(**{**asdict(train), "micro_batch": micro}).validate(ws)
     root = Path(cfg.reports_root) if cfg.reports_root else _default_reports_root()
+    writable_dir("--reports-root", root / PROJECT)  # before the first launch, not after it
     name = cfg.name or ("scaling_gpu" if on_gpu else "scaling_cpu")
     return Plan(on_gpu, available, sizes, train, root / PROJECT, name)
 
@@ -430,6 +455,7 @@ def cost_table(ok: dict, plan: Plan, cfg: ScalingConfig) -> dict:
     return {"lines": lines, "note": None}
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_cli(ScalingConfig, argv, prog=f"python -m {PROJECT}.scaling")
     run_scaling(cfg)

@@ -21,7 +21,16 @@ from pathlib import Path
 
 import torch
 
-from project02_fsdp_scaling.config import TrainConfig, parse_cli, portable
+from project02_fsdp_scaling.config import (
+    TrainConfig,
+    check_name,
+    check_preset,
+    parse_cli,
+    portable,
+)
+from shared.cli import main_guard, writable_dir
+from shared.progress import human_seconds
+from shared.results import REPORTS_DIR
 
 PROJECT = "project02_fsdp_scaling"
 
@@ -71,6 +80,20 @@ class SweepConfig:
     max_seconds: int = 0
     """start no new variant after this many seconds (0: no limit); the rest are marked not run"""
 
+    def validate(self) -> SweepConfig:
+        check_preset(self.preset)
+        check_name(self.name)
+        for name in ("global_batch", "micro_batch", "steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("seq_len", "warmup_steps", "max_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.reports_root:
+            writable_dir("--reports-root", self.reports_root)
+        self.variant_list()
+        return self
+
     def variant_list(self) -> list[str]:
         names = [v.strip() for v in self.variants.split(",") if v.strip()]
         if not names:
@@ -118,7 +141,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     from project02_fsdp_scaling.train import build_cpu_model, log, run_training
     from shared.distributed import cleanup, init_distributed
 
-    names = cfg.variant_list()
+    names = cfg.validate().variant_list()
     on_gpu = torch.cuda.is_available()
     base = TrainConfig(
         preset=cfg.preset,
@@ -131,6 +154,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     )
     for v in names:
         TrainConfig(**{**asdict(base), **parse_variant(v)}).validate(1)
+    writable_dir("--reports-root", Path(cfg.reports_root or REPORTS_DIR) / PROJECT)
     info = init_distributed(device=base.device)
     if info.world_size != 1:
         raise ValueError(f"the sweep runs in a world of one; got WORLD_SIZE={info.world_size}")
@@ -140,14 +164,15 @@ def run_sweep(cfg: SweepConfig) -> Path:
     path = None
     try:
         template = build_cpu_model(base.model_args(), base.seed)
-        for v in names:
+        for i, v in enumerate(names, 1):
             elapsed = time.monotonic() - t_start
             if cfg.max_seconds and elapsed > cfg.max_seconds:
                 log.warning("variant %s not run: time budget of %d s spent", v, cfg.max_seconds)
                 variants.append({"variant": v, "status": "not run",
                                  "error": f"time budget of {cfg.max_seconds} s spent"})  # fmt: skip
                 continue
-            log.info("=== variant %s", v)
+            log.info("=== variant %s (%d of %d, %s so far)", v, i, len(names),
+                     human_seconds(elapsed))  # fmt: skip
             tc = TrainConfig(**{**asdict(base), **parse_variant(v)})
             try:
                 result, _ = run_training(tc, info, template=template)
@@ -212,6 +237,7 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
     return path
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_cli(SweepConfig, argv, prog=f"python -m {PROJECT}.sweep")
     run_sweep(cfg)

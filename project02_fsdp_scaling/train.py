@@ -29,10 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from project02_fsdp_scaling.config import TrainConfig, env_world_size, parse_cli
+from shared.cli import main_guard
 from shared.data import SyntheticTokens
 from shared.distributed import DistInfo, cleanup, get_logger, init_distributed, seed_everything
 from shared.model import ModelArgs, Transformer
 from shared.parallelize import ParallelConfig, parallelize
+from shared.progress import human_count, progress
 
 log = get_logger("project02.train")
 
@@ -151,8 +153,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token loss in float32 whatever the logits' dtype. logits (B, S, V), targets (B, S)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+    """Mean token loss in float32 (float64 for float64 logits) whatever the logits' dtype.
+    logits (B, S, V), targets (B, S)."""
+    logits = logits.flatten(0, 1)
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                           targets.flatten(0, 1))  # fmt: skip
 
 
 def canonical_name(name: str) -> str:
@@ -163,13 +168,14 @@ def canonical_name(name: str) -> str:
 
 
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter gathered in full, float32, on the CPU (a collective: call on all ranks)."""
+    """Every parameter gathered in full, float32 (float64 when trained in float64), on the CPU
+    (a collective: call on all ranks)."""
     from torch.distributed.tensor import DTensor
 
     out = {}
     for name, p in model.named_parameters():
         t = p.full_tensor() if isinstance(p, DTensor) else p
-        out[canonical_name(name)] = t.detach().float().cpu()
+        out[canonical_name(name)] = t.detach().to(torch.promote_types(t.dtype, torch.float32)).cpu()
     return out
 
 
@@ -236,12 +242,15 @@ def run_training(
     t0 = time.perf_counter()
     model = build_cpu_model(args, cfg.seed) if template is None else _copy_model(template)
     n_params = model.num_params()
+    fp64 = cfg.param_dtype == "float64"  # no mixed precision: FSDP keeps and reduces float64
+    if fp64:
+        model.to(torch.float64)
     mesh = init_device_mesh(device, (info.world_size,))
     parallelize(
         model,
         ParallelConfig(
-            param_dtype=cfg.param_dtype,
-            reduce_dtype=cfg.reduce_dtype,
+            param_dtype=None if fp64 else cfg.param_dtype,
+            reduce_dtype=None if fp64 else cfg.reduce_dtype,
             reshard_after_forward=cfg.reshard_after_forward,
             activation_checkpointing=cfg.activation_checkpointing,
             compile=cfg.compile,
@@ -253,10 +262,10 @@ def run_training(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     loss_fn = torch.compile(cross_entropy) if cfg.compile else cross_entropy
     log.info(
-        "model %s: %.3f B parameters; world %d (%s); global batch %d x %d tokens, "
+        "model %s: %s parameters; world %d (%s); global batch %d x %d tokens, "
         "micro-batch %d, %d accumulation steps; build %.1f s",
-        cfg.preset, n_params / 1e9, info.world_size, info.backend, cfg.global_batch, seq_len,
-        micro, accum, time.perf_counter() - t0,
+        cfg.preset, human_count(n_params), info.world_size, info.backend, cfg.global_batch,
+        seq_len, micro, accum, time.perf_counter() - t0,
     )  # fmt: skip
 
     # The whole stream up front (this rank's slice): data generation never lands in step time.
@@ -275,7 +284,7 @@ def run_training(
 
     def train_step(step: int) -> tuple[float, float]:
         x_all, y_all = batches[step]
-        loss_sum = torch.zeros((), device=info.device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         for m in range(accum):
             x = x_all[m * micro : (m + 1) * micro].to(info.device, non_blocking=True)
             y = y_all[m * micro : (m + 1) * micro].to(info.device, non_blocking=True)
@@ -298,7 +307,11 @@ def run_training(
     n_timed_end = cfg.warmup_steps + cfg.steps
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    with attention_backend(cfg.attention, device):
+    tokens_per_step = cfg.global_batch * seq_len
+    with attention_backend(cfg.attention, device), progress(
+        n_timed_end, "train", unit="step", every=cfg.log_every or 1,
+        enabled=info.is_main and cfg.log_every > 0,
+    ) as bar:  # fmt: skip
         for step in range(n_timed_end):
             sync()
             t = time.perf_counter()
@@ -309,13 +322,9 @@ def run_training(
             norms.append(norm)
             if step >= cfg.warmup_steps:
                 times.append(dt)
-            if cfg.log_every and (step % cfg.log_every == 0 or step == n_timed_end - 1):
-                tag = "warm-up" if step < cfg.warmup_steps else "timed"
-                log.info(
-                    "step %d/%d (%s) loss %.4f grad-norm %.3f  %.3f s  %.0f tokens/s",
-                    step + 1, cfg.total_steps(), tag, loss, norm, dt,
-                    cfg.global_batch * seq_len / dt,
-                )  # fmt: skip
+            tag = "warm-up" if step < cfg.warmup_steps else "timed"
+            bar.advance(status=f"{tag}: loss {loss:.4f}, grad-norm {norm:.3f}, {dt:.3f} s/step, "
+                        f"{tokens_per_step / dt:,.0f} tokens/s")  # fmt: skip
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {step}: training diverged")
         profile = None
@@ -327,7 +336,6 @@ def run_training(
     stats = summarize_times(times)
     # Slowest rank's median: a step ends when every rank has finished it.
     stats["median"] = _reduce_max(stats["median"], device)
-    tokens_per_step = cfg.global_batch * seq_len
     tokens_per_s = tokens_per_step / stats["median"]
     fpt = train_flops_per_token(args, seq_len)
     gpu_name, peak = None, None
@@ -336,7 +344,7 @@ def run_training(
 
         gpu_name = torch.cuda.get_device_name()
         spec = detect_gpu()
-        if spec is not None:
+        if spec is not None and not fp64:  # no float64 peak in the table: MFU n/a
             peak = spec.peak_flops(cfg.param_dtype)
     achieved = tokens_per_s * fpt / info.world_size  # FLOP/s per device
     result = {
@@ -423,6 +431,17 @@ def _profile_steps(cfg, info, train_step, first_step, losses, norms, sync) -> di
     }
 
 
+def save_tensors(path: str | Path, tensors: dict) -> None:
+    """torch.save to `path` atomically (temporary file, fsync, rename): never half a file."""
+    import io
+
+    from shared.results import atomic_write_bytes
+
+    buf = io.BytesIO()
+    torch.save(tensors, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def write_json(path: str | Path, obj: dict) -> None:
     try:
         from shared.results import atomic_write_json, environment
@@ -441,9 +460,11 @@ def write_json(path: str | Path, obj: dict) -> None:
     atomic_write_json(path, obj)
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_cli(TrainConfig, argv, prog="python -m project02_fsdp_scaling.train")
     cfg.validate(env_world_size())  # a clear error before any process group exists
+    cfg.check_outputs()  # and before any training: the output paths can be written
     device = resolve_device(cfg)
     info = init_distributed(device=device)
     try:
@@ -464,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_json(cfg.out, result)
                 log.info("wrote %s", cfg.out)
             if final is not None:
-                Path(cfg.save_params).parent.mkdir(parents=True, exist_ok=True)
-                torch.save(final, cfg.save_params)
+                save_tensors(cfg.save_params, final)
     finally:
         cleanup()
     return 0

@@ -1,4 +1,10 @@
-"""`python -m project03_capstone_infra`: the entry points of this package."""
+"""`python -m project03_capstone_infra [<command> ...]`: the entry points of this package (each
+is also `python -m project03_capstone_infra.<command>`)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
 
 ENTRY_POINTS = {
     "train": "fault-tolerant FSDP training (run under torchrun for several ranks)",
@@ -13,8 +19,16 @@ ENTRY_POINTS = {
 }
 
 
-def main() -> int:
-    print("python -m project03_capstone_infra.<command> --help\n")
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in ("-h", "--help"):
+        if argv[0] not in ENTRY_POINTS:
+            print(f"error: unknown command {argv[0]!r}; expected one of {list(ENTRY_POINTS)} "
+                  "(see python -m project03_capstone_infra --help)", file=sys.stderr)  # fmt: skip
+            return 2
+        module = importlib.import_module(f"project03_capstone_infra.{argv[0]}")
+        return module.main(argv[1:])
+    print("python -m project03_capstone_infra <command> --help  (or ...capstone_infra.<command>)\n")
     for name, what in ENTRY_POINTS.items():
         print(f"  {name:<17} {what}")
     return 0

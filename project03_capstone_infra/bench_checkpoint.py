@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -36,6 +37,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from shared.cli import main_guard
 
 PROJECT = "project03_capstone_infra"
 
@@ -61,6 +64,37 @@ class BenchConfig:
     resume: bool = True  # measure the resume in a second process
     from_json: str = ""  # re-derive figures and the report from a saved raw record, no training
     code_commit: str = ""  # with from_json: the commit the record was measured with
+
+    def validate(self) -> BenchConfig:
+        from shared.cli import input_file, require_nonempty, writable_dir
+        from shared.model import PRESETS
+
+        if self.preset not in PRESETS:
+            raise ValueError(
+                f"--preset: unknown {self.preset!r}; expected one of {sorted(PRESETS)}"
+            )
+        for name in ("global_batch", "ckpt_interval", "timed_steps", "max_steps_during_write",
+                     "write_threads"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
+        for name in ("seq_len", "warmup_steps", "steady_saves"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}"
+                )
+        if not (math.isfinite(self.budget_s) and self.budget_s >= 0):
+            raise ValueError(f"--budget-s must be a finite number >= 0, got {self.budget_s}")
+        if self.stager not in ("persistent", "dcp"):
+            raise ValueError(f"--stager must be 'persistent' or 'dcp', got {self.stager!r}")
+        if self.from_json:
+            input_file("--from-json", self.from_json)
+        else:
+            writable_dir("--run-dir", require_nonempty("--run-dir", self.run_dir))
+        if self.out_dir:
+            writable_dir("--out-dir", self.out_dir)
+        return self
 
 
 def _fs_of(path: Path) -> str:
@@ -488,10 +522,11 @@ def run(cfg: BenchConfig) -> dict:
     return out
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
+    from shared.cli import parse_dataclass
 
-    cfg = tyro.cli(BenchConfig, args=argv, description=__doc__.split("\n\n")[0])
+    cfg = parse_dataclass(BenchConfig, argv, description=__doc__.split("\n\n")[0]).validate()
     out = rederive(cfg) if cfg.from_json else run(cfg)
     keys = ("baseline", "derived", "resume")
     print(json.dumps({k: out["results"].get(k) for k in keys}, indent=1, default=str))

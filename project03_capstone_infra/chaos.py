@@ -31,6 +31,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from shared.cli import main_guard, parse_dataclass
+from shared.progress import progress
+
 from . import runner
 from .checkpoint import compare_states, read_full_state
 from .faults import read_events
@@ -53,6 +56,31 @@ class ChaosConfig:
     keep: bool = False  # keep the run directories
     reports_dir: str = ""  # default: reports/ of this repository
     timeout_s: float = 900.0  # per launch
+
+    def validate(self) -> ChaosConfig:
+        from shared.cli import require_finite, writable_dir
+
+        if self.nproc < 0:
+            raise ValueError(f"ChaosConfig.nproc must be >= 0 (0: automatic), got {self.nproc}")
+        for name in ("steps", "global_batch", "ckpt_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ChaosConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.preset not in ("tiny", "125m", "1b"):
+            raise ValueError(
+                f"ChaosConfig.preset must be one of ('tiny', '125m', '1b'), got {self.preset!r}"
+            )
+        require_finite("ChaosConfig", self, ("pg_timeout_s", "timeout_s"))
+        for name in ("pg_timeout_s", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ChaosConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.steps < 10 * self.ckpt_every:
+            raise ValueError(f"ChaosConfig.steps ({self.steps}) must be at least 10 x ckpt_every "
+                             f"({self.ckpt_every}) to fit the faults")  # fmt: skip
+        if self.workdir:
+            writable_dir("--workdir", self.workdir)
+        if self.reports_dir:
+            writable_dir("--reports-dir", self.reports_dir)
+        return self
 
 
 def _log(msg: str) -> None:
@@ -244,9 +272,65 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _steps_done(events: list[dict]) -> int:
+    return max((e["step"] for e in events if e["event"] == "step" and e["rank"] == 0), default=0)
+
+
+def _fault_status(events: list[dict], faults: list[dict], sigterm_step: int) -> str:
+    """What the faulted run is going through: the launch attempt, the last fault that hit and
+    what comes next."""
+    attempt = max((e["attempt"] for e in events if e["event"] == "start"), default=0)
+    hit = [e for e in events if e["event"] == "fault"]
+    fired = {(e["kind"], e["step"]) for e in hit}
+    pending = [f for f in faults if (f["kind"], f["step"]) not in fired]
+    parts = [f"attempt {attempt}"]
+    if hit:
+        last = hit[-1]
+        parts.append(f"last fault: {last['kind']} @ step {last['step']} (rank {last['rank']})")
+    nxt = min(pending, key=lambda f: f["step"]) if pending else None
+    parts.append(f"next: {nxt['kind']} @ step {nxt['step']}" if nxt else
+                 f"next: SIGTERM after step {sigterm_step}")  # fmt: skip
+    return "; ".join(parts)
+
+
+def _follow(proc, run_dir: Path, bar, timeout: float, *, until_step: int | None = None,
+            status=None) -> None:  # fmt: skip
+    """Show a run's progress from its event log until it ends (or reaches `until_step`)."""
+    deadline = time.time() + timeout
+    events_path = run_dir / "events.jsonl"
+    while True:
+        events = read_events(events_path)
+        done = _steps_done(events)
+        bar.set(done, status=status(events) if status else None)
+        if until_step is not None and done >= until_step:
+            return
+        if proc.poll() is not None:
+            if until_step is not None:
+                raise RuntimeError(f"the run ended (rc {proc.returncode}) before step {until_step}")
+            return
+        if time.time() > deadline:
+            what = f"step {until_step} not reached" if until_step else "the run did not finish"
+            raise TimeoutError(f"{what} within {timeout:.0f} s")
+        time.sleep(0.05 if until_step is not None else 0.25)
+
+
+def _launch_followed(run_dir: Path, what: str, cfg: ChaosConfig, *, nproc: int, **train_args):
+    """runner.launch, with a progress display of the steps the run has done."""
+    done = _steps_done(read_events(run_dir / "events.jsonl"))  # a requeue resumes from there
+    t0 = time.time()
+    proc = runner.start(run_dir, nproc=nproc, **train_args)
+    try:
+        with progress(cfg.steps, what, every=max(1, cfg.steps // 6), start=done) as bar:
+            _follow(proc, run_dir, bar, cfg.timeout_s)
+    except TimeoutError:
+        pass  # runner.finish kills it and says so, with the output
+    return runner.finish(proc, t0, max(1.0, cfg.timeout_s - (time.time() - t0)))
+
+
 def run(cfg: ChaosConfig) -> dict:
     import torch
 
+    from shared.cli import writable_dir
     from shared.results import (
         REPORTS_DIR,
         atomic_write_text,
@@ -257,8 +341,11 @@ def run(cfg: ChaosConfig) -> dict:
         save_result,
     )
 
+    cfg.validate()
     nproc = cfg.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
     faults, sigterm_step = plan_faults(cfg, nproc)
+    out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
+    writable_dir("--reports-dir", out_dir / PROJECT)  # before two training runs, not after
     work = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="p03-chaos-"))
     ref_dir, run_dir = work / "reference", work / "faulted"
     for d in (ref_dir, run_dir):
@@ -271,7 +358,7 @@ def run(cfg: ChaosConfig) -> dict:
     _log(
         f"reference run: {nproc} ranks, {cfg.preset}, {cfg.steps} steps, checkpoint every {cfg.ckpt_every}"
     )
-    ref = runner.launch(ref_dir, nproc=nproc, timeout=cfg.timeout_s, **train_args)
+    ref = _launch_followed(ref_dir, "reference", cfg, nproc=nproc, **train_args)
     if ref.returncode != 0:
         raise RuntimeError(f"the reference run failed (rc {ref.returncode}):\n{ref.output[-3000:]}")
     _log(f"reference done in {ref.seconds:.1f} s")
@@ -280,14 +367,17 @@ def run(cfg: ChaosConfig) -> dict:
     _log(f"faulted run: {plan}, SIGTERM when step {sigterm_step} is done")
     t0 = time.time()
     proc = runner.start(run_dir, nproc=nproc, max_restarts=len(faults), faults=faults, **train_args)
-    runner.wait_for_step(run_dir, sigterm_step, proc, timeout=cfg.timeout_s)
+    with progress(cfg.steps, "faulted run", every=max(1, cfg.steps // 6)) as bar:
+        _follow(proc, run_dir, bar, cfg.timeout_s, until_step=sigterm_step,
+                status=lambda ev: _fault_status(ev, faults, sigterm_step))  # fmt: skip
     sigterm_t = time.time()
+    _log(f"step {sigterm_step} done: SIGTERM to the launcher (a spot preemption)")
     proc.send_signal(signal.SIGTERM)
     first = runner.finish(proc, t0, cfg.timeout_s)
     if not any(e["event"] == "preempted" for e in read_events(run_dir / "events.jsonl")):
         raise RuntimeError(f"the faulted run did not save on SIGTERM:\n{first.output[-3000:]}")
     _log(f"preempted after {first.seconds:.1f} s (torchrun rc {first.returncode}); requeueing")
-    second = runner.launch(run_dir, nproc=nproc, timeout=cfg.timeout_s, **train_args)
+    second = _launch_followed(run_dir, "requeued run", cfg, nproc=nproc, **train_args)
     if second.returncode != 0:
         raise RuntimeError(f"the requeued run failed:\n{second.output[-3000:]}")
     faulted_s = time.time() - t0
@@ -334,7 +424,6 @@ def run(cfg: ChaosConfig) -> dict:
         "train": train_args,
     }
     env = environment()
-    out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
     json_path = save_result(PROJECT, "chaos", results, baseline={"reference_wall_s": ref.seconds},
                             config=config, reports_dir=out_dir, env=env)  # fmt: skip
     write_charts(load_result(json_path), out_dir / PROJECT)
@@ -390,10 +479,9 @@ def run(cfg: ChaosConfig) -> dict:
     return results
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
-
-    cfg = tyro.cli(ChaosConfig, args=argv, description=__doc__.split("\n\n")[0])
+    cfg = parse_dataclass(ChaosConfig, argv, description=__doc__.split("\n\n")[0]).validate()
     results = run(cfg)
     return 0 if results["identical"] else 1
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from tyro.conf import Positional
 
+from shared.cli import input_dir, main_guard
+
 from .checkpoint import (
     compare_states,
     list_checkpoints,
@@ -65,10 +67,7 @@ class Compare:
 
 
 def _root(path: str) -> Path:
-    p = Path(path)
-    if not p.is_dir():
-        raise SystemExit(f"error: {path} is not a directory")
-    return p
+    return input_dir("root", path)
 
 
 def cmd_list(args: List) -> int:
@@ -98,6 +97,8 @@ def cmd_list(args: List) -> int:
 
 
 def cmd_verify(args: Verify) -> int:
+    if args.step < -1:
+        raise ValueError(f"--step must be a step >= 0 (or -1: all), got {args.step}")
     root = _root(args.root)
     dirs = list_checkpoints(root) if args.step < 0 else [root / step_dir_name(args.step)]
     bad = 0
@@ -116,6 +117,12 @@ def cmd_verify(args: Verify) -> int:
 
 
 def cmd_prune(args: Prune) -> int:
+    if args.keep_last < 1:
+        raise ValueError(
+            f"--keep-last must be >= 1 (the newest is always kept), got {args.keep_last}"
+        )
+    if args.milestone_every < 0:
+        raise ValueError(f"--milestone-every must be >= 0, got {args.milestone_every}")
     root = _root(args.root)
     dirs = list_checkpoints(root)
     steps = [int(d.name.split("_")[1]) for d in dirs]
@@ -133,6 +140,8 @@ def cmd_prune(args: Prune) -> int:
 
 
 def cmd_compare(args: Compare) -> int:
+    input_dir("a", args.a)
+    input_dir("b", args.b)
     for p in (args.a, args.b):
         info = verify_checkpoint(p)
         if not info.ok:
@@ -150,10 +159,14 @@ def cmd_compare(args: Compare) -> int:
     return 0
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     import tyro
 
-    cmd = tyro.extras.subcommand_cli_from_dict(
+    from shared.cli import run_tyro
+
+    cmd = run_tyro(
+        tyro.extras.subcommand_cli_from_dict,
         {"list": List, "verify": Verify, "prune": Prune, "compare": Compare},
         args=argv,
         description=__doc__.split("\n\n")[0],

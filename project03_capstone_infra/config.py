@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
@@ -71,13 +72,23 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {v!r}")
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "pg_timeout_s",
+                     "sigterm_deadline_s"):  # fmt: skip
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"TrainConfig.{name} must be a finite number, got {v!r}")
         for name in ("lr", "pg_timeout_s", "sigterm_deadline_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("TrainConfig.weight_decay and grad_clip must be >= 0")
+        for name in ("weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if not str(self.run_dir).strip():
+            raise ValueError("TrainConfig.run_dir: expected a folder, got an empty path")
+        if not self.metrics_addr.strip():
+            raise ValueError("TrainConfig.metrics_addr: expected an address, got an empty string")
         if self.metrics_port < -1 or self.metrics_port > 65535:
             raise ValueError(
                 f"TrainConfig.metrics_port must be -1 (off), 0 (any) or a port, got {self.metrics_port}"
@@ -94,7 +105,7 @@ class TrainConfig:
                 raise ValueError(
                     f"TrainConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}"
                 )
-        if not self.resume:
+        if not str(self.resume).strip():
             raise ValueError("TrainConfig.resume must be 'auto', 'never' or a checkpoint directory")
         return self
 

@@ -41,6 +41,8 @@ from typing import Literal
 
 import numpy as np
 
+from shared.cli import main_guard
+
 PROJECT = "project03_capstone_infra"
 
 # Hardware interruptions per GPU-hour: Llama 3 pre-training saw 419 unexpected interruptions in
@@ -491,9 +493,27 @@ class CostConfig:
     out_name: str = "cost"  # stem of the report files
 
     def validate(self) -> CostConfig:
+        from shared.cli import input_dir, input_file, require_finite, writable_dir
         from shared.hardware import get_gpu
+        from shared.model import PRESETS
 
         get_gpu(self.gpu)  # ValueError naming the known keys
+        if self.preset not in PRESETS:
+            raise ValueError(
+                f"CostConfig.preset: unknown {self.preset!r}; expected one of {sorted(PRESETS)}"
+            )
+        require_finite("CostConfig", self, ("total_tokens", "fixed_interval_h", "assumed_mfu",
+                                            "assumed_scaling_efficiency"))  # fmt: skip
+        if not self.out_name or "/" in self.out_name or self.out_name.startswith("."):
+            raise ValueError(
+                f"CostConfig.out_name must be a plain file stem, got {self.out_name!r}"
+            )
+        if self.trace:
+            input_file("--trace", self.trace)
+        if self.measurements_dir:
+            input_dir("--measurements-dir", self.measurements_dir)
+        if self.reports_dir:
+            writable_dir("--reports-dir", self.reports_dir)
         for name in ("n_gpus", "gpus_per_node", "mc_runs"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -898,12 +918,14 @@ def render_markdown(cfg: CostConfig, results: dict, env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
     from rich.console import Console
     from rich.table import Table
 
-    cfg = tyro.cli(CostConfig, args=argv, description=__doc__.split("\n\n")[0])
+    from shared.cli import parse_dataclass
+
+    cfg = parse_dataclass(CostConfig, argv, description=__doc__.split("\n\n")[0])
     cfg.validate()
     console = Console()
     with console.status("model + Monte Carlo over every plan"):

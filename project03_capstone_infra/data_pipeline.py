@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from shared.cli import main_guard
 from shared.data import SyntheticTokens
 
 PROJECT = "project03_capstone_infra"
@@ -298,6 +299,31 @@ class DataBenchConfig:
     reports_dir: str = ""
     out_name: str = "data"
 
+    def validate(self) -> DataBenchConfig:
+        from shared.cli import writable_dir
+
+        for name in ("global_batch", "batches", "repeats", "dali_threads", "warmup"):
+            if getattr(self, name) < 1:  # warm-up >= 1: the first batch is checked
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
+        parse_workers(self.workers)
+        if not self.out_name or "/" in self.out_name or self.out_name.startswith("."):
+            raise ValueError(f"--out-name must be a plain file stem, got {self.out_name!r}")
+        if self.reports_dir:
+            writable_dir("--reports-dir", self.reports_dir)
+        return self
+
+
+def parse_workers(text: str) -> list[int]:
+    try:
+        workers = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        workers = []
+    if not workers or any(w < 0 for w in workers):
+        raise ValueError(f"--workers must be a comma-separated list of ints >= 0, got {text!r}")
+    return workers
+
 
 def _time_loader(make_iter, batches: int, warmup: int) -> tuple[float, list[Batch]]:
     """Seconds for `batches` after `warmup` batches, and the first batches seen (for checking)."""
@@ -319,11 +345,7 @@ def benchmark(cfg: DataBenchConfig) -> dict:
     from shared.model import ModelArgs
 
     args = ModelArgs.from_preset(cfg.preset)
-    workers = [int(w) for w in cfg.workers.split(",") if w.strip()]
-    if not workers or any(w < 0 for w in workers):
-        raise ValueError(
-            f"workers must be a comma-separated list of ints >= 0, got {cfg.workers!r}"
-        )
+    workers = parse_workers(cfg.workers)
 
     def stream():
         return SyntheticTokens(args.vocab_size, args.max_seq_len, cfg.global_batch, cfg.seed)
@@ -445,17 +467,16 @@ def write_charts(record: dict, out) -> list:
                       baseline_label="in-loop stream", footnote=foot)]  # fmt: skip
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
-    import tyro
-
+    from shared.cli import parse_dataclass, writable_dir
     from shared.results import REPORTS_DIR
 
-    cfg = tyro.cli(DataBenchConfig, args=argv, description=__doc__.split("\n\n")[0])
-    for name in ("global_batch", "batches", "repeats", "dali_threads"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    cfg = parse_dataclass(DataBenchConfig, argv, description=__doc__.split("\n\n")[0])
+    cfg.validate()
+    writable_dir("--reports-dir", Path(cfg.reports_dir or REPORTS_DIR) / PROJECT)
     results = benchmark(cfg)
     for p in write_report(cfg, results, Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR):
         print(f"wrote {p}")

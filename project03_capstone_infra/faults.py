@@ -40,7 +40,13 @@ def current_attempt() -> int:
     for name in ("TORCHELASTIC_RESTART_COUNT", ATTEMPT_ENV):
         v = os.environ.get(name)
         if v is not None:
-            return int(v)
+            try:
+                value = int(v)
+            except ValueError:
+                raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
+            if value < 0:
+                raise ValueError(f"environment variable {name}={v!r} must be >= 0")
+            return value
     return 0
 
 
@@ -79,7 +85,10 @@ def parse_faults(text: str | None) -> list[Fault]:
             raise ValueError(
                 f"bad fault {item!r}: expected an object with keys from {sorted(allowed)}"
             )
-        faults.append(Fault(**item))
+        try:
+            faults.append(Fault(**item))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{FAULTS_ENV}: bad fault {item!r}: {e}") from None
     return faults
 
 

@@ -23,6 +23,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from shared.cli import main_guard
+
 # Throttle ("clocks event") reasons that mean the hardware is protecting itself: a GPU showing
 # one of these before a run starts is hot, power-starved or failing.
 _BAD_THROTTLE = (
@@ -424,17 +426,39 @@ class HealthArgs:
     serve_port: int = -1  # >= 0: serve Prometheus metrics on this port (0: any)
     serve_seconds: float = 60.0
 
+    def validate(self) -> HealthArgs:
+        from shared.cli import require_finite, require_nonempty
 
+        require_finite("HealthArgs", self, ("min_free_disk_gb", "max_temperature_c",
+                                            "serve_seconds"))  # fmt: skip
+        if self.require_gpus < 0:
+            raise ValueError(f"--require-gpus must be >= 0, got {self.require_gpus}")
+        for name in ("min_free_disk_gb", "serve_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}"
+                )
+        if not self.max_temperature_c > 0:
+            raise ValueError(f"--max-temperature-c must be > 0, got {self.max_temperature_c}")
+        if not -1 <= self.serve_port <= 65535:
+            raise ValueError(
+                f"--serve-port must be -1 (off), 0 (any) or a port, got {self.serve_port}"
+            )
+        require_nonempty("--ckpt-dir", self.ckpt_dir)
+        return self
+
+
+@main_guard
 def main(argv: list[str] | None = None) -> int:
     import json
     import sys
     import time
 
-    import tyro
+    from shared.cli import parse_dataclass
 
     from .config import EXIT_PREFLIGHT
 
-    args = tyro.cli(HealthArgs, args=argv)
+    args = parse_dataclass(HealthArgs, argv).validate()
     result = preflight(
         require_gpus=args.require_gpus,
         ckpt_dir=args.ckpt_dir,

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.cli import main_guard
+
 PROJECT = "project03_capstone_infra"
 
 
@@ -93,12 +95,13 @@ class ReportConfig:
     reports_dir: str = ""  # default: the repo's reports/
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
+    from shared.cli import input_dir, parse_dataclass
 
-    cfg = tyro.cli(ReportConfig, args=argv)
-    if cfg.reports_dir and not Path(cfg.reports_dir).is_dir():
-        raise SystemExit(f"--reports-dir: no folder at {cfg.reports_dir}")
+    cfg = parse_dataclass(ReportConfig, argv)
+    if cfg.reports_dir:
+        input_dir("--reports-dir", cfg.reports_dir)
     for p in render_charts(cfg.reports_dir or None):
         print(f"wrote {p}")
     print(f"wrote {write_summary(cfg.reports_dir or None)}")

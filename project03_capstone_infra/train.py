@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from shared.cli import main_guard
 from shared.results import git_commit
 
 from .checkpoint import CheckpointError, CheckpointManager, SaveStats
@@ -69,8 +70,11 @@ class CollectiveFailure(RuntimeError):
 def process_start_time() -> float:
     """Unix time this process started (Linux /proc), else now: the origin of 'time to the
     first step' when the launcher does not pass P03_LAUNCH_T."""
-    if LAUNCH_TIME_ENV in os.environ:
-        return float(os.environ[LAUNCH_TIME_ENV])
+    from shared.cli import env_float
+
+    launched = env_float(LAUNCH_TIME_ENV)  # a bad value is named
+    if launched is not None:
+        return launched
     try:
         with open("/proc/self/stat") as f:
             after_comm = f.read().rsplit(")", 1)[1].split()
@@ -460,9 +464,6 @@ class Trainer:
             self.metrics.loss.set(out["loss"])
             self.metrics.step_seconds.observe(out["step_s"])
             self.metrics.tokens_per_second.set(out["tokens_per_s"])
-        if step % self.cfg.log_every == 0 or step == self.cfg.steps:
-            self.log.info("step %d/%d loss %.4f %.3f s/step %.0f tok/s", step, self.cfg.steps,
-                          out["loss"], out["step_s"], out["tokens_per_s"])  # fmt: skip
         if self.report_fn is not None and self.rank == 0:
             self.report_fn(self._summary(status="running"))
 
@@ -487,11 +488,22 @@ class Trainer:
         }
 
     def run(self) -> dict:
+        from shared.progress import progress
+
+        with progress(self.cfg.steps, "train", unit="step", every=self.cfg.log_every,
+                      enabled=self.rank == 0, start=self.step) as bar:  # fmt: skip
+            return self._run(bar)
+
+    def _run(self, bar) -> dict:
         cfg = self.cfg
         prestage = cfg.ckpt_mode == "async" and self.device.type == "cuda"
         while self.step < cfg.steps:
             out = self.train_step()
             self._after_step(out)
+            status = {"ok": "", "rolled_back": "non-finite loss: rolled back, ",
+                      "skipped": "non-finite loss: step skipped, "}[out["outcome"]]  # fmt: skip
+            bar.set(self.step, status=f"{status}loss {out['loss']:.4f}, {out['step_s']:.3f} s/step, "
+                    f"{out['tokens_per_s']:,.0f} tok/s")  # fmt: skip
             if prestage:
                 # Allocate and pin the async staging buffers on a thread while training goes
                 # on, so that the first save does not (seconds for a 1B model's 12 GiB of
@@ -570,12 +582,19 @@ def train(cfg: TrainConfig, report_fn: ReportFn | None = None) -> dict:
         trainer.close(clean=clean)
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
+    from shared.cli import parse_dataclass, writable_dir
 
+    from .faults import FAULTS_ENV, parse_faults
     from .health import PreflightError
 
-    cfg = tyro.cli(TrainConfig, args=argv, description=__doc__.split("\n\n")[0])
+    cfg = parse_dataclass(TrainConfig, argv, description=__doc__.split("\n\n")[0]).validate()
+    # Before any process group, model or checkpoint: what the command line and environment say.
+    writable_dir("--run-dir", cfg.run_dir)
+    parse_faults(os.environ.get(FAULTS_ENV))
+    current_attempt()
+    process_start_time()
     try:
         result = train(cfg)
     except CollectiveFailure as e:

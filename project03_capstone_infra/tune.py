@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -45,6 +46,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
+
+from shared.cli import main_guard
+from shared.results import atomic_write_text
 
 PROJECT = "project03_capstone_infra"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -86,8 +90,22 @@ class TuneRunConfig:
     report: bool = True  # write reports/project03_capstone_infra/<out_name>.*
     out_name: str = "tune"  # stem of the report files
     reports_dir: str = ""  # default: the repo's reports/
+    verbose: bool = False  # Ray Tune's own status tables and Ray's start-up log (else one bar)
 
     def validate(self) -> TuneRunConfig:
+        from shared.cli import require_finite
+
+        require_finite("TuneRunConfig", self, ("lr_min", "lr_max", "weight_decay_max",
+                                               "warmup_frac_max", "cpus_per_trial",
+                                               "gpus_per_trial"))  # fmt: skip
+        if not self.storage_path.strip():
+            raise ValueError(
+                "TuneRunConfig.storage_path: expected a path or URI, got an empty string"
+            )
+        if not self.out_name or "/" in self.out_name or self.out_name.startswith("."):
+            raise ValueError(
+                f"TuneRunConfig.out_name must be a plain file stem, got {self.out_name!r}"
+            )
         for name in ("max_steps", "global_batch", "ckpt_every", "num_samples", "grace_steps",
                      "object_store_mb"):  # fmt: skip
             v = getattr(self, name)
@@ -264,6 +282,11 @@ def train_trial(config: dict) -> None:
         shutil.rmtree(run_dir)  # a retry with no checkpoint yet starts over
     attempt = 0 if restored_from is None else 1
     os.environ["P03_ATTEMPT"] = str(attempt)  # the trainer's fault injection keys on it
+    # A trial is a world of one of its own: a rendezvous address inherited from the driver's
+    # environment (a driver under torchrun, or one that ran a process group) would have
+    # concurrent trials listen on the same port.
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name, None)
     cfg = _train_config(config, run_dir)
     fail_at = int(base.get("fail_at_step", 0))
     attached = {"step": restored_from if restored_from is not None else 0}
@@ -365,9 +388,78 @@ def make_tuner(cfg: TuneRunConfig, kind: str, name: str):
             storage_path=cfg.storage_root(),
             failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            verbose=1,
+            # Tune's status tables (~1,000 lines for the CPU demo) only when asked for; the
+            # driver shows one progress display instead (TrialProgress).
+            verbose=1 if cfg.verbose else 0,
+            callbacks=[] if cfg.verbose else [trial_progress(cfg.num_samples, name)],
         ),
     )
+
+
+def trial_progress(total: int, name: str):
+    """A Tune callback that shows the experiment as one progress display (trials finished of
+    `total`, how they ended, the best loss so far) instead of Tune's status tables."""
+    from ray.tune import Callback
+
+    from shared.progress import Progress
+
+    class TrialProgress(Callback):
+        def __init__(self) -> None:
+            self.total, self.name = total, name
+            self.bar = None
+            self.running: set[str] = set()
+            self.ended = {"completed": 0, "stopped": 0, "error": 0}
+            self.best: float | None = None
+
+        def __reduce__(self):  # Tune pickles its run config: the display is not part of it
+            return trial_progress, (self.total, self.name)
+
+        def _status(self) -> str:
+            e = self.ended
+            best = f"; best loss {self.best:.4f}" if self.best is not None else ""
+            return (f"{len(self.running)} running, {e['completed']} completed, {e['stopped']} "
+                    f"stopped early, {e['error']} failed{best}")  # fmt: skip
+
+        def _show(self, ended: str | None = None) -> None:
+            if self.bar is None:
+                self.bar = Progress(self.total, f"tune {self.name}", unit="trial", every=1,
+                                    stream=sys.stderr, enabled=True, bar=None)  # fmt: skip
+            if ended:
+                self.ended[ended] += 1
+                self.bar.advance(status=self._status())
+            else:
+                self.bar.update(status=self._status())
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self.running.add(trial.trial_id)
+            self._show()
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            loss = result.get(METRIC)
+            finite = isinstance(loss, (int, float)) and math.isfinite(loss)
+            if finite and (self.best is None or loss < self.best):
+                self.best = float(loss)
+                self._show()
+
+        def _end(self, trial, how: str) -> None:
+            self.running.discard(trial.trial_id)
+            if how == "completed":
+                last = (trial.last_result or {}).get(TIME_ATTR) or 0
+                how = "completed" if last >= int(trial.config["base"]["max_steps"]) else "stopped"
+            self._show(how)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._end(trial, "completed")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._end(trial, "error")
+
+        def on_experiment_end(self, trials, **info):
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+    return TrialProgress()
 
 
 def init_ray(cfg: TuneRunConfig) -> None:
@@ -383,6 +475,7 @@ def init_ray(cfg: TuneRunConfig) -> None:
     ray.init(
         num_cpus=cfg.num_cpus or None,
         include_dashboard=False,
+        logging_level=logging.INFO if cfg.verbose else logging.WARNING,
         object_store_memory=cfg.object_store_mb * 1024 * 1024,
         runtime_env={"env_vars": {"PYTHONPATH": path}},
         log_to_driver=False,
@@ -676,10 +769,15 @@ def summarise(cfg: TuneRunConfig, grid, wall_s: float) -> dict:
     }
 
 
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
+    from shared.cli import parse_dataclass, writable_dir
 
-    cfg = tyro.cli(TuneRunConfig, args=argv, description=__doc__.split("\n\n")[0]).validate()
+    cfg = parse_dataclass(TuneRunConfig, argv, description=__doc__.split("\n\n")[0]).validate()
+    if cfg.report:  # before the trials, not after them
+        writable_dir("--reports-dir", Path(cfg.reports_dir or REPO_ROOT / "reports") / PROJECT)
+    if not cfg.is_remote_storage:
+        writable_dir("--storage-path", cfg.storage_path)
     import ray
 
     init_ray(cfg)
@@ -721,8 +819,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['random_best_loss']:.4f}")  # fmt: skip
     if not cfg.is_remote_storage:  # beside Tune's own state, for scripts and tests
         summary_path = cfg.experiment_path() / "summary.json"
-        summary_path.parent.mkdir(parents=True, exist_ok=True)
-        summary_path.write_text(json.dumps(results, indent=2, default=str))
+        atomic_write_text(summary_path, json.dumps(results, indent=2, default=str))
     if cfg.report:
         reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPO_ROOT / "reports"
         for p in write_report(cfg, results, reports_dir):

@@ -49,9 +49,38 @@ def test_matmul_kernels_match_numpy(runner, tmp_path, kernel, shape):
     b = rng.standard_normal((K, N), dtype=np.float32)
     c = _run(runner, tmp_path, ["matmul", kernel, M, K, N], [a, b], (M, N))
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    # float32 accumulation over K terms of unit variance: error ~ sqrt(K) * 2^-24 * |terms|.
+    # A float32 dot product of K terms, in any order (tiles) and with or without fused
+    # multiply-adds (the compiler's choice), is off by at most (K + 1) u sum_k |a_ik b_kj|,
+    # u = 2**-24: the bound of each element, from its own terms. A wrong index or a missed edge
+    # is off by O(|terms|), K times more.
+    bound = (K + 1) * U * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
     assert np.isfinite(c).all(), "some outputs were never written"
-    np.testing.assert_allclose(c, ref, rtol=0, atol=2e-5 * max(1.0, np.sqrt(K)))
+    _assert_within(c, ref, bound)
+
+
+U = 2.0**-24  # float32 unit roundoff
+
+
+def _assert_within(got: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> None:
+    err = np.abs(got.astype(np.float64) - ref)
+    worst = float((err / bound).max())
+    assert (err <= bound).all(), f"error {err.max():.2e}, {worst:.1f}x its rounding bound"
+
+
+def _attention_bound(q, k, v, scale, causal) -> np.ndarray:
+    """Worst-case float32 error of each attention output, to first order in u. A score of D terms
+    is off by ds <= (D + 2) u sum|q_d k_d| scale (products, sum, scale, the max subtracted);
+    softmax weights relative to their row, by at most 2 * max(ds) in the exponent of both the
+    numerator and the sum, plus u per exp, 2u per online rescale (up to Sk of them), Sk u for the
+    sum and u for the division; the output, Sk u more of sum p |v|. Twice that, for the second
+    order."""
+    Sq, Sk, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    s_abs = (np.abs(q).astype(np.float64) @ np.swapaxes(np.abs(k), -1, -2)) * scale
+    if causal:
+        s_abs = np.where(np.tril(np.ones((Sq, Sk), dtype=bool)), s_abs, 0.0)
+    ds = (D + 2) * U * s_abs.max(-1, keepdims=True)
+    rel = 4 * ds + (4 * Sk + 3) * U
+    return 2 * rel * _attention_ref(q, k, np.abs(v), scale, causal)
 
 
 def _attention_ref(q, k, v, scale, causal):
@@ -77,4 +106,6 @@ def test_attention_kernel_matches_numpy(runner, tmp_path, B, H, Sq, Sk, D, causa
     o = _run(runner, tmp_path, ["attention", B, H, Sq, Sk, D, int(causal), repr(float(scale))],
              [q, k, v], (B, H, Sq, D))  # fmt: skip
     assert np.isfinite(o).all()
-    np.testing.assert_allclose(o, _attention_ref(q, k, v, scale, causal), rtol=0, atol=2e-6)
+    _assert_within(
+        o, _attention_ref(q, k, v, scale, causal), _attention_bound(q, k, v, scale, causal)
+    )

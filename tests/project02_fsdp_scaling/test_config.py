@@ -38,6 +38,11 @@ def test_valid_config_derived_sizes():
         ({"lr": 0.0}, 1, r"lr must be > 0"),
         ({"grad_clip": -1.0}, 1, r"grad_clip must be >= 0"),
         ({"param_dtype": "float16"}, 1, r"param_dtype must be one of"),
+        (
+            {"param_dtype": "float64", "reduce_dtype": "bfloat16"},
+            1,
+            r"reduce_dtype 'bfloat16' cannot go with param_dtype 'float64'",
+        ),
     ],
 )
 def test_bad_train_config(kwargs, world, match):

@@ -10,7 +10,6 @@ import signal
 import time
 
 import pytest
-import torch
 
 from project03_capstone_infra import runner
 from project03_capstone_infra.checkpoint import (
@@ -138,6 +137,27 @@ def test_nan_loss_rolls_back_and_replays_identically(tmp_path, reference_run):
     assert_same_as_reference(tmp_path, reference_run)
 
 
+# Why REL_LOSS holds on any CPU. DCP reshards by copying bytes: the 1-rank run starts step 7 from
+# the 2-rank run's exact model and optimizer state, and differs only in the order of its float32
+# sums (u = 2**-24 = 6e-8; one rank sums the 8 x 64 tokens at once, two ranks sum halves). A sum
+# of n terms in any order moves by at most (n - 1) * u * sum|terms|; along the tiny model's
+# forward the chains of sums add up to ~2,000 terms (per block: norm 64, qkv 64, scores 16,
+# softmax and values 64, out 64, norm 64, w1/w3 64, w2 192; head 64, log-sum-exp 256, mean 512)
+# and the backward as many again, with sum|terms| of the value's own order (RMSNorm keeps
+# activations O(1)): the step-7 loss is off by at most 2,000 u = 1.2e-4 relative, a gradient by
+# 4,000 u = 2.4e-4 relative. Each of the 5 later updates adds, to first order, at most
+# lr * ||d grad||_1 <= lr * sqrt(P) * ||grad|| * 4,000 u = 3e-3 * 374 * 1.5 * 2.4e-4 = 4e-4 to
+# the loss (Adam divides a gradient difference by |g|, the loss multiplies the weight difference
+# by |g| again; P = 139,584, ||grad|| < 1.5 for the tiny model at a global batch of 8 x 64
+# tokens, as project02's equivalence test checks), 8e-5 of a loss of ~5: at most 5.2e-4 relative
+# at step 12. REL_LOSS = 1e-3. The
+# weights are not compared element by element: in float32, Adam's division turns a rounding
+# difference on a near-zero gradient into up to 2 x lr per step, as large as a real error. A
+# wrongly resharded model or optimizer state moves the loss by far more (of order lr * ||g||_1,
+# > 1e-2 relative).
+REL_LOSS = 1e-3
+
+
 def test_resume_on_another_world_size(tmp_path, reference_run):
     # Take the 2-rank run's checkpoint at step 6 and finish the run on 1 rank: DCP reshards the
     # model and optimizer. Different reduction order: close to the 2-rank result, not bitwise.
@@ -151,12 +171,11 @@ def test_resume_on_another_world_size(tmp_path, reference_run):
     assert resume["from_step"] == 6 and resume["saved_world_size"] == 2
     a = read_full_state(runner.final_checkpoint(reference_run))
     b = read_full_state(runner.final_checkpoint(tmp_path))
-    for k, v in a.items():
-        if k.startswith("model."):
-            torch.testing.assert_close(b[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    assert {k for k in a if k.startswith("model.")} == {k for k in b if k.startswith("model.")}
     ref, got = runner.loss_curve(reference_run), runner.loss_curve(tmp_path)
-    for s in range(7, RUN["steps"] + 1):
-        assert abs(got[s] - ref[s]) < 1e-4, (s, got[s], ref[s])
+    assert sorted(got) == list(range(7, RUN["steps"] + 1))
+    for s in got:
+        assert abs(got[s] - ref[s]) < REL_LOSS * abs(ref[s]), (s, got[s], ref[s])
     assert json.loads(a["extra"])["data"]["step"] == json.loads(b["extra"])["data"]["step"]
 
 

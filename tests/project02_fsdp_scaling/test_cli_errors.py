@@ -1,0 +1,103 @@
+"""Every project02 command answers a bad argument with one line naming it: `error: ...` on
+stderr, exit code 2, no traceback, and before any process group, training or output (output
+paths are checked before training, not after it)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from project02_fsdp_scaling import __main__ as package_main
+from project02_fsdp_scaling import comm_analysis
+
+# (argv of `python -m project02_fsdp_scaling`, what the one line must name); {bad} is a folder
+# that cannot be made (its parent is a file), {missing} a path that does not exist.
+CASES = [
+    (["bogus"], "unknown command"),
+    (["train", "--lr", "inf"], "lr"),
+    (["train", "--lr", "nan"], "lr"),
+    (["train", "--lr", "-1"], "lr"),
+    (["train", "--grad-clip", "nan"], "grad_clip"),
+    (["train", "--grad-clip", "-1"], "grad_clip"),
+    (["train", "--weight-decay", "inf"], "weight_decay"),
+    (["train", "--beta2", "nan"], "beta2"),
+    (["train", "--steps", "-1"], "steps"),
+    (["train", "--seq-len", "-1"], "seq_len"),
+    (["train", "--micro-batch", "3"], "micro_batch"),
+    (["train", "--preset", "bogus"], "preset"),
+    (["train", "--attention", "bogus"], "--attention"),
+    (["train", "--global-batch", "abc"], "--global-batch"),
+    (["train", "--out", "{bad}/r.json"], "--out"),
+    (["train", "--out", "{tmp}"], "--out"),
+    (["train", "--save-params", "{bad}/p.pt"], "--save-params"),
+    (["train", "--profile", "--trace-dir", "{bad}"], "--trace-dir"),
+    (["deepspeed", "--lr", "inf"], "lr"),
+    (["scaling", "--gpus", "0"], "gpus"),
+    (["scaling", "--gpus", "abc"], "gpus"),
+    (["scaling", "--cost-configs", "bogus:1"], "cost_configs"),
+    (["scaling", "--preset", "bogus"], "preset"),
+    (["scaling", "--global-batch", "-8"], "global_batch"),
+    (["scaling", "--name", "a/b"], "name"),
+    (["scaling", "--sweep-variants", "eager+bogus"], "bogus"),
+    (["scaling", "--timeout-s", "0"], "timeout_s"),
+    (["scaling", "--reports-root", "{bad}"], "--reports-root"),
+    (["sweep", "--variants", "bogus"], "variant"),
+    (["sweep", "--preset", "bogus"], "preset"),
+    (["sweep", "--max-seconds", "-1"], "max_seconds"),
+    (["sweep", "--reports-root", "{bad}"], "--reports-root"),
+    (["compare", "--world-size", "0"], "world_size"),
+    (["compare", "--lr", "inf"], "lr"),
+    (["compare", "--grad-clip", "nan"], "grad_clip"),
+    (["compare", "--preset", "x"], "preset"),
+    (["compare", "--reports-root", "{bad}"], "--reports-root"),
+    (["report", "--dir", "{missing}"], "--dir"),
+    (["report", "--dir", ""], "--dir"),
+]
+
+
+def run_entry(main, argv, capsys) -> tuple[object, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def check_one_line(code, err: str, names: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and names in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("argv", "names"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    subs = {"bad": tmp_path / "a_file" / "sub", "missing": tmp_path / "missing", "tmp": tmp_path}
+    argv = [a.format(**subs) for a in argv]
+    check_one_line(*run_entry(package_main.main, argv, capsys), names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written
+
+
+def test_a_bad_environment_variable_is_named(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    check_one_line(*run_entry(package_main.main, ["train"], capsys), "WORLD_SIZE")
+    monkeypatch.setenv("WORLD_SIZE", "0")
+    check_one_line(*run_entry(package_main.main, ["train"], capsys), "WORLD_SIZE")
+
+
+def test_a_missing_trace_is_named(tmp_path, capsys):
+    code, err = run_entry(comm_analysis.main, [str(tmp_path / "none.json.gz")], capsys)
+    check_one_line(code, err, "trace")
+
+
+def test_the_real_entry_point_answers_in_one_line(repo_root):
+    path = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
+    r = subprocess.run([sys.executable, "-m", "project02_fsdp_scaling", "train", "--grad-clip",
+                        "nan"], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=repo_root)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: grad_clip must be a finite number, got nan"]

@@ -1,0 +1,116 @@
+"""Every project03 entry point answers a bad argument (or environment variable) with one line
+naming it: `error: ...` on stderr, exit code 2, no traceback, before any process group, run,
+Ray cluster or output; nonsense (inf, nan, empty paths, negative counts) is refused."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from project03_capstone_infra import __main__ as package_main
+
+# (argv of `python -m project03_capstone_infra`, what the one line must name); {bad} is a folder
+# that cannot be made (its parent is a file), {missing} a path that does not exist, {tmp} an
+# empty folder.
+CASES = [
+    (["bogus"], "unknown command"),
+    (["train", "--lr", "inf"], "lr"),
+    (["train", "--grad-clip", "nan"], "grad_clip"),
+    (["train", "--min-lr-ratio", "nan"], "min_lr_ratio"),
+    (["train", "--pg-timeout-s", "inf"], "pg_timeout_s"),
+    (["train", "--steps", "-1"], "steps"),
+    (["train", "--global-batch", "x"], "--global-batch"),
+    (["train", "--preset", "bogus"], "--preset"),
+    (["train", "--metrics-port", "70000"], "metrics_port"),
+    (["train", "--run-dir", ""], "run_dir"),
+    (["train", "--run-dir", "{bad}"], "--run-dir"),
+    (["train", "--resume", ""], "resume"),
+    (["chaos", "--steps", "5"], "steps"),
+    (["chaos", "--pg-timeout-s", "nan"], "pg_timeout_s"),
+    (["chaos", "--nproc", "-1"], "nproc"),
+    (["chaos", "--preset", "bogus"], "preset"),
+    (["chaos", "--reports-dir", "{bad}"], "--reports-dir"),
+    (["cost", "--total-tokens", "inf"], "total_tokens"),
+    (["cost", "--assumed-mfu", "nan"], "assumed_mfu"),
+    (["cost", "--n-gpus", "-1"], "n_gpus"),
+    (["cost", "--gpu", "bogus"], "GPU 'bogus'"),
+    (["cost", "--preset", "x"], "preset"),
+    (["cost", "--trace", "{missing}.txt"], "--trace"),
+    (["cost", "--reports-dir", "{bad}"], "--reports-dir"),
+    (["tune", "--lr-min", "nan"], "lr_min"),
+    (["tune", "--cpus-per-trial", "inf"], "cpus_per_trial"),
+    (["tune", "--num-samples", "0"], "num_samples"),
+    (["tune", "--storage-path", ""], "storage_path"),
+    (["tune", "--reports-dir", "{bad}"], "--reports-dir"),
+    (["data_pipeline", "--workers", "x"], "--workers"),
+    (["data_pipeline", "--batches", "-1"], "--batches"),
+    (["data_pipeline", "--warmup", "0"], "--warmup"),
+    (["data_pipeline", "--reports-dir", "{bad}"], "--reports-dir"),
+    (["ckpt", "list", "{missing}"], "root"),
+    (["ckpt", "verify", "{tmp}", "--step", "-2"], "--step"),
+    (["ckpt", "prune", "{tmp}", "--keep-last", "0"], "--keep-last"),
+    (["ckpt", "compare", "{missing}", "{tmp}"], "a:"),
+    (["ckpt", "bogus"], "bogus"),
+    (["health", "--max-temperature-c", "nan"], "max_temperature_c"),
+    (["health", "--serve-port", "-5"], "--serve-port"),
+    (["health", "--require-gpus", "-1"], "--require-gpus"),
+    (["report", "--reports-dir", "{missing}"], "--reports-dir"),
+    (["bench_checkpoint", "--timed-steps", "-1"], "--timed-steps"),
+    (["bench_checkpoint", "--preset", "bogus"], "--preset"),
+    (["bench_checkpoint", "--budget-s", "nan"], "--budget-s"),
+    (["bench_checkpoint", "--run-dir", ""], "--run-dir"),
+    (["bench_checkpoint", "--from-json", "{missing}.json"], "--from-json"),
+]
+
+
+def run_entry(main, argv, capsys) -> tuple[object, str]:
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def check_one_line(code, err: str, names: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ") and names in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("argv", "names"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    subs = {"bad": tmp_path / "a_file" / "sub", "missing": tmp_path / "missing",
+            "tmp": tmp_path / "empty"}  # fmt: skip
+    argv = [a.format(**subs) for a in argv]
+    check_one_line(*run_entry(package_main.main, argv, capsys), names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "empty"]  # nothing written
+
+
+@pytest.mark.parametrize(("name", "value"), [("P03_FAULTS", "[{"),
+                                             ("P03_FAULTS", '[{"kind": "explode", "step": 3}]'),
+                                             ("P03_LAUNCH_T", "abc"), ("P03_LAUNCH_T", "inf"),
+                                             ("TORCHELASTIC_RESTART_COUNT", "x")])  # fmt: skip
+def test_a_bad_environment_variable_is_named(name, value, tmp_path, monkeypatch, capsys):
+    for var in ("P03_FAULTS", "P03_LAUNCH_T", "TORCHELASTIC_RESTART_COUNT", "P03_ATTEMPT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(name, value)
+    code, err = run_entry(package_main.main, ["train", "--run-dir", str(tmp_path / "r")], capsys)
+    check_one_line(code, err, name)
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_real_entry_point_answers_in_one_line(repo_root, tmp_path):
+    path = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
+    r = subprocess.run([sys.executable, "-m", "project03_capstone_infra.train", "--run-dir", ""],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "error: TrainConfig.run_dir: expected a folder, got an empty path"
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current folder
