@@ -92,6 +92,10 @@ class EngineArgs:
     """Never capture CUDA graphs."""
     cuda_graph_max_batch: int = 256
     """Decode batches up to this size replay CUDA graphs; larger ones run eagerly."""
+    num_scheduler_steps: int = 1
+    """Decode steps run back to back on the device per host round trip when every running
+    sequence decodes greedily and no waiting request could join: tokens then arrive k at a time
+    and the GPU does not wait for the host between steps. 1: one step at a time."""
     speculative_method: Literal["none", "ngram", "draft"] = "none"
     """Speculative decoding: 'ngram' proposes from the sequence's own earlier tokens (prompt
     lookup), 'draft' from a small model (`speculative_model`); the output is unchanged (lossless)."""
@@ -140,6 +144,14 @@ class EngineArgs:
         if self.cuda_graph_max_batch < 0:
             raise ValueError(
                 f"EngineArgs.cuda_graph_max_batch must be >= 0, got {self.cuda_graph_max_batch}"
+            )
+        n = self.num_scheduler_steps
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+            raise ValueError(f"EngineArgs.num_scheduler_steps must be in [1, 64], got {n!r}")
+        if n > 1 and self.speculative_method != "none":
+            raise ValueError(
+                "EngineArgs.num_scheduler_steps > 1 does not combine with speculative decoding "
+                "(a speculative step already emits several tokens); use one or the other"
             )
         self._check_speculative()
 

@@ -81,6 +81,10 @@ class ThroughputConfig(BenchConfig):
     """also run vLLM where it imports"""
     vllm_gpu_memory_utilization: float = 0.85
     """vLLM's share of GPU memory (the engine is freed before vLLM starts)"""
+    num_scheduler_steps: int = 8
+    """the engine's decode steps per host round trip (EngineArgs.num_scheduler_steps)"""
+    single_step: bool = True
+    """also run the engine one step at a time (num_scheduler_steps 1), the same workload"""
 
 
 @dataclass
@@ -99,6 +103,8 @@ class LatencyConfig(BenchConfig):
     """memory bandwidth of the floor, TB/s (H200 measured copy bandwidth, shared/GPU.md)"""
     baseline: bool = True
     """also time the static CUDA-graph baseline at the same shapes"""
+    num_scheduler_steps: int = 8
+    """also time the engine with this many decode steps per host round trip (1: only single)"""
 
 
 @dataclass
@@ -217,9 +223,12 @@ def decode_floor_ms(c: dict, batch: int, context: int, bandwidth_tb_s: float = 4
 
 def decode_ms_from_step_log(steps, batch: int) -> tuple[float | None, int]:
     """Median duration (ms) of the pure decode steps of `batch` sequences: no prefill token in
-    the step, and exactly `batch` sequences decoding. Returns (median or None, steps counted)."""
-    pure = [s.duration_s for s in steps if s.prefill_tokens == 0 and s.decode_seqs == batch]
-    return (statistics.median(pure) * 1e3 if pure else None), len(pure)
+    the step, and exactly `batch` sequences decoding. A multi-step record (k decode steps run
+    back to back) counts as k steps of its duration / k. Returns (median or None, steps)."""
+    pure = [s for s in steps if s.prefill_tokens == 0 and s.decode_seqs == batch]
+    per_step = [s.duration_s / getattr(s, "num_steps", 1) for s in pure]
+    n = sum(getattr(s, "num_steps", 1) for s in pure)
+    return (statistics.median(per_step) * 1e3 if pure else None), n
 
 
 def static_max_seqs(budget_bytes: int, max_model_len: int, bytes_per_token: int) -> int:
@@ -363,11 +372,16 @@ def run_throughput(cfg: ThroughputConfig) -> dict | None:
     )
     res: dict = {"workload": describe(wl)}
 
-    llm = build_llm(cfg, max_model_len=cfg.max_model_len)
-    warm_up(llm, c["vocab_size"])
-    res["engine"] = _drop_steps(generate(llm, wl))
-    del llm
-    free_cuda()
+    runs = [("engine", cfg.num_scheduler_steps)]
+    if cfg.single_step and cfg.num_scheduler_steps != 1:
+        runs.append(("engine_single_step", 1))
+    for key, k in runs:
+        llm = build_llm(cfg, max_model_len=cfg.max_model_len, num_scheduler_steps=k)
+        warm_up(llm, c["vocab_size"])
+        print(f"engine: {len(wl)} requests, {k} decode step(s) per host round trip")
+        res[key] = {**_drop_steps(generate(llm, wl)), "num_scheduler_steps": k}
+        del llm
+        free_cuda()
 
     n = cfg.static_requests or len(wl)
     res["static_cuda_graph"] = generate_static(c, wl.head(n), batch_size=cfg.static_batch)
@@ -386,7 +400,9 @@ def run_throughput(cfg: ThroughputConfig) -> dict | None:
     res["ratios"] = throughput_ratios(res)
     _save(cfg, "offline_throughput", res,
           baseline={k: res[k].get("output_tok_s") for k in BASELINES})  # fmt: skip
-    rows = [{"system": k, **res[k]} for k in ("engine", *BASELINES)]
+    rows = [
+        {"system": k, **res[k]} for k in ("engine", "engine_single_step", *BASELINES) if k in res
+    ]
     _table("offline throughput (output tok/s, total tok/s: useful tokens over wall time)", rows,
            [("system", "system"), ("requests", "requests"), ("output_tok_s", "output tok/s"),
             ("total_tok_s", "total tok/s"), ("wall_s", "wall s"), ("reason", "note")])  # fmt: skip
@@ -400,7 +416,7 @@ def throughput_ratios(res: dict) -> dict:
     """Engine output tok/s over each measured baseline's (None where a side was not measured)."""
     ours = res.get("engine", {}).get("output_tok_s")
     out = {}
-    for k in BASELINES:
+    for k in ("engine_single_step", *BASELINES):
         theirs = res.get(k, {}).get("output_tok_s")
         out[f"engine_vs_{k}"] = ours / theirs if ours and theirs else None
     return out
@@ -439,15 +455,26 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         b, ctx = p["batch"], p["context"]
         wl = random_workload(b, (ctx, ctx), (p["max_tokens"],) * 2, c["vocab_size"], cfg.seed + i)
         print(f"engine: batch {b}, context {ctx}, {p['max_tokens']} tokens each")
+        llm.engine.args.num_scheduler_steps = 1
         r = generate(llm, wl, use_tqdm=False)
         ms, n = decode_ms_from_step_log(r["steps"], b)
         floor = decode_floor_ms(c, b, ctx, cfg.bandwidth_tb_s)
-        rows.append({
+        row = {
             "batch": b, "context": ctx, "context_max": ctx + p["max_tokens"],
             "engine_ms": ms, "engine_pure_steps": n, "engine_preemptions": r["stats"].get("num_preemptions"),
             "engine_tok_s": b / ms * 1e3 if ms else None, "floor_ms": floor,
             "engine_vs_floor": ms / floor if ms else None,
-        })  # fmt: skip
+        }  # fmt: skip
+        if cfg.num_scheduler_steps > 1:
+            # the same engine (weights, pool, graphs) with multi-step decoding switched on
+            k = llm.engine.args.num_scheduler_steps = cfg.num_scheduler_steps
+            print(f"engine, {k} steps per round trip: batch {b}, context {ctx}")
+            r = generate(llm, wl, use_tqdm=False)
+            ms_k, n_k = decode_ms_from_step_log(r["steps"], b)
+            row.update({"multi_step_k": k, "engine_multi_ms": ms_k, "engine_multi_pure_steps": n_k,
+                        "engine_multi_tok_s": b / ms_k * 1e3 if ms_k else None,
+                        "engine_multi_vs_floor": ms_k / floor if ms_k else None})  # fmt: skip
+        rows.append(row)
     del llm
     free_cuda()
     for row in rows:
@@ -472,13 +499,16 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         "kv_bytes_per_token": kv_bytes_per_token(c),
         "note": "engine ms: median of pure decode steps (no prefill token, all `batch` sequences "
         "decoding); their context grows from `context` to at most `context_max` during those "
-        "steps. Floor and baseline are at `context`.",
+        "steps. Floor and baseline are at `context`. multi-step: the same engine running "
+        "`multi_step_k` decode steps per host round trip (EngineArgs.num_scheduler_steps); its "
+        "ms per step is each run's duration / k.",
     }
     _save(cfg, "decode_latency", res,
           baseline={"static_cuda_graph_ms": [r["static_cuda_graph_ms"] for r in rows]})  # fmt: skip
     _table("decode step (ms; tok/s = batch / step time)", rows,
            [("batch", "batch"), ("context", "context"), ("engine_ms", "engine ms"),
-            ("engine_tok_s", "engine tok/s"), ("static_cuda_graph_ms", "static graph ms"),
+            ("engine_tok_s", "engine tok/s"), ("engine_multi_ms", "multi-step ms"),
+            ("engine_multi_tok_s", "multi-step tok/s"), ("static_cuda_graph_ms", "static graph ms"),
             ("floor_ms", "floor ms"), ("engine_pure_steps", "steps")])  # fmt: skip
     return res
 

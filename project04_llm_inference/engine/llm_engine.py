@@ -55,6 +55,7 @@ class StepRecord:
     decode_seqs: int
     duration_s: float  # wall time of the step, the device synchronised (sampling reads tokens)
     draft_tokens: int = 0  # speculative drafts verified in this step
+    num_steps: int = 1  # decode steps run back to back (multi-step decoding): duration covers all
 
 
 @dataclass
@@ -210,6 +211,9 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress: no request fits the KV pool")
             return []
         running_now = len(self.scheduler.running)
+        rooms = self._multi_step_rooms(batch)
+        if rooms:
+            return self._step_multi(batch, rooms, running_now, t0)
         logits = self.runner.run(batch.items)
         # the runner's order (decodes first); each item's logits rows follow one another
         plain_rows, plain_seqs, groups, sampled = [], [], [], []
@@ -267,11 +271,7 @@ class LLMEngine:
             if seq.first_token_time is None:
                 seq.first_token_time = now
             if seq.finish_reason is not None:
-                self.scheduler.remove(seq)
-                if self.proposer is not None:
-                    self.proposer.release(seq)
-                self.requests.pop(seq.request_id, None)
-                self.counters.finished += 1
+                self._finish(seq)
             outputs.append(self._output(seq, emitted))
         for seq in proposed:  # drafts the scheduler did not run
             seq.spec_token_ids.clear()
@@ -284,6 +284,73 @@ class LLMEngine:
             StepRecord(n_prefill, n_decode, time.perf_counter() - t0, draft_tokens=n_drafts)
         )
         return outputs
+
+    # --- multi-step decoding -------------------------------------------------------------------
+
+    def _multi_step_rooms(self, batch) -> list[int]:
+        """Tokens each sequence of this batch may decode in one multi-step run (empty: run one
+        step as usual). Multi-step runs only when it cannot change what is computed or when:
+        every item decodes greedily (its tokens then come from the device's argmax, which is
+        what a single step picks), no speculation, and no waiting request could join the batch
+        meanwhile (the queue is empty or the batch is at `max_num_seqs`). A sequence's room ends
+        at its max_tokens or max_model_len, and at the blocks the pool can give it."""
+        k = self.args.num_scheduler_steps
+        if k <= 1 or self.proposer is not None or batch.preempted:
+            return []
+        sched = self.scheduler
+        if sched.waiting and len(sched.running) < sched.max_num_seqs:
+            return []
+        rooms = []
+        for seq, n in batch.items:
+            p = seq.params
+            if n != 1 or seq.num_computed_tokens != seq.num_tokens - 1 or not p.greedy:
+                return []
+            rooms.append(
+                min(k, p.max_tokens - len(seq.output_token_ids),
+                    self.max_model_len - seq.num_tokens)
+            )  # fmt: skip
+        if max(rooms) <= 1:
+            return []
+        bm, bs = self.block_manager, self.args.block_size
+        for i, (seq, _) in enumerate(batch.items):
+            if rooms[i] > 1 and not bm.allocate(seq, rooms[i]):
+                # the pool is short: as many tokens as the blocks it holds allow (>= 1, the
+                # scheduler gave it this step's token)
+                rooms[i] = len(seq.block_ids) * bs - seq.num_computed_tokens
+        return rooms
+
+    def _step_multi(self, batch, rooms: list[int], running_now: int, t0: float):
+        seqs = [s for s, _ in batch.items]
+        k = max(rooms)
+        want_lp = any(s.params.logprobs for s in seqs)
+        tokens, logprobs = self.runner.run_multi(seqs, rooms, k, logprobs=want_lp)
+        outputs, produced = [], 0
+        now = time.monotonic()
+        for i, seq in enumerate(seqs):
+            lp = logprobs[i][: rooms[i]] if want_lp and seq.params.logprobs else None
+            emitted = self._append(seq, tokens[i][: rooms[i]], lp)
+            produced += len(emitted)
+            # K/V were written for the last token and every emitted token but the newest
+            seq.num_computed_tokens += len(emitted)
+            self.block_manager.register_computed(seq)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if seq.finish_reason is not None:
+                self._finish(seq)
+            outputs.append(self._output(seq, emitted))
+        c = self.counters
+        c.decode_tokens += produced
+        c.steps += k
+        c.peak_running_seqs = max(c.peak_running_seqs, running_now)
+        self.step_log.append(StepRecord(0, len(seqs), time.perf_counter() - t0, num_steps=k))
+        return outputs
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
+        self.requests.pop(seq.request_id, None)
+        self.counters.finished += 1
 
     def _append(self, seq: Sequence, tokens: list[int], logprobs: list[float] | None) -> list[int]:
         """Append tokens one by one until a stop condition holds; returns those appended."""

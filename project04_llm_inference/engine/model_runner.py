@@ -4,6 +4,13 @@ Owns the model, the KV cache (one K and one V tensor per layer, (num_blocks, blo
 and the CUDA graphs. Decode-only batches up to `cuda_graph_max_batch` replay a graph captured for
 the next larger captured size (padding rows have context length 0 and slot -1: they read and
 write nothing); everything else runs eagerly.
+
+Multi-step decoding (`run_multi`, `EngineArgs.num_scheduler_steps`): a greedy decode-only batch
+runs k steps back to back on the device. The host computes every step's positions, slots and
+context lengths at once (the blocks for k tokens are allocated beforehand), copies them in one
+transfer, and each step's input ids are the previous step's argmax, copied on the device; the
+host reads the k x batch tokens back once. The GPU then never waits for the host's per-step
+bookkeeping, which at batch 1 is as long as the step itself.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.num_blocks = 0
+        self._staging: dict[str, torch.Tensor] = {}
 
     # --- the KV pool -------------------------------------------------------------------------
 
@@ -240,23 +248,105 @@ class ModelRunner:
     def _replay(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
         b = len(items)
         gb = min(s for s in self.graphs if s >= b)
-        bs = self.block_size
-        ids, pos, slots, lens = [], [], [], []
-        tables = np.zeros((gb, self.max_blocks_per_seq), dtype=np.int32)
-        for i, (seq, _) in enumerate(items):
-            c = seq.num_computed_tokens
-            ids.append(seq.all_token_ids[c])
-            pos.append(c)
-            slots.append(seq.block_ids[c // bs] * bs + c % bs)
-            lens.append(c + 1)
-            tables[i, : len(seq.block_ids)] = seq.block_ids
-        pad = gb - b
-        self.g_ids[:gb].copy_(self._tensor(ids + [0] * pad, torch.int64), non_blocking=True)
-        self.g_pos[:gb].copy_(self._tensor(pos + [0] * pad, torch.int64), non_blocking=True)
-        self.g_slots[:gb].copy_(self._tensor(slots + [-1] * pad, torch.int64), non_blocking=True)
-        self.g_lens[:gb].copy_(self._tensor(lens + [0] * pad, torch.int32), non_blocking=True)
-        self.g_tables[:gb].copy_(
-            torch.from_numpy(tables).pin_memory().to(self.device, non_blocking=True)
-        )
+        seqs = [s for s, _ in items]
+        plan, tables = self._decode_plan(seqs, [1] * b, 1, gb)
+        ids = plan.to(self.device, non_blocking=True)
+        self.g_tables[:gb].copy_(tables, non_blocking=True)
+        self.g_ids[:gb].copy_(ids[0], non_blocking=True)
+        self.g_pos[:gb].copy_(ids[1], non_blocking=True)
+        self.g_slots[:gb].copy_(ids[2], non_blocking=True)
+        self.g_lens[:gb].copy_(ids[3], non_blocking=True)
         self.graphs[gb].replay()
         return self.g_logits[gb][:b]
+
+    # --- multi-step decoding -----------------------------------------------------------------
+
+    def _decode_plan(self, seqs: list[Sequence], rooms: list[int], k: int, width: int):
+        """Host arrays for k decode steps of seqs (padded to `width` rows): row 0 the first
+        input ids, then per step positions, slots and context lengths ((1 + 3k, width) int64),
+        and the block tables ((width, max_blocks) int32); both host tensors ready to copy. Step j of
+        sequence i is valid while j < rooms[i]; an invalid entry writes nothing (slot -1) and
+        reads one cached token of its own (context 1), so it is harmless and is discarded."""
+        bs, b = self.block_size, len(seqs)
+        tables = self._pinned("tables", (width, self.max_blocks_per_seq), torch.int32)
+        t = tables.numpy()
+        t.fill(0)
+        c = np.empty(b, dtype=np.int64)
+        plan_t = self._pinned("plan", (1 + 3 * k, width), torch.int64)
+        plan = plan_t.numpy()
+        for i, seq in enumerate(seqs):
+            t[i, : len(seq.block_ids)] = seq.block_ids
+            c[i] = seq.num_computed_tokens
+            plan[0, i] = seq.all_token_ids[seq.num_computed_tokens]
+        plan[:, b:] = 0
+        plan[1 + 2 * k :, b:] = 0  # padding rows: context 0
+        plan[1 + k : 1 + 2 * k, b:] = -1  # and no slot
+        j = np.arange(k)[:, None]
+        p = c[None, :] + j  # (k, b) positions
+        valid = j < np.asarray(rooms)[None, :]
+        block_idx = np.minimum(p // bs, self.max_blocks_per_seq - 1)
+        blocks = t[np.arange(b)[None, :], block_idx].astype(np.int64)
+        plan[1 : 1 + k, :b] = np.where(valid, p, 0)
+        plan[1 + k : 1 + 2 * k, :b] = np.where(valid, blocks * bs + p % bs, -1)
+        plan[1 + 2 * k :, :b] = np.where(valid, p + 1, 1)
+        return plan_t, tables
+
+    def _pinned(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A host staging buffer reused across steps (pinned on a GPU machine, so its copies are
+        asynchronous). Safe to refill: every step reads its tokens back, which waits for the
+        copies of that step to finish, before the next step fills the buffer again."""
+        buf = self._staging.get(name)
+        numel = int(np.prod(shape))
+        if buf is None or buf.numel() < numel or buf.dtype != dtype:
+            buf = torch.empty(max(numel, 1), dtype=dtype)
+            if self.device.type == "cuda":
+                buf = buf.pin_memory()
+            self._staging[name] = buf
+        return buf[:numel].view(shape)
+
+    @torch.inference_mode()
+    def run_multi(self, seqs: list[Sequence], rooms: list[int], k: int, logprobs: bool = False):
+        """k greedy decode steps of seqs without reading back in between. Each sequence must
+        hold blocks for rooms[i] <= k more tokens; steps past its room are discarded.
+
+        Returns (tokens (b, k) list of lists, logprobs (b, k) list of lists or None)."""
+        b = len(seqs)
+        use_graph = self.device.type == "cuda" and self.graphs and b <= max(self.graphs)
+        width = min(s for s in self.graphs if s >= b) if use_graph else b
+        plan, tables = self._decode_plan(seqs, rooms, k, width)
+        max_ctx = int(plan[1 + 2 * k :, :b].max())
+        dev_plan = plan.to(self.device, non_blocking=True)
+        dev_tables = tables.to(self.device, non_blocking=True)
+        lens32 = dev_plan[1 + 2 * k :].to(torch.int32)
+        out = torch.empty(k, b, dtype=torch.int64, device=self.device)
+        lps = torch.empty(k, b, dtype=torch.float32, device=self.device) if logprobs else None
+        if use_graph:
+            self.g_tables[:width].copy_(dev_tables)
+        ids = dev_plan[0]
+        for j in range(k):
+            if use_graph:
+                self.g_ids[:width].copy_(ids[:width])
+                self.g_pos[:width].copy_(dev_plan[1 + j])
+                self.g_slots[:width].copy_(dev_plan[1 + k + j])
+                self.g_lens[:width].copy_(lens32[j])
+                self.graphs[width].replay()
+                logits = self.g_logits[width][:b]
+            else:
+                meta = AttnMetadata(
+                    num_decodes=b,
+                    positions=dev_plan[1 + j],
+                    slot_mapping=dev_plan[1 + k + j],
+                    decode_block_tables=dev_tables,
+                    decode_context_lens=lens32[j],
+                    max_context_len=max_ctx,
+                )
+                logits = self.model.compute_logits(self.model(ids[:b], meta, self.kv_caches))
+            torch.argmax(logits, dim=-1, out=out[j])
+            if lps is not None:
+                lps[j] = logits.log_softmax(-1).gather(-1, out[j][:, None])[:, 0]
+            if j + 1 < k:
+                nxt = torch.zeros(width, dtype=torch.int64, device=self.device)
+                nxt[:b] = out[j]
+                ids = nxt
+        tokens = out.t().tolist()
+        return tokens, (lps.t().tolist() if lps is not None else None)

@@ -78,6 +78,38 @@ def test_decode_median_uses_pure_decode_steps_only():
     assert offline.decode_ms_from_step_log(steps, 64) == (None, 0)
 
 
+def test_decode_median_splits_multi_step_records():
+    """A record of k decode steps run back to back is k steps of duration / k each."""
+    step = types.SimpleNamespace
+    steps = [step(prefill_tokens=0, decode_seqs=8, duration_s=0.008, num_steps=4),
+             step(prefill_tokens=0, decode_seqs=8, duration_s=0.012, num_steps=4),
+             step(prefill_tokens=0, decode_seqs=8, duration_s=0.0025, num_steps=1)]  # fmt: skip
+    # per step: 2, 3, 2.5 ms -> median 2.5 over 9 steps
+    assert offline.decode_ms_from_step_log(steps, 8) == (pytest.approx(2.5), 9)
+
+
+def test_targets_take_the_faster_engine_configuration_and_name_it():
+    def rec(rows):
+        return {"decode_latency": {"results": {"rows": rows}}}
+
+    row = {"batch": 1, "context": 1024, "engine_ms": 1.5, "engine_multi_ms": 0.7, "multi_step_k": 8}
+    t = targets(rec([row]))[0]
+    assert t["measured"] == 0.7 and t["met"] is True and "8 steps per round trip" in t["unit"]
+    t = targets(rec([{**row, "engine_multi_ms": 2.0}]))[0]
+    assert t["measured"] == 1.5 and t["met"] is False and "one step" in t["unit"]
+    t = targets(rec([{"batch": 1, "context": 1024, "engine_ms": 1.5}]))[0]
+    assert t["measured"] == 1.5 and t["unit"] == "ms/token"  # older records: nothing to name
+    r64 = {
+        "batch": 64,
+        "context": 1024,
+        "engine_ms": 3.2,
+        "engine_multi_ms": 1.6,
+        "multi_step_k": 8,
+    }
+    t = targets(rec([r64]))[2]
+    assert t["measured"] == pytest.approx(40_000) and t["met"] is True
+
+
 def test_static_allocation_arithmetic():
     budget = 1024 * 16 * 32_768  # 1,024 blocks of 16 tokens at 32 KiB per token
     assert offline.static_max_seqs(budget, 4096, 32_768) == 4
