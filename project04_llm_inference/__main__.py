@@ -4,6 +4,8 @@ python -m project04_llm_inference generate --engine.load-format dummy --engine.d
 python -m project04_llm_inference serve --engine.model path/to/model   # OpenAI API on 127.0.0.1:8000
 python -m project04_llm_inference throughput        # offline throughput vs baselines (GPU)
 python -m project04_llm_inference latency           # decode ms/step vs the bandwidth floor (GPU)
+python -m project04_llm_inference spec-train --models-dir runs/spec-models   # target + draft
+python -m project04_llm_inference spec --models-dir runs/spec-models         # speculative speedup
 python -m project04_llm_inference report --reports-dir runs/<time>
 """
 
@@ -123,7 +125,8 @@ def _report(cfg: ReportConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     import tyro
 
-    from .bench import offline, prefill, serving
+    from .bench import offline, prefill, serving, spec
+    from .spec import train_corpus
 
     commands = {
         "generate": GenerateConfig,
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         "prefix": offline.PrefixConfig,
         "prefill-kernel": prefill.PrefillBenchConfig,
         "serving": serving.ServingBenchConfig,
+        "spec": spec.SpecBenchConfig,
+        "spec-train": train_corpus.TrainCorpusConfig,
         "report": ReportConfig,
     }
     runners = {
@@ -142,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
         ReportConfig: _report,
         prefill.PrefillBenchConfig: prefill.run,
         serving.ServingBenchConfig: serving.run,
+        spec.SpecBenchConfig: spec.run,
+        train_corpus.TrainCorpusConfig: train_corpus.run,
         **offline.RUNNERS,
     }
     try:

@@ -1,0 +1,333 @@
+"""The speculative-decoding benchmark on the CPU: a tiny target and draft trained by
+spec.train_corpus, the bench at tiny sizes (its record's shape, greedy losslessness, the
+acceptance counters), its refusals, and the report's table, chart and summary line.
+
+Greedy losslessness is asked for exactly: the speculative engine computes the same float32
+logits in another grouping (a multi-token verification instead of one-token decodes), which
+moves them by op-order noise (~1e-6, see test_engine_vs_transformers); the test first checks
+that the target's top-two logit gap is above TIE = 1e-4 at every generated position, so a
+different token can only be a bug. Speed is printed by the bench, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from project04_llm_inference.bench import spec
+from project04_llm_inference.report import render
+
+TIE = 1e-4
+PROJECT = "project04_llm_inference"
+ENV = {"gpu": "NVIDIA H200", "driver": "570.0", "torch": "2.9.0", "cuda": "12.8",
+       "python": "3.11.9", "date": "2026-12-01T10:00:00+00:00", "git_commit": "abcdef1234567",
+       "git_dirty": False}  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny models' ops are microseconds: threads only add overhead
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A 2-layer target and a 1-layer draft, 10 steps on a dozen standard-library files (3 held
+    out): their greedy picks are far from ties (see the losslessness test's check)."""
+    pytest.importorskip("tokenizers")
+    from project04_llm_inference.spec.train_corpus import TrainCorpusConfig, run
+
+    d = tmp_path_factory.mktemp("spec") / "models"
+    run(TrainCorpusConfig(
+        models_dir=str(d), max_files=12, holdout_every=4, vocab_size=300, seq_len=32,
+        max_seq_len=128, batch_size=4, max_steps=10, lr=1e-2, warmup_steps=1, eval_batches=1,
+        target_dim=64, target_layers=2, target_heads=4, target_kv_heads=2, target_ffn=128,
+        draft_dim=32, draft_layers=1, draft_heads=2, draft_kv_heads=1, draft_ffn=64, device="cpu",
+    ))  # fmt: skip
+    return d
+
+
+def _cfg(models_dir, reports_dir="") -> spec.SpecBenchConfig:
+    return spec.SpecBenchConfig(models_dir=str(models_dir), reports_dir=str(reports_dir),
+                                ks=(2, 3), ngram_ks=(2,), batches=(1, 2), num_prompts=2,
+                                prompt_tokens=24, max_tokens=8, warmup_tokens=2, multi_step=4,
+                                device="cpu")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bench(models, tmp_path_factory):
+    reports = tmp_path_factory.mktemp("spec_reports")
+    res = spec.run(_cfg(models, reports))
+    return res, reports
+
+
+def _workloads(models):
+    from tokenizers import Tokenizer
+
+    target, _, record = spec.check_models(str(models))
+    tok = Tokenizer.from_file(str(target / "tokenizer.json"))
+    held, root = spec.heldout_files(record, tok)
+    return spec.build_workloads(_cfg(models), tok, held, root), tok, held
+
+
+# --- the record ----------------------------------------------------------------------------------
+
+
+def test_record_structure(bench, models):
+    from shared.results import load_result
+
+    res, reports = bench
+    rec = load_result(reports / PROJECT / "spec_decode.json")
+    assert rec["name"] == "spec_decode" and rec["results"]["rows"] == res["rows"]
+    env = rec["environment"]
+    assert {"gpu", "torch", "date", "git_commit"} <= set(env) and env["torch"] == torch.__version__
+    assert rec["config"]["ks"] == [2, 3] and rec["config"]["batches"] == [1, 2]
+    ctx = res["context"]
+    assert ctx["device"] == "cpu" and ctx["dtype"] == "float32"
+    assert ctx["target"]["num_hidden_layers"] == 2 and ctx["draft"]["num_hidden_layers"] == 1
+    assert ctx["heldout_files"] == 3
+
+    rows = res["rows"]
+    plan = [("none", 0), ("multi-step", 4), ("draft", 2), ("draft", 3), ("ngram", 2)]
+    assert [(e["method"], e["k"]) for e in res["engines"]] == plan
+    assert len(rows) == len(plan) * 2 * 2  # engines x workloads x batches
+    for w in spec.WORKLOADS:
+        for b in (1, 2):
+            mine = [r for r in rows if r["workload"] == w and r["batch"] == b]
+            assert sorted((r["method"], r["k"]) for r in mine) == sorted(plan)
+            base = next(r for r in mine if r["method"] == "none")
+            assert base["speedup"] == 1.0 and rec["baseline"][f"{w}/batch {b}"] == pytest.approx(
+                base["output_tok_s"]
+            )
+            for r in mine:  # the speedup is over this workload and batch's own baseline
+                assert r["speedup"] == pytest.approx(r["output_tok_s"] / base["output_tok_s"])
+    for r in rows:
+        assert r["requests"] == 2 and r["output_tokens"] == 2 * 8  # ignore_eos: exactly max_tokens
+        assert math.isfinite(r["speedup"]) and r["speedup"] > 0
+        assert r["output_tok_s"] > 0 and r["ms_per_token"] > 0 and r["wall_s"] > 0
+        if r["method"] in ("none", "multi-step"):
+            assert r["proposed_tokens"] == 0 and r["acceptance_rate"] is None
+        else:
+            assert r["proposed_tokens"] > 0 and r["verifications"] > 0
+            assert 0.0 <= r["acceptance_rate"] <= 1.0
+            assert r["acceptance_rate"] == r["accepted_tokens"] / r["proposed_tokens"]
+            assert 0.0 <= r["mean_accepted_len"] <= r["k"]
+    best = res["best_batch1_draft"]
+    top = max((r for r in rows if r["method"] == "draft" and r["batch"] == 1
+               and r["workload"] == "held-out"), key=lambda r: r["speedup"])  # fmt: skip
+    assert best["speedup"] == top["speedup"] and best["k"] == top["k"]
+    assert best["met"] == (top["speedup"] >= 2.0)
+    multi = next(r for r in rows if r["method"] == "multi-step" and r["batch"] == 1
+                 and r["workload"] == "held-out")  # fmt: skip
+    assert best["vs_multi_step"] == pytest.approx(top["output_tok_s"] / multi["output_tok_s"])
+
+
+def test_workloads_come_from_the_held_out_files(bench, models):
+    from project04_llm_inference.spec.train_corpus import EOS, TrainCorpusConfig, corpus_files
+
+    res, _ = bench
+    wls, tok, held = _workloads(models)
+    record = json.loads((models / "train_record.json").read_text())
+    assert held == corpus_files(TrainCorpusConfig(**record["config"]))[1]  # training's split
+    eos, sep = tok.token_to_id(EOS), tok.encode(spec.SEPARATOR).ids
+    for plain, edit in zip(wls["held-out"]["prompts"], wls["code-editing"]["prompts"]):
+        assert len(plain) == 24 and plain[0] == eos
+        body = plain[1:]
+        # the file prefix, the separator, then the prefix again cut max_tokens (8) short: a
+        # faithful copy's next 8 tokens are body[15:23], all in the prompt
+        assert edit == [eos, *body, *sep, *body[: 23 - 8]]
+    assert res["workloads"]["held-out"]["files"] == wls["held-out"]["files"]
+    assert len(set(wls["held-out"]["files"])) == 2
+
+
+def test_greedy_speculation_is_lossless(bench, models):
+    from shared.hf_export import import_hf
+
+    res, _ = bench
+    wls, _, _ = _workloads(models)
+    target = import_hf(models / "target").eval()
+    with torch.no_grad():  # the target's own greedy path: no near-tie anywhere on it
+        for w in wls.values():
+            for p in w["prompts"]:
+                ids = list(p)
+                for j in range(8):
+                    logits = target(torch.tensor([ids]))[0, -1]
+                    top2 = logits.topk(2).values
+                    gap = float(top2[0] - top2[1])
+                    assert gap > TIE, f"near-tie ({gap:.2g}) at token {j}: train other models"
+                    ids.append(int(logits.argmax()))
+    for r in res["rows"]:
+        assert r["lossless_share"] == 1.0 and r["matching_token_share"] == 1.0, r
+    # not vacuous: drafts were accepted, so emitted tokens came through the verifier
+    assert sum(r["accepted_tokens"] for r in res["rows"]) > 0
+
+
+def test_same_tokens_sees_a_planted_difference():
+    assert spec.same_tokens([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) == (1.0, 1.0)
+    equal, prefix = spec.same_tokens([[1, 2, 3], [4, 9, 6]], [[1, 2, 3], [4, 5, 6]])
+    assert equal == 0.5 and prefix == pytest.approx(4 / 6)  # 3 + 1 tokens before the difference
+    with pytest.raises(ValueError):
+        spec.same_tokens([[1]], [[1], [2]])
+
+
+def test_heldout_split_is_checked_against_training(models, tmp_path):
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    copy = tmp_path / "models"
+    shutil.copytree(models, copy)
+    record = json.loads((copy / "train_record.json").read_text())
+    record["heldout_tokens"] += 1  # as if trained on another corpus
+    tok = Tokenizer.from_file(str(copy / "target" / "tokenizer.json"))
+    with pytest.raises(ValueError, match="held-out files"):
+        spec.heldout_files(record, tok)
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+def test_missing_models_is_one_line_with_the_train_command(tmp_path, capsys):
+    from project04_llm_inference.__main__ import main
+
+    missing = tmp_path / "nothing-here"
+    with pytest.raises(SystemExit) as e:
+        main(["spec", "--models-dir", str(missing), "--reports-dir", str(tmp_path / "r")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: models_dir:")
+    assert f"spec.train_corpus --models-dir {missing}" in err[0]
+    with pytest.raises(SystemExit) as e:  # the module's own entry point says the same
+        spec.main(["--models-dir", str(missing)])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: models_dir:")
+    assert not (tmp_path / "r").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(num_prompts=3), "num_prompts"), (dict(batches=(0,)), "batches"),
+    (dict(ks=(0, 2)), "ks"), (dict(ks=(), ngram_ks=()), "ks"),
+    (dict(prompt_tokens=64, max_tokens=64), "prompt_tokens"),
+    (dict(ngram_min=3, ngram_max=2), "ngram_min"), (dict(goal_speedup=math.inf), "goal_speedup"),
+    (dict(models_dir=""), "models_dir"), (dict(gpu_memory_utilization=0.0), "gpu_memory"),
+])  # fmt: skip
+def test_bad_config_names_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        spec.SpecBenchConfig(**kw)
+
+
+def test_held_out_only_allows_short_prompts():
+    cfg = spec.SpecBenchConfig(prompt_tokens=64, max_tokens=64, workloads=("held-out",))
+    assert cfg.workloads == ("held-out",) and asdict(cfg)["prompt_tokens"] == 64
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def _row(workload, batch, method, k, tok_s, base, acc=None, same=1.0):
+    prop = 100 * k if method in ("draft", "ngram") else 0
+    return {"workload": workload, "batch": batch, "method": method, "k": k, "requests": 32,
+            "output_tokens": 4096, "wall_s": 4096 / tok_s, "output_tok_s": tok_s,
+            "ms_per_token": 1e3 * batch / tok_s, "speedup": tok_s / base,
+            "baseline_output_tok_s": base, "proposed_tokens": prop,
+            "accepted_tokens": round(prop * (acc or 0)), "verifications": 100 if prop else 0,
+            "acceptance_rate": acc, "mean_accepted_len": k * acc if acc is not None else None,
+            "lossless_share": same, "matching_token_share": same, "target_steps": 1000}  # fmt: skip
+
+
+def _spec_record(folder, *, draft_b1: float) -> None:
+    """A hand-written spec_decode record: batch-1 draft at k=4 reaches `draft_b1` x."""
+    from shared.results import save_result
+
+    rows = []
+    for w, base1, base8 in (("held-out", 500.0, 3000.0), ("code-editing", 480.0, 2900.0)):
+        rows += [_row(w, 1, "none", 0, base1, base1), _row(w, 8, "none", 0, base8, base8),
+                 _row(w, 1, "multi-step", 8, base1 * 1.5, base1)]  # fmt: skip
+        for k in (2, 4):
+            s = draft_b1 if k == 4 else 1.2
+            rows += [_row(w, 1, "draft", k, base1 * s, base1, 0.7),
+                     _row(w, 8, "draft", k, base8 * 1.1, base8, 0.7, same=31 / 32)]  # fmt: skip
+        rows += [_row(w, 1, "ngram", 4, base1 * (2.6 if w == "code-editing" else 0.9), base1, 0.5),
+                 _row(w, 8, "ngram", 4, base8 * 1.3, base8, 0.5)]  # fmt: skip
+    shape = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+             "num_key_value_heads": 4, "intermediate_size": 2048, "vocab_size": 8192,
+             "max_position_embeddings": 2048}  # fmt: skip
+    wl = {"requests": 32, "files": ["a.py"], "prompt_len_min": 256, "prompt_len_max": 256,
+          "prompt_len_mean": 256.0}  # fmt: skip
+    res = {"context": {"device": "cuda:0", "dtype": "bfloat16", "target": shape,
+                       "draft": {**shape, "hidden_size": 256, "num_hidden_layers": 2},
+                       "train": {"target": {"params": 95_000_000}, "draft": {"params": 4_700_000}},
+                       "vocab_size": 8192, "heldout_files": 90, "corpus": "the stdlib"},
+           "workloads": {"held-out": wl, "code-editing": {**wl, "prompt_len_min": 390,
+                                                          "prompt_len_max": 390}},
+           "engines": [], "rows": rows,
+           "best_batch1_draft": spec.best_draft(rows, 2.0)}  # fmt: skip
+    save_result(PROJECT, "spec_decode", res, reports_dir=folder, env=ENV)
+
+
+@pytest.mark.parametrize("draft_b1", [2.4, 1.6])
+def test_report_renders_the_spec_record(tmp_path, draft_b1, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the report needs no GPU
+    _spec_record(tmp_path, draft_b1=draft_b1)
+    paths = render(tmp_path)  # the only record: the other sections say "not measured"
+    assert [p.name for p in paths] == ["results.md", "summary.md", "spec_decode.png"]
+    assert paths[2].stat().st_size > 0
+    md = paths[0].read_text()
+    assert "## Speculative decoding" in md and "![spec_decode](spec_decode.png)" in md
+    head = ("| workload | batch | method | k | output tok/s | ms/token | speedup (x) | acceptance "
+            "| accepted length | same tokens |")  # fmt: skip
+    assert head in md
+    assert "| held-out | 1 | no speculation |  | 500 | 2 | 1 | n/a | n/a | 32/32 |" in md
+    assert "| held-out | 1 | no speculation, multi-step | 8 | 750 | 1.33 | 1.5 |" in md
+    assert f"| held-out | 1 | draft model | 4 | {500 * draft_b1:,.0f} |" in md
+    assert "| held-out | 8 | draft model | 2 | 3,300 | 2.42 | 1.1 | 0.7 | 1.4 | 31/32 |" in md
+    assert "95.0 M params, 12 layers, dim 768" in md and "bfloat16" in md
+    status = "met" if draft_b1 >= 2.0 else "missed"
+    assert (f"Best batch-1 draft-model speedup on held-out files: {draft_b1:.2f}x at k = 4 "
+            f"(goal >= 2.0x: {status})") in md  # fmt: skip
+    summary = paths[1].read_text()
+    assert (f"best batch-1 draft-model speedup on held-out files {draft_b1:.2f}x at k = 4, "
+            f"goal >= 2.0x: **{status}**") in summary  # fmt: skip
+    ngram = ("N-gram lookup on the code-editing workload (the prompt holds the answer): 2.60x at "
+             "batch 1 (k = 4), 1.30x at batch 8 (k = 4).")  # fmt: skip
+    assert ngram in summary
+    assert f"That is {draft_b1 / 1.5:.2f}x the speed of multi-step decoding" in summary
+    assert "NVIDIA H200" in summary
+
+
+def test_spec_chart_lines(tmp_path, monkeypatch):
+    import importlib
+
+    from shared import charts
+
+    module = importlib.import_module("project04_llm_inference.report.render")
+    _spec_record(tmp_path, draft_b1=2.4)
+    recs = {"spec_decode": json.loads((tmp_path / PROJECT / "spec_decode.json").read_text())}
+    seen = {}
+    orig = charts.line_chart
+
+    def spy(path, series, **kw):
+        seen.update(series=series, **kw)
+        return orig(path, series, **kw)
+
+    monkeypatch.setattr(charts, "line_chart", spy)
+    assert module._spec_charts(recs, tmp_path) == [tmp_path / "spec_decode.png"]
+    assert list(seen["series"]) == ["draft model, batch 1 (held-out)",
+                                    "draft model, batch 8 (held-out)",
+                                    "n-gram lookup, batch 1 (code-editing)",
+                                    "n-gram lookup, batch 8 (code-editing)"]  # fmt: skip
+    assert seen["series"]["draft model, batch 1 (held-out)"] == ((2, 4), (1.2, pytest.approx(2.4)))
+    assert [v for v, _ in seen["hlines"]] == [1.0, 2.0]  # no speculation, and the goal
+    assert "NVIDIA H200" in seen["footnote"]
+
+
+def test_report_of_a_recorded_bench_run(bench):
+    _, reports = bench
+    paths = render(reports)
+    assert "## Speculative decoding" in paths[0].read_text()
+    assert "**Speculative decoding** (float32" in paths[1].read_text()
