@@ -312,7 +312,16 @@ def compare_offline(cfg: ServingBenchConfig, runs: list[dict]) -> dict:
         from shared.results import load_result
 
         rec = load_result(cfg.offline_record)
-        out["offline_output_tok_s"] = (rec["results"].get("engine") or {}).get("output_tok_s")
+        res = rec["results"]
+        # the offline run of the same engine configuration as the launched server's, when the
+        # record has it (it may hold the engine with and without multi-step decoding)
+        key = "engine"
+        if cfg.launch:
+            want = cfg.engine.num_scheduler_steps
+            key = next((k for k in ("engine", "engine_single_step")
+                        if (res.get(k) or {}).get("num_scheduler_steps", 1) == want), "engine")  # fmt: skip
+        out["offline_system"] = key
+        out["offline_output_tok_s"] = (res.get(key) or {}).get("output_tok_s")
         oc = rec.get("config", {})
         mine = {"dataset": cfg.dataset_path or "random", "num_requests": cfg.num_prompts,
                 "prompt_len": list(cfg.prompt_len), "output_len": list(cfg.output_len),

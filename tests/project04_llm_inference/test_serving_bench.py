@@ -567,3 +567,20 @@ def test_launched_project_server_with_the_tiny_dummy_model(tmp_path, monkeypatch
     assert run["prompt_tokens"] == res["workload"]["prompt_tokens"]
     for r in run["per_request"]:  # token ids in every chunk: one token event per token
         assert r["token_events"] == r["output_tokens"] and 0 < r["ttft_s"] <= r["e2e_s"]
+
+
+def test_offline_ceiling_is_the_same_engine_configuration(tmp_path):
+    """A launched server is compared with the offline run of its own num_scheduler_steps when
+    the record holds the engine with and without multi-step decoding."""
+    path = tmp_path / "offline_throughput.json"
+    path.write_text(json.dumps({"environment": {}, "config": {}, "results": {
+        "engine": {"output_tok_s": 26_000.0, "num_scheduler_steps": 8},
+        "engine_single_step": {"output_tok_s": 20_000.0, "num_scheduler_steps": 1}}}))  # fmt: skip
+    runs = [{"request_rate": "inf", "max_concurrency": None, "output_tok_s": 18_000.0}]
+    for k, key, tok_s in ((1, "engine_single_step", 20_000.0), (8, "engine", 26_000.0)):
+        cfg = serving.ServingBenchConfig(launch=True, offline_record=str(path), progress=False,
+                                         engine=EngineArgs(load_format="dummy", num_scheduler_steps=k))  # fmt: skip
+        out = serving.compare_offline(cfg, runs)
+        assert out["offline_system"] == key and out["offline_output_tok_s"] == tok_s
+    cfg = serving.ServingBenchConfig(base_url="http://127.0.0.1:1", offline_record=str(path))
+    assert serving.compare_offline(cfg, runs)["offline_system"] == "engine"  # not launched here
