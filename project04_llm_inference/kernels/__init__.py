@@ -22,5 +22,7 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        return getattr(import_module(_LAZY[name], __name__), name)
+        op = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = op  # later lookups skip this function (it runs per layer and op)
+        return op
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

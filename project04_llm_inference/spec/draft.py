@@ -14,7 +14,9 @@ One proposal round, for the decoding sequences of an engine step:
    (the K/V past it are overwritten later, as the target's are).
 2. one forward over every sequence's uncomputed tokens (a whole prompt the first time, then
    usually 1 or 2 tokens): q_1 at the last position, x_1 drawn from it;
-3. k - 1 one-token steps: x_i goes in, q_{i+1} comes out, x_{i+1} is drawn.
+3. k - 1 one-token steps: x_i goes in, q_{i+1} comes out, x_{i+1} is drawn. When every
+   sequence is greedy these run back to back on the device (`ModelRunner.run_multi`), with
+   one read-back for all of them.
 Tokens are drawn from q after the request's temperature / top-k / top-p / min-p (argmax when
 greedy), with the request's own generator when it has a seed; q is returned for the verifier.
 
@@ -161,6 +163,9 @@ class DraftProposer:
             q = torch.zeros(len(seqs), self.k, self.vocab_size, device=self.device)
         step = 0
         while active:
+            if step == 1 and q is None:
+                self._propose_rest_greedy(seqs, ks, active, drafts)
+                break
             items = [(self.seqs[id(seqs[i])], n) for i, n in active]
             logits = self.runner.run(items)
             rows = [i for i, _ in active]
@@ -176,6 +181,24 @@ class DraftProposer:
             active = nxt
             step += 1
         return drafts, q
+
+    def _propose_rest_greedy(self, seqs, ks, active, drafts) -> None:
+        """Greedy rounds after the first draft token: the remaining one-token steps run back to
+        back on the device (`ModelRunner.run_multi`), one read-back instead of one per token;
+        the same argmax as step by step."""
+        bs = self.block_manager.block_size
+        ds = [self.seqs[id(seqs[i])] for i, _ in active]
+        rooms = []
+        for (i, _), d in zip(active, ds):
+            r = ks[i] - len(drafts[i])
+            if not self.block_manager.allocate(d, r):  # short: what its blocks hold (>= 1)
+                r = len(d.block_ids) * bs - d.num_computed_tokens
+            rooms.append(r)
+        tokens, _ = self.runner.run_multi(ds, rooms, max(rooms))
+        for (i, _), d, r, t in zip(active, ds, rooms, tokens):
+            d.tokens.extend(t[:r])
+            drafts[i].extend(t[:r])
+            d.num_computed_tokens = d.num_tokens - 1  # the newest token has no K/V yet
 
     def _draw(self, logits, seqs, generator, q, rows, step) -> list[int]:
         tokens = logits.argmax(-1)
