@@ -80,6 +80,21 @@ apple-tier:
 gpu-test: $(SETUP)  ## the GPU tier (on a CUDA machine)
 	$(PYTHON) -m pytest -m gpu $(PYTEST_ARGS)
 
+.PHONY: gpu-smoke cuda-compile
+
+# The GPU smoke tier: the CUDA extensions built, then the GPU tests marked `smoke`; prints what
+# it skipped and why, writes runs/gpu-smoke/ (junit.xml, summary.json). The CI runner passes
+# GPU_SMOKE_ARGS=--require-gpu, so that a machine whose GPU is not usable fails instead of skipping.
+GPU_SMOKE_ARGS ?=
+
+gpu-smoke: $(SETUP)  ## the GPU smoke tests, any CUDA extensions built first (minutes on one GPU)
+	$(PYTHON) -m scripts.gpu_smoke $(GPU_SMOKE_ARGS)
+
+# e.g. CUDA_COMPILE_ARGS=--strict (as CI: no nvcc is a failure, not a skip), or --arch 80
+CUDA_COMPILE_ARGS ?=
+cuda-compile:  ## compile every CUDA source for sm_90a with nvcc alone (no GPU, no torch)
+	$(BOOTSTRAP) scripts/compile_cuda.py $(CUDA_COMPILE_ARGS)
+
 demo: $(SETUP)  ## every capstone at the size this hardware allows, into runs/<UTC time>/
 	$(PYTHON) -m scripts.demo
 

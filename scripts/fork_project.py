@@ -13,6 +13,9 @@ uncommitted edits and local results do not leak into it. It holds:
 - a pyproject.toml with the project's own name, description, dependencies and extras (those
   its modules import), a Makefile with the targets that exist for it, the demo runner (which
   plans the projects present: this one), `make publish`, the CI entry point, LICENSE;
+- its own GitHub Actions workflows: the CPU tier and lint on every push and pull request (with
+  the compile-only CUDA job where it has CUDA sources), and the GPU smoke workflow for a
+  self-hosted runner where it has tests marked `smoke` (`make gpu-smoke`);
 - a git repository with one commit by your git identity (user.name / user.email); with none
   configured, the files are staged and the fork says how to set one and commit.
 
@@ -34,6 +37,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts.gpu_smoke import uses_mark
+
 ROOT = Path(__file__).resolve().parent.parent
 PROJECTS = ("project01_cuda_kernel", "project02_fsdp_scaling", "project03_capstone_infra",
             "project04_llm_inference", "apple_track")  # fmt: skip
@@ -48,7 +53,11 @@ MAKE_TARGETS = {
 COMMON_TARGETS = ("help", "setup", "$(STAMP)", "test", "gpu-test", "demo", "publish", "lint",
                   "format", "clean")  # fmt: skip
 SCRIPTS = ("__init__.py", "demo.py", "publish.py", "refresh_readme.py")
-TOP_FILES = (".gitignore", "LICENSE", ".ci/run")
+TOP_FILES = (".gitignore", "LICENSE", ".ci/run", ".github/actionlint.yaml")
+# The workflows of the monorepo a fork's own are made from, and the jobs of ci.yml that only
+# some projects keep (see _workflows_for).
+CI_WORKFLOW = ".github/workflows/ci.yml"
+GPU_SMOKE_WORKFLOW = ".github/workflows/gpu-smoke.yml"
 # Distribution name -> import name, where they differ.
 IMPORT_NAMES = {
     "nvidia-ml-py": "pynvml",
@@ -187,6 +196,8 @@ class Selection:
     files: list[str] = field(default_factory=list)
     shared_modules: list[str] = field(default_factory=list)
     shared_tests: list[str] = field(default_factory=list)
+    cuda_sources: bool = False  # CUDA sources under <project>/csrc/: the compile-only job
+    smoke_tests: bool = False  # tests marked smoke: `make gpu-smoke` and its workflow
 
     @property
     def readme(self) -> str:
@@ -203,7 +214,14 @@ def _files_under(tree: Path, folder: str) -> list[str]:
 def select(tree: Path, project: str) -> Selection:
     sel = Selection(project)
     own = _files_under(tree, project) + _files_under(tree, f"tests/{project}")
-    scripts = [f"scripts/{n}" for n in SCRIPTS if (tree / "scripts" / n).is_file()]
+    csrc = tree / project / "csrc"
+    sel.cuda_sources = csrc.is_dir() and any(csrc.rglob("*.cu"))
+    sel.smoke_tests = any(uses_mark(tree / f, "smoke") for f in own if f.startswith("tests/")
+                          and posixpath.basename(f).startswith("test_") and f.endswith(".py"))  # fmt: skip
+    # the scripts its workflows run: the compile-only CUDA job, the GPU smoke tier
+    ci_scripts = [n for needed, n in ((sel.cuda_sources, "compile_cuda.py"),
+                                      (sel.smoke_tests, "gpu_smoke.py")) if needed]  # fmt: skip
+    scripts = [f"scripts/{n}" for n in (*SCRIPTS, *ci_scripts) if (tree / "scripts" / n).is_file()]
     tests_top = [f"tests/{n}" for n in ("__init__.py", "conftest.py") if (tree / "tests" / n).is_file()]  # fmt: skip
     seeds = [tree / f for f in own + scripts + tests_top if f.endswith(".py")]
     internal = internal_closure(tree, seeds, {"shared", "tests"})
@@ -312,7 +330,17 @@ def _readme_for(sel: Selection, tree: Path, locate) -> str:
         "make demo   # runs this project at the size your hardware allows, into runs/<time>/\n"
         "make publish RUN=runs/<time>   # that run becomes reports/ and the results above\n```\n\n"
         f"`shared/` holds the parts of the library this project stands on ({shared or 'none'}). "
-        "`make help` lists the other commands.\n"
+        "`make help` lists the other commands.\n\n"
+        "`.github/workflows/` runs the CPU tier and lint on every push and pull request"
+        + (" and compiles the CUDA sources with nvcc" if sel.cuda_sources else "")
+        + (
+            "; `gpu-smoke.yml` runs `make gpu-smoke` (the tests of the GPU tier marked `smoke`) "
+            "on a self-hosted runner labelled `gpu`, by hand, nightly, or on a pull request "
+            "labelled `gpu-smoke`"
+            if sel.smoke_tests
+            else ""
+        )
+        + ".\n"
     )
 
 
@@ -456,7 +484,10 @@ def _makefile_for(sel: Selection, tree: Path, extras: list[str]) -> str:
     apple = sel.project == "apple_track"
     if not apple:
         head = re.sub(r"(?m)^APPLE_TESTS \?=.*\n", "", head)
-    targets = [*COMMON_TARGETS[:7], *MAKE_TARGETS[sel.project], *COMMON_TARGETS[7:]]
+    ci = [t for needed, t in ((sel.smoke_tests, "gpu-smoke"), (sel.cuda_sources, "cuda-compile"))
+          if needed]  # fmt: skip
+    targets = [*COMMON_TARGETS[:5], *ci, *COMMON_TARGETS[5:7], *MAKE_TARGETS[sel.project],
+               *COMMON_TARGETS[7:]]  # fmt: skip
     rules = []
     for t in list(targets):
         try:
@@ -476,6 +507,46 @@ def _makefile_for(sel: Selection, tree: Path, extras: list[str]) -> str:
         "# `make help` lists the targets.\n\n"
     )
     return intro + head + f".PHONY: {phony}\n\n" + "\n".join(rules)
+
+
+# --- workflows ---------------------------------------------------------------------------------
+
+
+def drop_job(workflow: str, job: str) -> str:
+    """`workflow` (the text of a GitHub Actions file whose jobs sit two spaces in under `jobs:`)
+    without the job `job`: its lines up to the next job or top-level key, and the blank line
+    before it."""
+    lines = workflow.splitlines(keepends=True)
+    try:
+        start = lines.index(f"  {job}:\n")
+    except ValueError:
+        raise ForkError(f"the workflow has no job {job!r}") from None
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end].startswith("   ")):
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():
+        end -= 1  # trailing blank lines separate it from the next job: keep one of them
+    if start > 0 and not lines[start - 1].strip():
+        start -= 1
+    return "".join(lines[:start] + lines[end:])
+
+
+def _workflows_for(sel: Selection, tree: Path) -> dict[str, str]:
+    """The fork's own workflows, made from the monorepo's: ci.yml with the jobs of this project
+    only (the compile-only CUDA job where it has CUDA sources, the on-device track's job in its
+    fork), and gpu-smoke.yml where its tests have a `smoke` mark."""
+    out = {}
+    if (tree / CI_WORKFLOW).is_file():
+        ci = (tree / CI_WORKFLOW).read_text()
+        if not sel.cuda_sources:
+            ci = drop_job(ci, "cuda-compile")
+        if sel.project != "apple_track":
+            ci = drop_job(ci, "apple-track")
+            ci = ci.replace("make test APPLE_TESTS=0", "make test")
+        out[CI_WORKFLOW] = ci
+    if sel.smoke_tests and (tree / GPU_SMOKE_WORKFLOW).is_file():
+        out[GPU_SMOKE_WORKFLOW] = (tree / GPU_SMOKE_WORKFLOW).read_text()
+    return out
 
 
 # --- the fork ----------------------------------------------------------------------------------
@@ -562,6 +633,9 @@ def fork(project: str, dest: Path, *, git: bool = True, root: Path = ROOT, rev: 
         (dest / "pyproject.toml").write_text(pyproject)
         (dest / "Makefile").write_text(_makefile_for(sel, tree, fork_extras(pyproject)))
         (dest / "README.md").write_text(_readme_for(sel, tree, locate))
+        for rel, text in _workflows_for(sel, tree).items():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_text(text)
 
     result = Fork(dest, sel, None)
     if git and shutil.which("git"):
@@ -610,6 +684,9 @@ def main(argv: list[str] | None = None) -> int:
     shared = [Path(m).stem for m in sel.shared_modules if not m.endswith("__init__.py")]
     print(f"wrote {result.dest} from the committed tree: {sel.project}, its tests, shared "
           f"({', '.join(shared) or 'none'}), {len(sel.shared_tests)} shared test file(s)")  # fmt: skip
+    workflows = sorted(p.name for p in (result.dest / ".github" / "workflows").glob("*.yml"))
+    if workflows:
+        print(f"its CI: .github/workflows/ ({', '.join(workflows)}); push it to GitHub to run them")
     if result.note:
         print(result.note, file=sys.stderr if result.committed is False else sys.stdout)
     print(f"next: cd {result.dest} && make test")

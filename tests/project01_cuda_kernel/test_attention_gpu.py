@@ -106,6 +106,7 @@ def test_matches_reference_unequal_lengths(b, h, sq, sk, d, dtype):
     check_against_reference(b, h, sq, sk, d, dtype, False, None)
 
 
+@pytest.mark.smoke  # forward and backward against the float32 reference
 @pytest.mark.parametrize("softmax_scale", [0.05, 0.3, 1.0])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_softmax_scale(softmax_scale, causal):

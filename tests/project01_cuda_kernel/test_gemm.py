@@ -81,6 +81,7 @@ def test_kernel_matches_torch(kernel, dtype, shape):
     assert err <= 2 * torch_err + _floor(dtype, k), (err, torch_err)
 
 
+@pytest.mark.smoke  # every kernel once, on an odd shape
 @pytest.mark.parametrize("kernel", gemm.GEMM_KERNELS)
 def test_kernel_is_deterministic_and_leaves_inputs_alone(kernel):
     """Same inputs twice: bit-identical outputs (a changing result means a race)."""
@@ -97,6 +98,7 @@ def test_kernel_is_deterministic_and_leaves_inputs_alone(kernel):
     assert torch.equal(a, a0) and torch.equal(b, b0)
 
 
+@pytest.mark.smoke
 def test_auto_and_unaligned_views():
     """kernel='auto' picks the top step; a contiguous view at an odd offset (not 16-byte
     aligned) still works on the vectorised paths."""

@@ -19,6 +19,7 @@ from project03_capstone_infra.train import train
 BASE = dict(preset="tiny", steps=8, ckpt_every=4, log_every=100, device="cuda", preflight=False)
 
 
+@pytest.mark.smoke  # checkpoint, SIGTERM, resume
 @pytest.mark.gpu
 def test_gpu_preempt_and_resume(tmp_path, monkeypatch):
     if not torch.cuda.is_available():

@@ -38,6 +38,7 @@ def _prompts(n, lo, hi, seed):
     return [[rng.randrange(3, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_norm_and_activation_kernels(dtype):
     x = torch.randn(37, 2048, device="cuda", dtype=dtype)
@@ -127,6 +128,7 @@ def test_greedy_agrees_with_float32_as_often_as_transformers_bf16(d64_dir):
     assert same_as_eager >= 14
 
 
+@pytest.mark.smoke  # a generation of the engine (CUDA graphs, dummy weights)
 def test_llama_3_2_1b_shape_smoke():
     llm = LLM(
         load_format="dummy",

@@ -131,6 +131,7 @@ def test_rope_and_cache_matches_reference_on_fused_qkv_views(dtype, d, hq, hkv):
         torch.testing.assert_close(got, want, rtol=eps, atol=eps, msg=name)
 
 
+@pytest.mark.smoke  # RoPE + cache write + decode, odd lengths
 def test_decode_step_replays_in_a_cuda_graph_with_new_lengths():
     """RoPE + cache write + decode captured once, replayed with new positions and lengths."""
     hq, hkv, d, bs, b = 32, 8, 64, 16, 4

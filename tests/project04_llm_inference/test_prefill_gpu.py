@@ -100,6 +100,7 @@ def test_many_sequences_single_tokens():
     check(args, torch.bfloat16)
 
 
+@pytest.mark.smoke
 def test_q_view_of_fused_qkv():
     """q as a strided view (the q part of a fused QKV projection) is read in place."""
     args, _ = make_batch(

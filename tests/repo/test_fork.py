@@ -7,6 +7,7 @@ the working tree while the fork still reads a committed tree through `git archiv
 
 import os
 import posixpath
+import re
 import shutil
 import subprocess
 import sys
@@ -14,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts import fork_project, publish
+from scripts import compile_cuda, fork_project, publish
 from scripts.fork_project import PROJECTS
+from scripts.gpu_smoke import uses_mark
+
+from .test_workflows import actionlint, runs
+from .test_workflows import load as load_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
 IDENT = ["-c", "user.name=snapshot", "-c", "user.email=snapshot@example.invalid"]
@@ -236,3 +241,88 @@ def test_the_fork_passes_its_own_tests(project, fork_of):
                        text=True, timeout=900)  # fmt: skip
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
+
+
+# --- the fork's own workflows -----------------------------------------------------------------
+
+GPU_PROJECTS = {p for p in PROJECTS
+                if any(uses_mark(f, "gpu") for f in (ROOT / "tests" / p).rglob("test_*.py"))}  # fmt: skip
+CUDA_PROJECTS = {p for p in PROJECTS if any((ROOT / p).glob("csrc/**/*.cu"))}
+
+
+def test_the_projects_the_workflow_checks_expect():
+    assert GPU_PROJECTS == set(PROJECTS) - {"apple_track"}
+    assert CUDA_PROJECTS == {"project01_cuda_kernel", "project04_llm_inference"}
+
+
+@pytest.mark.parametrize("project", PROJECTS)
+def test_the_fork_has_workflows_of_its_own_that_pass_actionlint(project, fork_of):
+    """CI for its own tests and lint on every push; the compile-only CUDA job where it has CUDA
+    sources; the GPU smoke workflow where it has GPU tests; nothing of another project."""
+    dest = fork_of(project)
+    folder = dest / ".github" / "workflows"
+    files = sorted(folder.glob("*.yml"))
+    smoke = project in GPU_PROJECTS
+    assert {f.name for f in files} == ({"ci.yml", "gpu-smoke.yml"} if smoke else {"ci.yml"})
+    r = actionlint(files, dest)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    ci = load_workflow(folder / "ci.yml")
+    assert ("cuda-compile" in ci["jobs"]) == (project in CUDA_PROJECTS)
+    assert ("apple-track" in ci["jobs"]) == (project == "apple_track")
+    assert "make test" in runs(ci["jobs"]["cpu-tier"]) and "make lint" in runs(ci["jobs"]["cpu-tier"])  # fmt: skip
+    text = "".join(f.read_text() for f in files)
+    for other in set(PROJECTS) - {project}:
+        assert other not in text, other
+    if project != "apple_track":
+        assert "apple" not in text.lower()
+    # every make target and script the workflows run is the fork's own
+    makefile = (dest / "Makefile").read_text()
+    for f in files:
+        for job in load_workflow(f)["jobs"].values():
+            for line in runs(job).splitlines():
+                for target in line.split("make ")[1:]:
+                    assert f"\n{target.split()[0]}:" in makefile, (f.name, line)
+                for script in re.findall(r"scripts/\w+\.py", line):
+                    assert (dest / script).is_file(), (f.name, script)
+    assert ("\ngpu-smoke:" in makefile) == smoke == (dest / "scripts" / "gpu_smoke.py").is_file()
+    cuda = project in CUDA_PROJECTS
+    assert ("\ncuda-compile:" in makefile) == cuda == (dest / "scripts" / "compile_cuda.py").is_file()  # fmt: skip
+    assert (dest / ".github" / "actionlint.yaml").is_file()
+    assert ".github/workflows/" in (dest / "README.md").read_text()
+
+
+def test_drop_job_removes_one_job_and_keeps_the_rest():
+    text = "on: push\njobs:\n  a:\n    steps: []\n\n  b:\n    # b's note\n    steps:\n      - run: x\n\n  c:\n    steps: []\n"  # fmt: skip
+    assert fork_project.drop_job(text, "b") == "on: push\njobs:\n  a:\n    steps: []\n\n  c:\n    steps: []\n"  # fmt: skip
+    assert fork_project.drop_job(text, "c") == "on: push\njobs:\n  a:\n    steps: []\n\n  b:\n    # b's note\n    steps:\n      - run: x\n"  # fmt: skip
+    with pytest.raises(fork_project.ForkError, match="no job 'd'"):
+        fork_project.drop_job(text, "d")
+
+
+@pytest.mark.slow
+def test_the_forks_gpu_smoke_runs_inside_it_and_selects_its_own_tests(fork_of, tmp_path):
+    """With no GPU visible every test skips, but the run itself (its scripts, its shared
+    modules, its smoke selection) is the fork's."""
+    dest = fork_of("project03_capstone_infra")
+    assert not (dest / "shared" / "cuda_build.py").exists()  # no kernels: no build tools either
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", str(tmp_path)],
+                       cwd=dest, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'classname="tests.project03_capstone_infra.test_gpu_trainer"' in junit
+    assert "project01" not in junit and "project04" not in junit
+    assert "what was skipped, and why:" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(compile_cuda.find_nvcc() is None, reason="nvcc not found: CUDA toolkit absent")
+def test_the_forks_cuda_compile_job_compiles_its_own_sources(fork_of):
+    dest = fork_of("project04_llm_inference")
+    r = subprocess.run([sys.executable, "scripts/compile_cuda.py", "--strict"], cwd=dest,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    compiled = re.findall(r"^ok   (\S+)", r.stdout, re.M)
+    assert compiled and all(c.startswith("project04_llm_inference/csrc/") for c in compiled)
+    assert len(compiled) == len(list((dest / "project04_llm_inference" / "csrc").glob("*.cu")))
