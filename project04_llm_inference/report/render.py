@@ -17,7 +17,7 @@ from shared.results import atomic_write_text, environment_line, load_result, mar
 
 PROJECT = "project04_llm_inference"
 RECORDS = ("offline_throughput", "decode_latency", "kv_memory", "prefix_caching",
-           "decode_attention", "prefill_attention", "spec_decode")  # fmt: skip
+           "decode_attention", "prefill_attention", "spec_decode", "serving")  # fmt: skip
 COPY_TB_S = 4.3  # the H200's measured device-to-device copy bandwidth (read + write), TB/s
 SYSTEMS = {"engine": "this engine", "engine_single_step": "this engine, one step per round trip",
            "vllm": "vLLM", "static_cuda_graph": "static CUDA graph",
@@ -262,7 +262,7 @@ def render(reports_dir: str | Path) -> list[Path]:
         raise FileNotFoundError(
             f"no project04 benchmark records ({', '.join(RECORDS)}) in {folder}"
         )
-    charts = _charts(recs, folder) + _spec_charts(recs, folder)
+    charts = _charts(recs, folder) + _spec_charts(recs, folder) + _serving_charts(recs, folder)
     tg = [{**t, "status": _status(t["met"])} for t in targets(recs)]
     parts = ["# project04: offline inference benchmarks\n",
              "Llama-3.2-1B shape, dummy weights, bf16, greedy. Environment of each record:\n",
@@ -274,10 +274,13 @@ def render(reports_dir: str | Path) -> list[Path]:
         parts.append(fn(recs[name]) if name in recs else f"## {name}\n\nnot measured: no record.\n")
     if "spec_decode" in recs:
         parts.append(_spec_md(recs["spec_decode"]))
+    if "serving" in recs:
+        parts.append(_serving_md(recs["serving"]))
     parts += [f"![{p.stem}]({p.name})\n" for p in charts]
     md = atomic_write_text(folder / "results.md", "\n".join(parts))
     summary = atomic_write_text(
-        folder / "summary.md", _summary(recs, tg, folder) + _spec_summary(recs)
+        folder / "summary.md",
+        _summary(recs, tg, folder) + _spec_summary(recs) + _serving_summary(recs),
     )
     return [md, summary, *charts]
 
@@ -410,6 +413,72 @@ def _spec_summary(recs: dict) -> str:
         text += ", ".join(f"{r['speedup']:.2f}x at batch {r['batch']} (k = {r['k']})" for r in tops)
         text += "."
     return text + "\n"
+
+
+# --- serving (bench/serving.py) ---------------------------------------------------------------
+
+
+def _slo_text(slo: dict) -> str:
+    parts = [f"TTFT <= {slo['ttft_ms']:g} ms" if slo.get("ttft_ms") else "",
+             f"TPOT <= {slo['tpot_ms']:g} ms" if slo.get("tpot_ms") else "",
+             f"E2E <= {slo['e2e_ms']:g} ms" if slo.get("e2e_ms") else ""]  # fmt: skip
+    text = ", ".join(x for x in parts if x)
+    return f"{text} for {slo.get('attainment', 1.0):.0%} of requests"
+
+
+def _serving_md(rec: dict) -> str:
+    res = rec["results"]
+    rows = []
+    for r in res["runs"]:
+        errs = "; ".join(f"{e['count']} x {e['error'][:90]}" for e in r.get("errors") or [])
+        rows.append({"offered (req/s)": r["request_rate"], "achieved (req/s)": r.get("request_throughput"),
+                     "output tok/s": r.get("output_tok_s"),
+                     "TTFT p50 (ms)": (r.get("ttft") or {}).get("p50_ms"),
+                     "TTFT p99 (ms)": (r.get("ttft") or {}).get("p99_ms"),
+                     "TPOT p50 (ms)": (r.get("tpot") or {}).get("p50_ms"),
+                     "TPOT p99 (ms)": (r.get("tpot") or {}).get("p99_ms"),
+                     "ITL p99 (ms)": (r.get("itl") or {}).get("p99_ms"),
+                     "completed": r.get("completed"), "failed": r.get("failed"),
+                     "SLO": "met" if r.get("slo_met") else "missed", "errors": errs})  # fmt: skip
+    w, best, off = res["workload"], res.get("max_rate_meeting_slo") or {}, res.get("offline") or {}
+    head = (f"An OpenAI-compatible server (`python -m {PROJECT} serve`, the engine's defaults) "
+            f"loaded over HTTP with streaming, {w.get('num_requests', w.get('requests'))} requests "
+            f"per offered rate (Poisson arrivals; inf: all at once), the throughput workload's "
+            f"lengths. SLO: {_slo_text(res['slo'])}. Highest offered rate meeting it: "
+            + (f"**{best['request_rate']} req/s**." if best.get("request_rate") else "**none**."))  # fmt: skip
+    if off.get("serving_vs_offline") is not None:
+        diffs = ", ".join(f"{k} {v['serving']} vs {v['offline']}"
+                          for k, v in (off.get("workload_differences") or {}).items())  # fmt: skip
+        head += (f" At the all-at-once rate the server delivered {off['serving_output_tok_s']:,.0f} "
+                 f"output tok/s, {off['serving_vs_offline']:.3f}x the offline engine in the same "
+                 f"configuration ({off['offline_output_tok_s']:,.0f} tok/s): HTTP and streaming "
+                 f"cost {off['overhead_pct']:.1f}%" + (f" (workloads differ: {diffs})." if diffs else "."))  # fmt: skip
+    return f"## Serving\n\n{head}\n\n{_table(rows)}\n"
+
+
+def _serving_charts(recs: dict, folder: Path) -> list[Path]:
+    rec = recs.get("serving")
+    if not rec:
+        return []
+    from project04_llm_inference.bench.serving_chart import serving_chart
+
+    return [serving_chart(rec["results"], folder / "serving.png",
+                          footnote=environment_line(rec["environment"]))]  # fmt: skip
+
+
+def _serving_summary(recs: dict) -> str:
+    rec = recs.get("serving")
+    if not rec:
+        return ""
+    res = rec["results"]
+    best, off = res.get("max_rate_meeting_slo") or {}, res.get("offline") or {}
+    text = (f"\n**Serving** over HTTP with streaming ({environment_line(rec['environment'])}): "
+            f"highest offered rate meeting the SLO ({_slo_text(res['slo'])}): "
+            + (f"{best['request_rate']} req/s" if best.get("request_rate") else "none"))  # fmt: skip
+    if off.get("overhead_pct") is not None:
+        text += (f"; all at once, {off['serving_output_tok_s']:,.0f} output tok/s, HTTP and "
+                 f"streaming overhead {off['overhead_pct']:.1f}% of the offline engine's rate")  # fmt: skip
+    return text + ".\n"
 
 
 if __name__ == "__main__":

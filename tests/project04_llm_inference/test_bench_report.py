@@ -431,3 +431,39 @@ def test_published_report_regenerates_byte_for_byte(tmp_path, repo_root):
     render(tmp_path)
     for name in ("results.md", "summary.md"):
         assert (copy / name).read_text() == (published / name).read_text(), name
+
+
+def test_serving_section_states_the_slo_rate_and_refusals(tmp_path, monkeypatch):
+    """The serving record renders its runs, the highest rate meeting the SLO (or 'none'), the
+    offline ratio when known, and every refused request with its reason."""
+    from shared.results import save_result
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def run(rate, ok, failed=0):
+        pct = {"n": 10, "mean_ms": 5.0, "p50_ms": 4.0, "p90_ms": 6.0, "p99_ms": 9.0}
+        errs = [{"error": "HTTP 503: server overloaded", "count": failed}] if failed else []
+        return {"request_rate": rate, "max_concurrency": 0, "completed": 10 - failed,
+                "failed": failed, "request_throughput": 3.0, "output_tok_s": 900.0,
+                "ttft": pct, "tpot": pct, "itl": pct, "e2e": pct, "slo_met": ok,
+                "errors": errs}  # fmt: skip
+
+    slo = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2e_ms": 0.0, "attainment": 0.9}
+    res = {"workload": {"num_requests": 10}, "slo": slo, "runs": [run("4", True), run("inf", False, 3)],
+           "max_rate_meeting_slo": {"request_rate": "4"},
+           "offline": {"serving_vs_offline": 0.9, "serving_output_tok_s": 900.0,
+                       "offline_output_tok_s": 1000.0, "overhead_pct": 10.0,
+                       "workload_differences": {"num_requests": {"serving": 10, "offline": 2000}}}}  # fmt: skip
+    save_result(offline.PROJECT, "serving", res, reports_dir=tmp_path, env=ENV)
+    paths = render(tmp_path)
+    md = paths[0].read_text()
+    assert "## Serving" in md and "**4 req/s**" in md and "3 x HTTP 503" in md
+    assert "0.900x the offline engine" in md and "num_requests 10 vs 2000" in md
+    assert "serving.png" in [p.name for p in paths]
+    assert (
+        "highest offered rate meeting the SLO (TTFT <= 500 ms, TPOT <= 50 ms for 90% of requests): 4 req/s"
+        in paths[1].read_text()
+    )
+    res["max_rate_meeting_slo"], res["offline"] = None, None
+    save_result(offline.PROJECT, "serving", res, reports_dir=tmp_path, env=ENV)
+    assert "Highest offered rate meeting it: **none**." in render(tmp_path)[0].read_text()
