@@ -34,6 +34,9 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Speculative steps of up to this many sequences replay CUDA graphs (each graph holds logits for
+# batch x (k + 1) rows: speculation pays at small batches, and the logits stay small)
+SPEC_GRAPH_MAX_BATCH = 32
 
 
 @dataclass
@@ -112,6 +115,11 @@ class LLMEngine:
         extra = self.proposer.bytes_per_block() if isinstance(self.proposer, DraftProposer) else 0
         num_blocks = self.runner.profile_num_blocks(extra)
         self.runner.allocate_kv_cache(num_blocks)
+        if self.proposer is not None and self.runner.graphs:
+            # verification in CUDA graphs: the last token and up to k drafts per sequence
+            self.runner.enable_multi_token(
+                args.num_speculative_tokens + 1, min(SPEC_GRAPH_MAX_BATCH, args.max_num_seqs)
+            )
         if isinstance(self.proposer, DraftProposer):
             self.proposer.allocate(num_blocks, args.block_size)
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)

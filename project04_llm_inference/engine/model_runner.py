@@ -43,6 +43,11 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.num_blocks = 0
         self._staging: dict[str, torch.Tensor] = {}
+        self._pool = None  # the CUDA graphs' shared memory pool
+        # multi-token steps padded to mt_q tokens per sequence (speculative verification, a
+        # draft's catch-up): replayed from mt_graphs on a GPU, run eagerly padded elsewhere
+        self.mt_q = 0
+        self.mt_graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     # --- the KV pool -------------------------------------------------------------------------
 
@@ -187,14 +192,18 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
         """Logits (float32) of every item that reaches its last token, in item order (decodes
-        first): one row per item, or 1 + drafts rows for a speculative item (which runs eagerly,
-        with the prefill chunks: only decode-only batches replay CUDA graphs)."""
+        first): one row per item, or 1 + drafts rows for a speculative item. Decode-only batches
+        replay the decode CUDA graphs; batches of short items (verification, a draft's
+        catch-up) the multi-token graphs when enabled (`enable_multi_token`); the rest, prefill
+        chunks among them, run eagerly."""
         # decodes first (the attention kernels take them as one group)
         items = sorted(items, key=lambda it: it[1] != 1)
         order = [s for s, _ in items]
         all_decode = all(n == 1 for _, n in items)
         b = len(items)
-        if all_decode and self.graphs and b <= max(self.graphs):
+        if not all_decode and self._multi_token_fits(items):
+            logits = self._run_multi_token(items)
+        elif all_decode and self.graphs and b <= max(self.graphs):
             logits = self._replay(items)
             rows = [
                 i for i, (s, n) in enumerate(items) if s.num_computed_tokens + n == s.num_tokens
@@ -243,6 +252,7 @@ class ModelRunner:
                 pool = g.pool()
                 self.graphs[b], self.g_logits[b] = g, out
         torch.cuda.synchronize()
+        self._pool = pool
         self.graph_capture_s = time.perf_counter() - t0
 
     def _replay(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
@@ -350,3 +360,121 @@ class ModelRunner:
                 ids = nxt
         tokens = out.t().tolist()
         return tokens, (lps.t().tolist() if lps is not None else None)
+
+    # --- multi-token steps in CUDA graphs ------------------------------------------------------
+
+    def enable_multi_token(self, q_len: int, max_batch: int, *, capture: bool = True) -> None:
+        """Run steps whose items each have 1..q_len new tokens (speculative verification: the
+        last token and up to q_len - 1 drafts; a draft model's catch-up) with every item padded
+        to q_len tokens, so the step has a fixed shape: on a GPU (unless `capture` is False) it
+        replays a CUDA graph captured per batch size, up to `max_batch` sequences. Padding
+        tokens write no cache slot (slot -1) and their rows are never returned; causality keeps
+        them out of the real rows' attention. Without graphs the padded step runs eagerly (the
+        CPU tier tests the padding that way)."""
+        if q_len < 2 or max_batch < 1:
+            raise ValueError(
+                f"multi-token steps need q_len >= 2 and max_batch >= 1, got {q_len}, {max_batch}"
+            )
+        self.mt_q, self.mt_max_batch = q_len, max_batch
+        sizes = graph_batch_sizes(max_batch)
+        dev, mb, t = self.device, self.max_blocks_per_seq, max(sizes) * q_len
+        self.mt_ids = torch.zeros(t, dtype=torch.int64, device=dev)
+        self.mt_pos = torch.zeros(t, dtype=torch.int64, device=dev)
+        self.mt_slots = torch.full((t,), -1, dtype=torch.int64, device=dev)
+        self.mt_tables = torch.zeros(max(sizes), mb, dtype=torch.int32, device=dev)
+        self.mt_ctx = torch.full((max(sizes),), q_len, dtype=torch.int32, device=dev)
+        self.mt_cu = (torch.arange(max(sizes) + 1, dtype=torch.int32) * q_len).to(dev)
+        if not capture or dev.type != "cuda" or self.args.enforce_eager:
+            return
+        self.mt_logits: dict[int, torch.Tensor] = {}
+        pool = self._pool
+        with torch.inference_mode():
+            for b in reversed(sizes):
+                meta = self._mt_meta(b)
+                ids = self.mt_ids[: b * q_len]
+                for _ in range(2):  # warm up outside the graph
+                    self.model.compute_logits(self.model(ids, meta, self.kv_caches))
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    out = self.model.compute_logits(self.model(ids, meta, self.kv_caches))
+                pool = g.pool()
+                self.mt_graphs[b], self.mt_logits[b] = g, out
+        torch.cuda.synchronize()
+        self._pool = pool
+
+    def _mt_meta(self, b: int) -> AttnMetadata:
+        q = self.mt_q
+        return AttnMetadata(
+            num_decodes=0,
+            positions=self.mt_pos[: b * q],
+            slot_mapping=self.mt_slots[: b * q],
+            decode_block_tables=self.mt_tables[:0],
+            decode_context_lens=self.mt_ctx[:0],
+            max_context_len=0,
+            prefill_block_tables=self.mt_tables[:b],
+            cu_seqlens_q=self.mt_cu[: b + 1],
+            prefill_context_lens=self.mt_ctx[:b],
+            max_seqlen_q=q,
+        )
+
+    def _multi_token_fits(self, items: list[tuple[Sequence, int]]) -> bool:
+        q = self.mt_q
+        if not q or len(items) > self.mt_max_batch:
+            return False
+        for seq, n in items:
+            c = seq.num_computed_tokens
+            # every item continues a sequence whose tokens up to c are cached (a decode, a
+            # verification, a short catch-up): not a prompt's chunk; padded positions must stay
+            # inside the RoPE table and the block table
+            if n > q or c + q > self.max_model_len or c + n < seq.num_tokens:
+                return False
+        return True
+
+    def _mt_plan(self, items: list[tuple[Sequence, int]], width: int):
+        """Host inputs of a padded multi-token step: rows ids, positions, slots and (first
+        `width` entries) context lengths, (4, width * q) int64; block tables (width, max_blocks)
+        int32; and the logits rows to return, in item order."""
+        q, bs = self.mt_q, self.block_size
+        plan_t = self._pinned("mt_plan", (4, width * q), torch.int64)
+        tables_t = self._pinned("mt_tables", (width, self.max_blocks_per_seq), torch.int32)
+        plan, t = plan_t.numpy(), tables_t.numpy()
+        t.fill(0)
+        plan[0] = 0
+        plan[1] = np.tile(np.arange(q), width)  # padding sequences: positions 0..q-1
+        plan[2] = -1
+        plan[3] = q
+        rows: list[int] = []
+        for i, (seq, n) in enumerate(items):
+            c, base = seq.num_computed_tokens, i * q
+            toks = seq.all_token_ids[c : c + n]
+            if len(toks) < n:  # a speculative item: the last sampled token, then the drafts
+                toks = toks + seq.spec_token_ids[: n - len(toks)]
+            t[i, : len(seq.block_ids)] = seq.block_ids
+            plan[0, base : base + n] = toks
+            plan[1, base : base + q] = np.arange(c, c + q)
+            real = np.arange(c, c + n)
+            plan[2, base : base + n] = t[i, real // bs].astype(np.int64) * bs + real % bs
+            plan[3, i] = c + q  # bottom-right causal: real query j sees positions <= c + j
+            first = max(c, seq.num_tokens - 1) - c  # rows from the last known token on
+            rows.extend(range(base + first, base + n))
+        return plan_t, tables_t, rows
+
+    def _run_multi_token(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
+        b, q = len(items), self.mt_q
+        width = min(s for s in self.mt_graphs if s >= b) if self.mt_graphs else b
+        plan, tables, rows = self._mt_plan(items, width)
+        dev = plan.to(self.device, non_blocking=True)
+        t = width * q
+        self.mt_ids[:t].copy_(dev[0], non_blocking=True)
+        self.mt_pos[:t].copy_(dev[1], non_blocking=True)
+        self.mt_slots[:t].copy_(dev[2], non_blocking=True)
+        self.mt_ctx[:width].copy_(dev[3, :width], non_blocking=True)
+        self.mt_tables[:width].copy_(tables.to(self.device, non_blocking=True), non_blocking=True)
+        if self.mt_graphs:
+            self.mt_graphs[width].replay()
+            logits = self.mt_logits[width]
+        else:
+            hidden = self.model(self.mt_ids[:t], self._mt_meta(width), self.kv_caches)
+            logits = self.model.compute_logits(hidden)
+        return logits.index_select(0, self._tensor(rows, torch.int64))

@@ -110,6 +110,10 @@ class DraftProposer:
 
     def allocate(self, num_blocks: int, block_size: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)
+        if self.runner.graphs:
+            # the catch-up forward after a verification feeds 1 or 2 tokens per sequence
+            # (the target's replacement token, or the last draft and the bonus token)
+            self.runner.enable_multi_token(2, min(32, self.runner.args.max_num_seqs))
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
 
     # --- bookkeeping ---------------------------------------------------------------------------

@@ -285,6 +285,47 @@ def test_greedy_speculation_is_identical(setup, greedy_reference, hf_model_dir, 
         assert s["spec_acceptance_rate"] < 0.2  # mostly rejected, and still the same output
 
 
+@pytest.mark.parametrize("setup", ["ngram", "draft-same", "draft-other", "draft-small-pool"])
+def test_padded_multi_token_steps_give_the_same_tokens(
+    setup, greedy_reference, hf_model_dir, other_model_dir
+):
+    """Verification and the draft's catch-up padded to a fixed number of tokens per sequence
+    (what the GPU replays as CUDA graphs), run eagerly on the CPU: padding tokens write no
+    cache slot and no real row sees them, so the output is the plain greedy output (float32:
+    the reference's smallest top-two gap exceeds TIE, checked by the fixture)."""
+    prompts, params, want = greedy_reference
+    kw = dict(num_speculative_tokens=4)
+    if setup == "ngram":
+        kw |= dict(speculative_method="ngram", ngram_prompt_lookup_max=3)
+    else:
+        draft = other_model_dir if setup == "draft-other" else hf_model_dir
+        kw |= dict(speculative_method="draft", speculative_model=str(draft))
+    if setup.endswith("small-pool"):
+        kw |= dict(num_gpu_blocks=16, max_num_batched_tokens=32, max_num_seqs=8)
+    llm = _llm(hf_model_dir, **kw)
+    eng = llm.engine
+    runners = [eng.runner] + ([eng.proposer.runner] if setup.startswith("draft") else [])
+    calls = []
+    for r, q in zip(runners, (5, 2)):
+        r.enable_multi_token(q, 16, capture=False)  # the whole batch of 16 prompts
+        run_mt = r._run_multi_token
+
+        def counted(items, _run=run_mt, _r=r):
+            calls.append((_r, len(items)))
+            return _run(items)
+
+        r._run_multi_token = counted
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == want
+    _no_leaks(llm)
+    # the padded path ran for the target; for the draft when a whole run was accepted (its
+    # catch-up is then 2 tokens: the last draft and the bonus token; else 1, a plain decode)
+    assert any(c[0] is eng.runner for c in calls), "no padded verification ran"
+    if setup in ("draft-same", "draft-small-pool"):
+        assert any(c[0] is runners[1] for c in calls), "no padded draft catch-up ran"
+    assert max(n for _, n in calls) <= 16
+
+
 def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir):
     """The target drafting for itself accepts every draft, so tokens arrive 5 at a time: a stop
     token, max_tokens and EOS in the middle of such a run end the output exactly there."""
