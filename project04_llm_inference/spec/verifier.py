@@ -36,6 +36,9 @@ def verify_groups(
     """Emitted tokens of each group (accepted drafts + one more) and, when any request asks for
     them, their logprobs under the raw logits. `k_max` (the engine's k) fixes how many uniforms a
     seeded request consumes per step, whatever its k this step."""
+    params = [g.seq.params for g in groups]
+    if all(p.greedy and not p.logprobs for p in params):
+        return _verify_greedy(logits, groups), None
     dev = logits.device
     b = len(groups)
     ks = [len(g.seq.spec_token_ids) for g in groups]
@@ -47,7 +50,6 @@ def verify_groups(
     )
     target_logits = logits[index]  # (B, K + 1, V)
     vocab = target_logits.shape[-1]
-    params = [g.seq.params for g in groups]
     greedy_l = [p.greedy for p in params]
     drafts = torch.tensor([g.seq.spec_token_ids + [0] * (width - k) for g, k in zip(groups, ks)])
     num_drafts = torch.tensor(ks, device=dev)
@@ -77,3 +79,21 @@ def verify_groups(
             for i, toks in enumerate(result.tokens)
         ]
     return result, logprobs
+
+
+def _verify_greedy(logits: torch.Tensor, groups: list[SpecGroup]) -> Verified:
+    """The argmax rule for all-greedy groups: one argmax over the step's rows and one read-back,
+    then on the host: the leading drafts equal to the target's argmax are accepted and the
+    argmax after them is emitted (what `verify` computes for greedy rows, without its (B, V)
+    work for sampled ones)."""
+    am = logits.argmax(-1).tolist()
+    tokens, accepted = [], []
+    for g in groups:
+        drafts = g.seq.spec_token_ids
+        row = am[g.first_row : g.first_row + len(drafts) + 1]
+        n = 0
+        while n < len(drafts) and drafts[n] == row[n]:
+            n += 1
+        tokens.append(drafts[:n] + [row[n]])
+        accepted.append(n)
+    return Verified(tokens=tokens, num_accepted=accepted)

@@ -174,6 +174,35 @@ def test_greedy_rule_accepts_the_argmax_prefix():
     assert res.tokens == [[1, 0, 2], [1, 0], [1]] and res.num_accepted == [2, 1, 0]
 
 
+def test_greedy_fast_path_equals_the_batched_rule():
+    """verify_groups' all-greedy path (argmax read back, acceptance on the host) gives what the
+    batched rule gives for greedy rows, on random logits and drafts of every length 0..K, with
+    drafts built to match the argmax for a random prefix (so every acceptance count occurs)."""
+    from types import SimpleNamespace
+
+    from project04_llm_inference.spec.verifier import SpecGroup, _verify_greedy
+
+    g = torch.Generator().manual_seed(0)
+    k, v, b = 5, 11, 36
+    logits = torch.randn(b * (k + 1), v, generator=g)
+    am = logits.argmax(-1).view(b, k + 1)
+    groups, drafts, nd = [], torch.zeros(b, k, dtype=torch.long), []
+    for i in range(b):
+        n = i % (k + 1)  # drafts this sequence proposed
+        m = (i // (k + 1)) % (k + 1)  # drafts that match the argmax before the first miss
+        d = [int(am[i, j]) if j < m else (int(am[i, j]) + 1) % v for j in range(n)]
+        drafts[i, :n] = torch.tensor(d, dtype=torch.long)
+        nd.append(n)
+        seq = SimpleNamespace(spec_token_ids=d, params=SamplingParams(temperature=0))
+        groups.append(SpecGroup(seq, i * (k + 1), None))
+    got = _verify_greedy(logits, groups)
+    view = logits.view(b, k + 1, v)
+    want = rejection.verify(view, view.softmax(-1), drafts, torch.tensor(nd), None,
+                            torch.ones(b, dtype=torch.bool), torch.zeros(b, k), torch.ones(b, v))  # fmt: skip
+    assert got.tokens == want.tokens and got.num_accepted == want.num_accepted
+    assert set(got.num_accepted) == set(range(k + 1))  # 0..k accepted all occur
+
+
 # --- n-gram proposals ----------------------------------------------------------------------------
 
 
