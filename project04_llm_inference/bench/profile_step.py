@@ -30,8 +30,13 @@ def run(cfg: ProfileConfig) -> None:
 
     from project04_llm_inference import LLM, SamplingParams
 
-    llm = LLM(load_format="dummy", dummy_shape=cfg.shape, max_model_len=cfg.context + 256,
-              max_num_batched_tokens=32768, max_num_seqs=max(cfg.batch, 1))  # fmt: skip
+    llm = LLM(
+        load_format="dummy",
+        dummy_shape=cfg.shape,
+        max_model_len=cfg.context + 256,
+        max_num_batched_tokens=32768,
+        max_num_seqs=max(cfg.batch, 1),
+    )
     eng = llm.engine
     g = torch.Generator().manual_seed(0)
     for i in range(cfg.batch):

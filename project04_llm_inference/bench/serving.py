@@ -132,7 +132,13 @@ class ServingBenchConfig:
             raise ValueError("max_concurrency must be >= 0 and every concurrency >= 1")
         if len(self.concurrencies or self.request_rates) > MAX_RUNS:
             raise ValueError(f"request_rates/concurrencies: at most {MAX_RUNS} runs per sweep")
-        for name in ("slo_ttft_ms", "slo_tpot_ms", "launch_timeout_s", "request_timeout_s", "time_limit_s"):  # fmt: skip
+        for name in (
+            "slo_ttft_ms",
+            "slo_tpot_ms",
+            "launch_timeout_s",
+            "request_timeout_s",
+            "time_limit_s",
+        ):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: expected a finite number > 0, got {v}")
@@ -179,8 +185,9 @@ def load_jsonl(path: str, n: int) -> list[tuple[str | list[int], int]]:
                 rec = json.loads(line)
                 prompt, max_tokens = rec["prompt"], rec["max_tokens"]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"dataset_path: line {lineno}: expected "
-                                 '{"prompt": ..., "max_tokens": n}') from None  # fmt: skip
+                raise ValueError(
+                    f'dataset_path: line {lineno}: expected {{"prompt": ..., "max_tokens": n}}'
+                ) from None
             ids = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
             if not (isinstance(prompt, str) or ids) or not prompt:
                 raise ValueError(f"dataset_path: line {lineno}: prompt must be text or token ids")
@@ -204,8 +211,13 @@ def build_requests(cfg: ServingBenchConfig) -> list[tuple[str | list[int], int]]
 
 
 def request_body(cfg: ServingBenchConfig, model: str, prompt, max_tokens: int) -> dict:
-    body = {"model": model, "max_tokens": max_tokens, "temperature": cfg.temperature,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": cfg.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if cfg.ignore_eos:
         body["ignore_eos"] = True
     if cfg.return_token_ids:
@@ -220,9 +232,14 @@ def request_body(cfg: ServingBenchConfig, model: str, prompt, max_tokens: int) -
 def describe_requests(reqs: list[tuple[str | list[int], int]]) -> dict:
     ids = [p for p, _ in reqs if isinstance(p, list)]
     outs = [m for _, m in reqs]
-    return {"requests": len(reqs), "token_id_prompts": len(ids),
-            "prompt_tokens": sum(map(len, ids)) if len(ids) == len(reqs) else None,
-            "max_tokens_total": sum(outs), "max_tokens_min": min(outs), "max_tokens_max": max(outs)}  # fmt: skip
+    return {
+        "requests": len(reqs),
+        "token_id_prompts": len(ids),
+        "prompt_tokens": sum(map(len, ids)) if len(ids) == len(reqs) else None,
+        "max_tokens_total": sum(outs),
+        "max_tokens_min": min(outs),
+        "max_tokens_max": max(outs),
+    }
 
 
 # --- a sweep ---------------------------------------------------------------------------------
@@ -246,15 +263,30 @@ async def _warm_up(cfg, url: str, bodies: list[tuple[dict, int | None]]) -> None
         for i in range(cfg.warmup_requests):
             body, n = bodies[i % len(bodies)]
             body = {**body, "max_tokens": min(body["max_tokens"], 16)}
-            results.append(await send_request(session, url, body, index=i, prompt_tokens=n,
-                                              origin=time.perf_counter()))  # fmt: skip
+            results.append(
+                await send_request(
+                    session, url, body, index=i, prompt_tokens=n, origin=time.perf_counter()
+                )
+            )
     if not any(r.ok for r in results):
         raise ServerError(f"every warm-up request to {url} failed; first: {results[0].error}")
 
 
 def _request_row(r) -> dict:
-    return {k: getattr(r, k) for k in ("index", "ok", "error", "start_s", "ttft_s", "e2e_s",
-                                       "prompt_tokens", "output_tokens", "token_events")}  # fmt: skip
+    return {
+        k: getattr(r, k)
+        for k in (
+            "index",
+            "ok",
+            "error",
+            "start_s",
+            "ttft_s",
+            "e2e_s",
+            "prompt_tokens",
+            "output_tokens",
+            "token_events",
+        )
+    }
 
 
 async def _sweep(cfg: ServingBenchConfig, bodies: list) -> list[dict]:
@@ -267,8 +299,11 @@ async def _sweep(cfg: ServingBenchConfig, bodies: list) -> list[dict]:
         for rate, conc in sweep_plan(cfg):
             label = f"rate {sm.rate_label(rate)}" + (f", {conc} in flight" if conc else "")
             left = deadline - time.monotonic()
-            row = {"request_rate": sm.rate_label(rate), "max_concurrency": conc,
-                   "closed_loop": bool(cfg.concurrencies)}  # fmt: skip
+            row = {
+                "request_rate": sm.rate_label(rate),
+                "max_concurrency": conc,
+                "closed_loop": bool(cfg.concurrencies),
+            }
             if left <= 0:
                 runs.append({**row, "skipped": "the sweep's time limit was reached"})
                 continue
@@ -280,11 +315,19 @@ async def _sweep(cfg: ServingBenchConfig, bodies: list) -> list[dict]:
                 failed += not r.ok
                 progress.update(task, advance=1, description=f"{label}, {failed} failed")
 
-            load = await run_load(url, bodies, request_rate=rate, max_concurrency=conc,
-                                  seed=cfg.seed, time_limit_s=left,
-                                  request_timeout_s=cfg.request_timeout_s, on_done=done)  # fmt: skip
-            summary = sm.mark_run(sm.summarize(load.results, load.duration_s, cfg.slo), rate,
-                                  cfg.slo_attainment)  # fmt: skip
+            load = await run_load(
+                url,
+                bodies,
+                request_rate=rate,
+                max_concurrency=conc,
+                seed=cfg.seed,
+                time_limit_s=left,
+                request_timeout_s=cfg.request_timeout_s,
+                on_done=done,
+            )
+            summary = sm.mark_run(
+                sm.summarize(load.results, load.duration_s, cfg.slo), rate, cfg.slo_attainment
+            )
             row.update(summary, time_limited=load.time_limited)
             if cfg.save_requests:
                 row["per_request"] = [_request_row(r) for r in load.results if r is not None]
@@ -295,19 +338,30 @@ async def _sweep(cfg: ServingBenchConfig, bodies: list) -> list[dict]:
 def _progress(enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    return Progress("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    disable=not enabled)  # fmt: skip
+    return Progress(
+        "{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        disable=not enabled,
+    )
 
 
 def compare_offline(cfg: ServingBenchConfig, runs: list[dict]) -> dict:
     """The offline engine's output tok/s as the ceiling of the sweep's best run: the all-at-once
     run without a cap when there is one (what the offline run does), else the fastest run."""
     done = [r for r in runs if "output_tok_s" in r]
-    pick = next((r for r in done if r["request_rate"] == "inf" and not r["max_concurrency"]),
-                max(done, key=lambda r: r["output_tok_s"], default=None))  # fmt: skip
-    out = {"record": cfg.offline_record or None, "offline_output_tok_s": None,
-           "serving_run": pick and pick["request_rate"],
-           "serving_output_tok_s": pick and pick["output_tok_s"], "workload_differences": None}  # fmt: skip
+    pick = next(
+        (r for r in done if r["request_rate"] == "inf" and not r["max_concurrency"]),
+        max(done, key=lambda r: r["output_tok_s"], default=None),
+    )
+    out = {
+        "record": cfg.offline_record or None,
+        "offline_output_tok_s": None,
+        "serving_run": pick and pick["request_rate"],
+        "serving_output_tok_s": pick and pick["output_tok_s"],
+        "workload_differences": None,
+    }
     if cfg.offline_record:
         from shared.results import load_result
 
@@ -318,19 +372,34 @@ def compare_offline(cfg: ServingBenchConfig, runs: list[dict]) -> dict:
         key = "engine"
         if cfg.launch:
             want = cfg.engine.num_scheduler_steps
-            key = next((k for k in ("engine", "engine_single_step")
-                        if (res.get(k) or {}).get("num_scheduler_steps", 1) == want), "engine")  # fmt: skip
+            key = next(
+                (
+                    k
+                    for k in ("engine", "engine_single_step")
+                    if (res.get(k) or {}).get("num_scheduler_steps", 1) == want
+                ),
+                "engine",
+            )
         out["offline_system"] = key
         out["offline_output_tok_s"] = (res.get(key) or {}).get("output_tok_s")
         oc = rec.get("config", {})
-        mine = {"dataset": cfg.dataset_path or "random", "num_requests": cfg.num_prompts,
-                "prompt_len": list(cfg.prompt_len), "output_len": list(cfg.output_len),
-                "seed": cfg.seed}  # fmt: skip
-        theirs = {"dataset": "random", "num_requests": oc.get("num_requests"),
-                  "prompt_len": list(oc.get("prompt_len") or []),
-                  "output_len": list(oc.get("output_len") or []), "seed": oc.get("seed")}  # fmt: skip
-        out["workload_differences"] = {k: {"serving": mine[k], "offline": theirs[k]}
-                                       for k in mine if mine[k] != theirs[k]}  # fmt: skip
+        mine = {
+            "dataset": cfg.dataset_path or "random",
+            "num_requests": cfg.num_prompts,
+            "prompt_len": list(cfg.prompt_len),
+            "output_len": list(cfg.output_len),
+            "seed": cfg.seed,
+        }
+        theirs = {
+            "dataset": "random",
+            "num_requests": oc.get("num_requests"),
+            "prompt_len": list(oc.get("prompt_len") or []),
+            "output_len": list(oc.get("output_len") or []),
+            "seed": oc.get("seed"),
+        }
+        out["workload_differences"] = {
+            k: {"serving": mine[k], "offline": theirs[k]} for k in mine if mine[k] != theirs[k]
+        }
     return {**out, **sm.offline_ceiling(out["serving_output_tok_s"], out["offline_output_tok_s"])}
 
 
@@ -363,8 +432,10 @@ def run(cfg: ServingBenchConfig) -> dict:
         if proc is not None:
             asyncio.run(wait_healthy(cfg.base_url, proc, cfg.launch_timeout_s))
         model = cfg.model or asyncio.run(discover_model(cfg.base_url))
-        bodies = [(request_body(cfg, model, p, m), len(p) if isinstance(p, list) else None)
-                  for p, m in reqs]  # fmt: skip
+        bodies = [
+            (request_body(cfg, model, p, m), len(p) if isinstance(p, list) else None)
+            for p, m in reqs
+        ]
         runs = asyncio.run(_sweep(cfg, bodies))
     finally:
         code = stop_server(proc) if proc is not None else None
@@ -383,11 +454,18 @@ def run(cfg: ServingBenchConfig) -> dict:
         "offline": compare_offline(cfg, runs),
     }
     config = {**asdict(cfg), "request_rates": [sm.rate_label(r) for r in cfg.request_rates]}
-    path = save_result(PROJECT, cfg.name, res, config=config, reports_dir=cfg.reports_dir,
-                       baseline={"offline_output_tok_s": res["offline"]["offline_output_tok_s"]})  # fmt: skip
+    path = save_result(
+        PROJECT,
+        cfg.name,
+        res,
+        config=config,
+        reports_dir=cfg.reports_dir,
+        baseline={"offline_output_tok_s": res["offline"]["offline_output_tok_s"]},
+    )
     print(f"wrote {path}")
-    chart = serving_chart(res, folder / f"{cfg.name}.png",
-                          footnote=environment_line(load_result(path)["environment"]))  # fmt: skip
+    chart = serving_chart(
+        res, folder / f"{cfg.name}.png", footnote=environment_line(load_result(path)["environment"])
+    )
     print(f"wrote {chart}")
     print_table(res)
     return res

@@ -23,12 +23,18 @@ def serving_chart(results: dict, path: str | os.PathLike, footnote: str | None =
     from shared import charts  # sets the Agg backend
 
     plt = charts.plt
-    runs = sorted((r for r in results["runs"] if r.get("completed")),
-                  key=lambda r: r["output_tok_s"])  # fmt: skip
+    runs = sorted(
+        (r for r in results["runs"] if r.get("completed")), key=lambda r: r["output_tok_s"]
+    )
     slo, ceiling = results["slo"], (results.get("offline") or {}).get("offline_output_tok_s")
     fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.4))
-    for ax, (metric, title, target) in zip(axes, (("ttft", "Time to first token", slo["ttft_ms"]),
-                                                  ("tpot", "Time per output token", slo["tpot_ms"]))):  # fmt: skip
+    for ax, (metric, title, target) in zip(
+        axes,
+        (
+            ("ttft", "Time to first token", slo["ttft_ms"]),
+            ("tpot", "Time per output token", slo["tpot_ms"]),
+        ),
+    ):
         xs = [r["output_tok_s"] for r in runs]
         for key, name, style in SERIES:
             ys = [r[metric][key] if r[metric][key] is not None else math.nan for r in runs]
@@ -36,12 +42,18 @@ def serving_chart(results: dict, path: str | os.PathLike, footnote: str | None =
         for r in runs:
             y = r[metric]["p99_ms"]
             if y is not None:
-                ax.annotate(_label(r), (r["output_tok_s"], y), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")  # fmt: skip
+                ax.annotate(
+                    _label(r),
+                    (r["output_tok_s"], y),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
         ax.axhline(target, color="#C44E52", ls=":", lw=1.2, label=f"SLO {target:g} ms")
         if ceiling:
-            ax.axvline(ceiling, color="0.3", ls="-.", lw=1.2,
-                       label=f"offline engine {ceiling:,.0f} tok/s")  # fmt: skip
+            ax.axvline(
+                ceiling, color="0.3", ls="-.", lw=1.2, label=f"offline engine {ceiling:,.0f} tok/s"
+            )
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
         ax.set_xlabel("achieved output tok/s")
@@ -62,31 +74,59 @@ def print_table(results: dict) -> None:
     from rich.table import Table
 
     slo = results["slo"]
-    t = Table(title=f"serving: {results['target']['base_url']}{results['target']['endpoint']} "
-                    f"(SLO: TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms)")  # fmt: skip
-    cols = ("offered", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-            "ITL p99", "E2E p50", "failed", "goodput", "SLO")  # fmt: skip
+    t = Table(
+        title=f"serving: {results['target']['base_url']}{results['target']['endpoint']} "
+        f"(SLO: TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms)"
+    )
+    cols = (
+        "offered",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "ITL p99",
+        "E2E p50",
+        "failed",
+        "goodput",
+        "SLO",
+    )
     for c in cols:
         t.add_column(c, justify="right")
     for r in results["runs"]:
         if "skipped" in r:
             t.add_row(_label(r), *["-"] * (len(cols) - 2), "skipped")
             continue
-        cells = [r["request_throughput"], r["output_tok_s"], _ms(r["ttft"], "p50_ms"),
-                 _ms(r["ttft"], "p99_ms"), _ms(r["tpot"], "p50_ms"), _ms(r["tpot"], "p99_ms"),
-                 _ms(r["itl"], "p99_ms"), _ms(r["e2e"], "p50_ms")]  # fmt: skip
-        t.add_row(_label(r), *(_cell(v) for v in cells), str(r["failed"] + r["not_sent"]),
-                  _cell(r["goodput_req_s"]), "met" if r["slo_met"] else "missed")  # fmt: skip
+        cells = [
+            r["request_throughput"],
+            r["output_tok_s"],
+            _ms(r["ttft"], "p50_ms"),
+            _ms(r["ttft"], "p99_ms"),
+            _ms(r["tpot"], "p50_ms"),
+            _ms(r["tpot"], "p99_ms"),
+            _ms(r["itl"], "p99_ms"),
+            _ms(r["e2e"], "p50_ms"),
+        ]
+        t.add_row(
+            _label(r),
+            *(_cell(v) for v in cells),
+            str(r["failed"] + r["not_sent"]),
+            _cell(r["goodput_req_s"]),
+            "met" if r["slo_met"] else "missed",
+        )
     t.caption = "req/s and goodput: completed requests/s; latencies in ms"
     Console(width=None if sys.stdout.isatty() else 150).print(t)
     best, off = results["max_rate_meeting_slo"], results["offline"]
     rate = best["request_rate"]
     print("highest offered rate meeting the SLO: " + (f"{rate} req/s" if rate else "none"))
     if off["serving_vs_offline"] is not None:
-        print(f"serving {off['serving_output_tok_s']:,.0f} vs offline "
-              f"{off['offline_output_tok_s']:,.0f} output tok/s (run {off['serving_run']}): "
-              f"{off['serving_vs_offline']:.3f}x, HTTP + streaming overhead "
-              f"{off['overhead_pct']:+.1f}% of the offline rate")  # fmt: skip
+        print(
+            f"serving {off['serving_output_tok_s']:,.0f} vs offline "
+            f"{off['offline_output_tok_s']:,.0f} output tok/s (run {off['serving_run']}): "
+            f"{off['serving_vs_offline']:.3f}x, HTTP + streaming overhead "
+            f"{off['overhead_pct']:+.1f}% of the offline rate"
+        )
         if off["workload_differences"]:
             print(f"  (workloads differ: {off['workload_differences']})")
 

@@ -153,8 +153,9 @@ class RequestResult:
     e2e_s: float | None = None
 
 
-async def send_request(session, url: str, body: dict, *, index: int, prompt_tokens: int | None,
-                       origin: float) -> RequestResult:  # fmt: skip
+async def send_request(
+    session, url: str, body: dict, *, index: int, prompt_tokens: int | None, origin: float
+) -> RequestResult:
     """POST `body` (with `stream: true`) and time its stream. Failures (HTTP status, a dropped
     connection, a malformed chunk, an error event, no `[DONE]`) are returned, not raised."""
     import aiohttp
@@ -271,10 +272,17 @@ class LoadResult:
     time_limited: bool
 
 
-async def run_load(url: str, bodies: list[tuple[dict, int | None]], *, request_rate: float,
-                   max_concurrency: int, seed: int, time_limit_s: float,
-                   request_timeout_s: float,
-                   on_done: Callable[[RequestResult], None] | None = None) -> LoadResult:  # fmt: skip
+async def run_load(
+    url: str,
+    bodies: list[tuple[dict, int | None]],
+    *,
+    request_rate: float,
+    max_concurrency: int,
+    seed: int,
+    time_limit_s: float,
+    request_timeout_s: float,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> LoadResult:
     """Send every (body, prompt tokens) at its arrival time, at most `max_concurrency` in flight
     (0: no cap), until all finish or `time_limit_s` passes: then requests in flight are cancelled
     and count as failures, and those not yet sent are left out (None)."""
@@ -297,8 +305,9 @@ async def run_load(url: str, bodies: list[tuple[dict, int | None]], *, request_r
             async def send() -> RequestResult:
                 nonlocal sent
                 sent = True
-                return await send_request(session, url, body, index=i,
-                                          prompt_tokens=prompt_tokens, origin=origin)  # fmt: skip
+                return await send_request(
+                    session, url, body, index=i, prompt_tokens=prompt_tokens, origin=origin
+                )
 
             try:
                 if sem is None:
@@ -308,8 +317,11 @@ async def run_load(url: str, bodies: list[tuple[dict, int | None]], *, request_r
                         res = await send()
             except asyncio.CancelledError:
                 if sent:  # in flight at the time limit: a failure; never sent: left out
-                    results[i] = RequestResult(index=i, prompt_tokens=prompt_tokens,
-                                               error="cancelled: the run's time limit was reached")  # fmt: skip
+                    results[i] = RequestResult(
+                        index=i,
+                        prompt_tokens=prompt_tokens,
+                        error="cancelled: the run's time limit was reached",
+                    )
                 raise
             results[i] = res
             if on_done is not None:

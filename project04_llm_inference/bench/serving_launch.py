@@ -67,8 +67,9 @@ async def wait_healthy(base_url: str, proc: subprocess.Popen | None, timeout_s: 
     raise ServerError(f"{base_url}/health did not answer 200 within {timeout_s:g} s")
 
 
-def launch_server(base_url: str, engine: EngineArgs, server_args: str,
-                  log_path: Path) -> tuple[subprocess.Popen, list[str]]:  # fmt: skip
+def launch_server(
+    base_url: str, engine: EngineArgs, server_args: str, log_path: Path
+) -> tuple[subprocess.Popen, list[str]]:
     """Start the project's server on base_url's port (refused when the port is taken, so that an
     older server answering /health is never measured by mistake); the process and its command."""
     from shared.results import REPO_ROOT
@@ -79,10 +80,22 @@ def launch_server(base_url: str, engine: EngineArgs, server_args: str,
         try:
             s.bind((host, parts.port))
         except OSError:
-            raise ValueError(f"base_url: {host} port {parts.port} is taken; stop that server "
-                             "or pick another port") from None  # fmt: skip
-    cmd = [sys.executable, "-m", PROJECT, "serve", *engine_flags(engine), "--host", host,
-           "--port", str(parts.port), *shlex.split(server_args)]  # fmt: skip
+            raise ValueError(
+                f"base_url: {host} port {parts.port} is taken; stop that server "
+                "or pick another port"
+            ) from None
+    cmd = [
+        sys.executable,
+        "-m",
+        PROJECT,
+        "serve",
+        *engine_flags(engine),
+        "--host",
+        host,
+        "--port",
+        str(parts.port),
+        *shlex.split(server_args),
+    ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)

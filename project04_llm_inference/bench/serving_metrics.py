@@ -40,8 +40,11 @@ def distribution(values_s: list[float]) -> dict:
     if not values_s:
         return {"n": 0, "mean_ms": None, **{f"p{p}_ms": None for p in PERCENTILES}}
     ms = np.asarray(values_s, dtype=float) * 1e3
-    return {"n": len(ms), "mean_ms": float(ms.mean()),
-            **{f"p{p}_ms": float(np.percentile(ms, p)) for p in PERCENTILES}}  # fmt: skip
+    return {
+        "n": len(ms),
+        "mean_ms": float(ms.mean()),
+        **{f"p{p}_ms": float(np.percentile(ms, p)) for p in PERCENTILES},
+    }
 
 
 def tpot_s(r: RequestResult) -> float | None:
@@ -108,8 +111,11 @@ def mark_run(summary: dict, rate: float, attainment: float) -> dict:
     """Add to a run's summary whether it met the SLO (no failure, nothing left unsent, and at
     least `attainment` of its requests within every target) and whether it saturated (a finite
     offered rate of which under 90% completed per second)."""
-    met = (summary["failed"] == 0 and summary["not_sent"] == 0
-           and (summary["slo_attainment"] or 0.0) >= attainment)  # fmt: skip
+    met = (
+        summary["failed"] == 0
+        and summary["not_sent"] == 0
+        and (summary["slo_attainment"] or 0.0) >= attainment
+    )
     saturated = (not math.isinf(rate)) and summary["request_throughput"] < SATURATION_SHARE * rate
     return {**summary, "slo_met": met, "saturated": saturated}
 
@@ -127,9 +133,11 @@ def max_rate_meeting_slo(runs: list[dict]) -> dict:
         best = r
     if best is None:
         return {"request_rate": None, "request_throughput": None, "goodput_req_s": None}
-    return {"request_rate": best["request_rate"],
-            "request_throughput": best["request_throughput"],
-            "goodput_req_s": best["goodput_req_s"]}  # fmt: skip
+    return {
+        "request_rate": best["request_rate"],
+        "request_throughput": best["request_throughput"],
+        "goodput_req_s": best["goodput_req_s"],
+    }
 
 
 def offline_ceiling(serving_tok_s: float | None, offline_tok_s: float | None) -> dict:

@@ -197,9 +197,14 @@ def build_workloads(cfg: SpecBenchConfig, tok, files: list[Path], root: Path) ->
     for w in cfg.workloads:
         prompts = [make[w](a) for a in bodies]
         lens = [len(p) for p in prompts]
-        out[w] = {"prompts": prompts, "files": names, "requests": len(prompts),
-                  "prompt_len_min": min(lens), "prompt_len_max": max(lens),
-                  "prompt_len_mean": statistics.fmean(lens)}  # fmt: skip
+        out[w] = {
+            "prompts": prompts,
+            "files": names,
+            "requests": len(prompts),
+            "prompt_len_min": min(lens),
+            "prompt_len_max": max(lens),
+            "prompt_len_mean": statistics.fmean(lens),
+        }
     return out
 
 
@@ -212,8 +217,12 @@ def engine_plan(cfg: SpecBenchConfig) -> list[tuple[str, int]]:
     """(method, k) of every engine, the one without speculation first (the baseline); k of
     'multi-step' is its decode steps per round trip."""
     multi = [("multi-step", cfg.multi_step)] if cfg.multi_step > 1 else []
-    return [("none", 0), *multi, *(("draft", k) for k in cfg.ks),
-            *(("ngram", k) for k in cfg.ngram_ks)]  # fmt: skip
+    return [
+        ("none", 0),
+        *multi,
+        *(("draft", k) for k in cfg.ks),
+        *(("ngram", k) for k in cfg.ngram_ks),
+    ]
 
 
 def build_llm(cfg: SpecBenchConfig, target: Path, draft: Path, method: str, k: int, max_len: int):
@@ -230,10 +239,20 @@ def build_llm(cfg: SpecBenchConfig, target: Path, draft: Path, method: str, k: i
                 ngram_prompt_lookup_min=cfg.ngram_min, ngram_prompt_lookup_max=cfg.ngram_max
             )
     b = max(cfg.batches)
-    return LLM(EngineArgs(model=str(target), device=cfg.device, dtype=cfg.dtype, seed=cfg.seed,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=max_len,
-                          max_num_seqs=b, cuda_graph_max_batch=b, enable_prefix_caching=False,
-                          **extra))  # fmt: skip
+    return LLM(
+        EngineArgs(
+            model=str(target),
+            device=cfg.device,
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=max_len,
+            max_num_seqs=b,
+            cuda_graph_max_batch=b,
+            enable_prefix_caching=False,
+            **extra,
+        )
+    )
 
 
 def timed_run(llm, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
@@ -270,29 +289,44 @@ def same_tokens(got: list[list[int]], want: list[list[int]]) -> tuple[float, flo
     return equal / len(want), prefix / max(1, sum(map(len, want)))
 
 
-def summarise(run: dict, *, workload: str, batch: int, method: str, k: int, max_tokens: int,
-              base: dict | None) -> dict:  # fmt: skip
+def summarise(
+    run: dict, *, workload: str, batch: int, method: str, k: int, max_tokens: int, base: dict | None
+) -> dict:
     """One row of the record from a timed run and the baseline row (None: this is it)."""
     wall, produced = sum(run["walls"]), sum(map(len, run["tokens"]))
     prop, acc, ver = (run[c] for c in SPEC_COUNTERS[:3])
     row = {
-        "workload": workload, "batch": batch, "method": method, "k": k,
-        "requests": len(run["tokens"]), "output_tokens": produced, "wall_s": wall,
+        "workload": workload,
+        "batch": batch,
+        "method": method,
+        "k": k,
+        "requests": len(run["tokens"]),
+        "output_tokens": produced,
+        "wall_s": wall,
         "output_tok_s": produced / wall,
         "ms_per_token": statistics.fmean(run["walls"]) / max_tokens * 1e3,
-        "target_steps": run["steps"], "proposed_tokens": prop, "accepted_tokens": acc,
+        "target_steps": run["steps"],
+        "proposed_tokens": prop,
+        "accepted_tokens": acc,
         "verifications": ver,
         "acceptance_rate": acc / prop if prop else None,
         "mean_accepted_len": acc / ver if ver else None,
-    }  # fmt: skip
+    }
     if base is None:
-        row.update(speedup=1.0, baseline_output_tok_s=row["output_tok_s"], lossless_share=1.0,
-                   matching_token_share=1.0)  # fmt: skip
+        row.update(
+            speedup=1.0,
+            baseline_output_tok_s=row["output_tok_s"],
+            lossless_share=1.0,
+            matching_token_share=1.0,
+        )
     else:
         equal, prefix = same_tokens(run["tokens"], base["tokens"])
-        row.update(speedup=row["output_tok_s"] / base["row"]["output_tok_s"],
-                   baseline_output_tok_s=base["row"]["output_tok_s"], lossless_share=equal,
-                   matching_token_share=prefix)  # fmt: skip
+        row.update(
+            speedup=row["output_tok_s"] / base["row"]["output_tok_s"],
+            baseline_output_tok_s=base["row"]["output_tok_s"],
+            lossless_share=equal,
+            matching_token_share=prefix,
+        )
     return row
 
 
@@ -305,17 +339,24 @@ def best_draft(rows: list[dict], goal: float) -> dict:
         return {"goal": goal, "speedup": None, "k": None, "met": None, "vs_multi_step": None}
     r = max(cands, key=lambda r: r["speedup"])
     multi = next((m for m in here if m["method"] == "multi-step"), None)
-    return {"goal": goal, "speedup": r["speedup"], "k": r["k"], "met": r["speedup"] >= goal,
-            "vs_multi_step": r["output_tok_s"] / multi["output_tok_s"] if multi else None}  # fmt: skip
+    return {
+        "goal": goal,
+        "speedup": r["speedup"],
+        "k": r["k"],
+        "met": r["speedup"] >= goal,
+        "vs_multi_step": r["output_tok_s"] / multi["output_tok_s"] if multi else None,
+    }
 
 
 def _line(row: dict) -> str:
     acc, mal = row["acceptance_rate"], row["mean_accepted_len"]
-    return (f"{row['workload']:>12} batch {row['batch']:>3} {row['method']:>10} k={row['k']}: "
-            f"{row['output_tok_s']:,.1f} tok/s, {row['ms_per_token']:.2f} ms/token, "
-            f"{row['speedup']:.2f}x, acceptance {'n/a' if acc is None else f'{acc:.2f}'}, "
-            f"accepted len {'n/a' if mal is None else f'{mal:.2f}'}, "
-            f"same tokens {round(row['lossless_share'] * row['requests'])}/{row['requests']}")  # fmt: skip
+    return (
+        f"{row['workload']:>12} batch {row['batch']:>3} {row['method']:>10} k={row['k']}: "
+        f"{row['output_tok_s']:,.1f} tok/s, {row['ms_per_token']:.2f} ms/token, "
+        f"{row['speedup']:.2f}x, acceptance {'n/a' if acc is None else f'{acc:.2f}'}, "
+        f"accepted len {'n/a' if mal is None else f'{mal:.2f}'}, "
+        f"same tokens {round(row['lossless_share'] * row['requests'])}/{row['requests']}"
+    )
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -323,8 +364,15 @@ def _line(row: dict) -> str:
 
 def _model_shape(folder: Path) -> dict:
     c = json.loads((folder / "config.json").read_text())
-    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-            "intermediate_size", "vocab_size", "max_position_embeddings")  # fmt: skip
+    keys = (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+    )
     return {k: c.get(k) for k in keys}
 
 
@@ -359,22 +407,38 @@ def run(cfg: SpecBenchConfig) -> dict:
             t0 = time.perf_counter()
             llm = build_llm(cfg, target, draft, method, k, max_len)
             build_s = time.perf_counter() - t0
-            ctx = {"device": str(llm.engine.device),
-                   "dtype": str(llm.engine.dtype).removeprefix("torch.")}  # fmt: skip
+            ctx = {
+                "device": str(llm.engine.device),
+                "dtype": str(llm.engine.dtype).removeprefix("torch."),
+            }
             if cfg.warmup_tokens:
                 for w in wls.values():
-                    timed_run(llm, w["prompts"][: max(cfg.batches)], max(cfg.batches),
-                              cfg.warmup_tokens)  # fmt: skip
+                    timed_run(
+                        llm, w["prompts"][: max(cfg.batches)], max(cfg.batches), cfg.warmup_tokens
+                    )
             stats = llm.engine.stats()
-            engines.append({"method": method, "k": k, "build_s": build_s,
-                            "cuda_graph_sizes": stats.get("cuda_graph_sizes"),
-                            "num_kv_blocks": stats.get("num_kv_blocks")})  # fmt: skip
+            engines.append(
+                {
+                    "method": method,
+                    "k": k,
+                    "build_s": build_s,
+                    "cuda_graph_sizes": stats.get("cuda_graph_sizes"),
+                    "num_kv_blocks": stats.get("num_kv_blocks"),
+                }
+            )
             for wname, w in wls.items():
                 for b in cfg.batches:
                     r = timed_run(llm, w["prompts"], b, cfg.max_tokens)
                     base = bases.get((wname, b))
-                    row = summarise(r, workload=wname, batch=b, method=method, k=k,
-                                    max_tokens=cfg.max_tokens, base=base)  # fmt: skip
+                    row = summarise(
+                        r,
+                        workload=wname,
+                        batch=b,
+                        method=method,
+                        k=k,
+                        max_tokens=cfg.max_tokens,
+                        base=base,
+                    )
                     if base is None:
                         bases[(wname, b)] = {"tokens": r["tokens"], "row": row}
                     rows.append(row)
@@ -384,13 +448,19 @@ def run(cfg: SpecBenchConfig) -> dict:
             free_cuda()
     res = {
         "context": {
-            **ctx, "target": _model_shape(target), "draft": _model_shape(draft),
-            "train": {n: {f: m.get(f) for f in ("params", "train_loss", "heldout_loss")}
-                      for n, m in record.get("models", {}).items()},
+            **ctx,
+            "target": _model_shape(target),
+            "draft": _model_shape(draft),
+            "train": {
+                n: {f: m.get(f) for f in ("params", "train_loss", "heldout_loss")}
+                for n, m in record.get("models", {}).items()
+            },
             "train_steps": record["config"].get("max_steps"),
-            "vocab_size": record.get("vocab_size"), "heldout_files": len(held),
+            "vocab_size": record.get("vocab_size"),
+            "heldout_files": len(held),
             "corpus": record["config"].get("corpus_dir") or "the standard library's .py files",
-            "separator": SEPARATOR, "max_model_len": max_len,
+            "separator": SEPARATOR,
+            "max_model_len": max_len,
         },
         "workloads": {n: {k: v for k, v in w.items() if k != "prompts"} for n, w in wls.items()},
         "engines": engines,
@@ -401,22 +471,37 @@ def run(cfg: SpecBenchConfig) -> dict:
         "for reference; mean_accepted_len: accepted drafts per verification (each also "
         "emits one token of the target's); lossless_share: requests whose tokens equal the "
         "engine without speculation's exactly",
-    }  # fmt: skip
-    offline._save(cfg, NAME, res, baseline={f"{w}/batch {b}": v["row"]["output_tok_s"]
-                                            for (w, b), v in bases.items()})  # fmt: skip
+    }
+    offline._save(
+        cfg,
+        NAME,
+        res,
+        baseline={f"{w}/batch {b}": v["row"]["output_tok_s"] for (w, b), v in bases.items()},
+    )
     offline._table(
         "speculative decoding (output tok/s; speedup over no speculation, same workload and batch)",
-        rows, [("workload", "workload"), ("batch", "batch"), ("method", "method"), ("k", "k"),
-               ("output_tok_s", "tok/s"), ("ms_per_token", "ms/token"), ("speedup", "speedup"),
-               ("acceptance_rate", "acceptance"), ("mean_accepted_len", "accepted len"),
-               ("lossless_share", "same tokens")],
-    )  # fmt: skip
+        rows,
+        [
+            ("workload", "workload"),
+            ("batch", "batch"),
+            ("method", "method"),
+            ("k", "k"),
+            ("output_tok_s", "tok/s"),
+            ("ms_per_token", "ms/token"),
+            ("speedup", "speedup"),
+            ("acceptance_rate", "acceptance"),
+            ("mean_accepted_len", "accepted len"),
+            ("lossless_share", "same tokens"),
+        ],
+    )
     best = res["best_batch1_draft"]
     if best["speedup"] is not None:
         vs = best["vs_multi_step"]
-        print(f"best batch-1 draft speedup on held-out files: {best['speedup']:.2f}x at "
-              f"k={best['k']} (goal >= {best['goal']}x: {'met' if best['met'] else 'missed'})"
-              + (f"; {vs:.2f}x multi-step decoding's speed" if vs else ""))  # fmt: skip
+        print(
+            f"best batch-1 draft speedup on held-out files: {best['speedup']:.2f}x at "
+            f"k={best['k']} (goal >= {best['goal']}x: {'met' if best['met'] else 'missed'})"
+            + (f"; {vs:.2f}x multi-step decoding's speed" if vs else "")
+        )
     return res
 
 

@@ -142,9 +142,12 @@ class LLMEngine:
             return NgramProposer(a.ngram_prompt_lookup_min, a.ngram_prompt_lookup_max)
         if a.speculative_method == "draft":
             return DraftProposer(
-                a, device=self.device, dtype=self.dtype, max_model_len=self.max_model_len,
+                a,
+                device=self.device,
+                dtype=self.dtype,
+                max_model_len=self.max_model_len,
                 vocab_size=self.vocab_size,
-            )  # fmt: skip
+            )
         return None
 
     # --- requests ----------------------------------------------------------------------------
@@ -314,9 +317,10 @@ class LLMEngine:
             if n != 1 or seq.num_computed_tokens != seq.num_tokens - 1 or not p.greedy:
                 return []
             rooms.append(
-                min(k, p.max_tokens - len(seq.output_token_ids),
-                    self.max_model_len - seq.num_tokens)
-            )  # fmt: skip
+                min(
+                    k, p.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens
+                )
+            )
         if max(rooms) <= 1:
             return []
         bm, bs = self.block_manager, self.args.block_size

@@ -150,14 +150,25 @@ class DecoderLayer(nn.Module):
         nd = meta.num_decodes
         if nd:
             out[:nd] = kernels.paged_decode_attention(
-                q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_context_lens,
-                scale, meta.max_context_len,
-            )  # fmt: skip
+                q[:nd],
+                k_cache,
+                v_cache,
+                meta.decode_block_tables,
+                meta.decode_context_lens,
+                scale,
+                meta.max_context_len,
+            )
         if t > nd:
             out[nd:] = kernels.paged_prefill_attention(
-                q[nd:], k_cache, v_cache, meta.prefill_block_tables, meta.cu_seqlens_q,
-                meta.prefill_context_lens, meta.max_seqlen_q, scale,
-            )  # fmt: skip
+                q[nd:],
+                k_cache,
+                v_cache,
+                meta.prefill_block_tables,
+                meta.cu_seqlens_q,
+                meta.prefill_context_lens,
+                meta.max_seqlen_q,
+                scale,
+            )
         x = F.linear(out.view(t, self.q_size), self.o_proj)
         x, residual = kernels.fused_add_rms_norm(x, residual, self.post_attention_layernorm, eps)
         x = F.linear(kernels.silu_and_mul(F.linear(x, self.gate_up_proj)), self.down_proj)

@@ -207,27 +207,51 @@ def run(cfg: TrainCorpusConfig) -> dict:
     vocab = tok.get_vocab_size()
     eos = tok.token_to_id(EOS)
     shapes = {
-        "target": (cfg.target_dim, cfg.target_layers, cfg.target_heads, cfg.target_kv_heads,
-                   cfg.target_ffn),
-        "draft": (cfg.draft_dim, cfg.draft_layers, cfg.draft_heads, cfg.draft_kv_heads,
-                  cfg.draft_ffn),
-    }  # fmt: skip
-    record: dict = {"config": asdict(cfg), "vocab_size": vocab, "train_tokens": len(train),
-                    "heldout_tokens": len(val), "models": {}}  # fmt: skip
+        "target": (
+            cfg.target_dim,
+            cfg.target_layers,
+            cfg.target_heads,
+            cfg.target_kv_heads,
+            cfg.target_ffn,
+        ),
+        "draft": (
+            cfg.draft_dim,
+            cfg.draft_layers,
+            cfg.draft_heads,
+            cfg.draft_kv_heads,
+            cfg.draft_ffn,
+        ),
+    }
+    record: dict = {
+        "config": asdict(cfg),
+        "vocab_size": vocab,
+        "train_tokens": len(train),
+        "heldout_tokens": len(val),
+        "models": {},
+    }
     for name, (dim, layers, heads, kv, ffn) in shapes.items():
         args = ModelArgs(
-            dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv, ffn_hidden=ffn,
-            vocab_size=vocab, max_seq_len=cfg.max_seq_len,
-        )  # fmt: skip
+            dim=dim,
+            n_layers=layers,
+            n_heads=heads,
+            n_kv_heads=kv,
+            ffn_hidden=ffn,
+            vocab_size=vocab,
+            max_seq_len=cfg.max_seq_len,
+        )
         model = build_model(args, seed=cfg.seed).to(device)
         print(f"{name}: {model.num_params() / 1e6:.1f} M parameters")
         train_loss, val_loss, seconds = train_one(model, train, val, cfg, device)
-        folder = export_hf(model.cpu(), out / name, tokenizer_json=tok_path, eos_token_id=eos,
-                           overwrite=True)  # fmt: skip
+        folder = export_hf(
+            model.cpu(), out / name, tokenizer_json=tok_path, eos_token_id=eos, overwrite=True
+        )
         record["models"][name] = {
-            "params": model.num_params(), "train_loss": train_loss, "heldout_loss": val_loss,
-            "train_seconds": seconds, "folder": folder.name,
-        }  # fmt: skip
+            "params": model.num_params(),
+            "train_loss": train_loss,
+            "heldout_loss": val_loss,
+            "train_seconds": seconds,
+            "folder": folder.name,
+        }
         print(f"{name}: train loss {train_loss:.3f}, held-out loss {val_loss:.3f} -> {folder}")
     (out / "train_record.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -42,9 +42,14 @@ def _hf_greedy(hf_model, prompt: list[int], n: int) -> tuple[list[int], torch.Te
     gen = copy.deepcopy(hf_model.generation_config)
     gen.eos_token_id = None
     out = hf_model.generate(
-        torch.tensor([prompt]), generation_config=gen, max_new_tokens=n, do_sample=False,
-        output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-    )  # fmt: skip
+        torch.tensor([prompt]),
+        generation_config=gen,
+        max_new_tokens=n,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
     return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits)
 
 

@@ -107,16 +107,48 @@ def test_rope_on_cpu_accepts_views_into_a_fused_qkv():
         ({"q": torch.zeros(2, 8)}, ValueError, r"q must be 3-D \(B, Hq, D\)"),
         ({"k_cache": torch.zeros(8, 16, 2)}, ValueError, "k_cache must be 4-D"),
         ({"v_cache": None}, TypeError, "v_cache must be a torch.Tensor"),
-        ({"block_tables": torch.zeros(2, dtype=torch.int32)}, ValueError, "block_tables must be 2-D"),
-        ({"context_lens": torch.zeros(2, 1, dtype=torch.int32)}, ValueError, "context_lens must be 1-D"),
+        (
+            {"block_tables": torch.zeros(2, dtype=torch.int32)},
+            ValueError,
+            "block_tables must be 2-D",
+        ),
+        (
+            {"context_lens": torch.zeros(2, 1, dtype=torch.int32)},
+            ValueError,
+            "context_lens must be 1-D",
+        ),
         ({"q": torch.zeros(2, 8, 64, dtype=torch.int32)}, TypeError, "q must be a floating-point"),
-        ({"k_cache": torch.zeros(8, 16, 2, 64, dtype=torch.bfloat16)}, TypeError, "k_cache must have q's dtype"),
-        ({"v_cache": torch.zeros(8, 16, 2, 64, dtype=torch.float16)}, TypeError, "v_cache must have q's dtype"),
-        ({"block_tables": torch.zeros(2, 3, dtype=torch.int64)}, TypeError, "block_tables must be torch.int32"),
-        ({"context_lens": torch.zeros(2, dtype=torch.int64)}, TypeError, "context_lens must be torch.int32"),
+        (
+            {"k_cache": torch.zeros(8, 16, 2, 64, dtype=torch.bfloat16)},
+            TypeError,
+            "k_cache must have q's dtype",
+        ),
+        (
+            {"v_cache": torch.zeros(8, 16, 2, 64, dtype=torch.float16)},
+            TypeError,
+            "v_cache must have q's dtype",
+        ),
+        (
+            {"block_tables": torch.zeros(2, 3, dtype=torch.int64)},
+            TypeError,
+            "block_tables must be torch.int32",
+        ),
+        (
+            {"context_lens": torch.zeros(2, dtype=torch.int64)},
+            TypeError,
+            "context_lens must be torch.int32",
+        ),
         ({"v_cache": torch.zeros(8, 32, 2, 64)}, ValueError, "v_cache must have k_cache's shape"),
-        ({"k_cache": torch.zeros(8, 16, 2, 128), "v_cache": torch.zeros(8, 16, 2, 128)}, ValueError, "k_cache must have q's head dim 64"),
-        ({"k_cache": torch.zeros(8, 16, 3, 64), "v_cache": torch.zeros(8, 16, 3, 64)}, ValueError, "multiple of k_cache's 3 kv heads"),
+        (
+            {"k_cache": torch.zeros(8, 16, 2, 128), "v_cache": torch.zeros(8, 16, 2, 128)},
+            ValueError,
+            "k_cache must have q's head dim 64",
+        ),
+        (
+            {"k_cache": torch.zeros(8, 16, 3, 64), "v_cache": torch.zeros(8, 16, 3, 64)},
+            ValueError,
+            "multiple of k_cache's 3 kv heads",
+        ),
         ({"block_tables": torch.zeros(3, 3, dtype=torch.int32)}, ValueError, "q's batch 2 rows"),
         ({"context_lens": torch.zeros(1, dtype=torch.int32)}, ValueError, "q's batch 2 rows"),
         ({"softmax_scale": "0.1"}, TypeError, "softmax_scale must be a float"),
@@ -125,7 +157,7 @@ def test_rope_on_cpu_accepts_views_into_a_fused_qkv():
         ({"max_context_len": -1}, ValueError, "max_context_len must be None or an int >= 0"),
         ({"max_context_len": 4.0}, ValueError, "max_context_len must be None or an int >= 0"),
     ],
-)  # fmt: skip
+)
 def test_decode_bad_input_raises_naming_the_argument(change, exc, match):
     args = _decode_args()
     args.update(change)
@@ -150,18 +182,42 @@ _ALL_DECODE = {"q", "k_cache", "v_cache", "block_tables", "context_lens"}
         ({"bs": 8}, None, ValueError, "block size must be a power of two >= 16, got 8"),
         ({"bs": 48}, None, ValueError, "block size must be a power of two >= 16, got 48"),
         ({"hq": 34, "hkv": 2}, None, ValueError, "must be <= 16 on CUDA, got 17"),
-        ({}, lambda a: a.update(k_cache=a["k_cache"].transpose(2, 3).contiguous().transpose(2, 3)),
-         ValueError, "k_cache must be contiguous"),
-        ({}, lambda a: a.update(v_cache=torch.zeros(8 * 16 * 2 * 64 + 1, dtype=torch.bfloat16)[1:].view(8, 16, 2, 64)),
-         ValueError, "v_cache must start 16-byte aligned"),
-        ({}, lambda a: a.update(q=torch.randn(2, 64, 8).to(torch.bfloat16).transpose(1, 2)),
-         ValueError, "q must have contiguous dims"),
-        ({}, lambda a: a.update(block_tables=a["block_tables"].t().contiguous().t()),
-         ValueError, "block_tables must have contiguous rows"),
-        ({}, lambda a: a.update(context_lens=torch.zeros(4, dtype=torch.int32)[::2]),
-         ValueError, "context_lens must be contiguous"),
+        (
+            {},
+            lambda a: a.update(k_cache=a["k_cache"].transpose(2, 3).contiguous().transpose(2, 3)),
+            ValueError,
+            "k_cache must be contiguous",
+        ),
+        (
+            {},
+            lambda a: a.update(
+                v_cache=torch.zeros(8 * 16 * 2 * 64 + 1, dtype=torch.bfloat16)[1:].view(
+                    8, 16, 2, 64
+                )
+            ),
+            ValueError,
+            "v_cache must start 16-byte aligned",
+        ),
+        (
+            {},
+            lambda a: a.update(q=torch.randn(2, 64, 8).to(torch.bfloat16).transpose(1, 2)),
+            ValueError,
+            "q must have contiguous dims",
+        ),
+        (
+            {},
+            lambda a: a.update(block_tables=a["block_tables"].t().contiguous().t()),
+            ValueError,
+            "block_tables must have contiguous rows",
+        ),
+        (
+            {},
+            lambda a: a.update(context_lens=torch.zeros(4, dtype=torch.int32)[::2]),
+            ValueError,
+            "context_lens must be contiguous",
+        ),
     ],
-)  # fmt: skip
+)
 def test_decode_cuda_only_checks(kwargs, mutate, exc, match):
     """What the kernel adds to the reference's contract, reached with a fake CUDA device."""
     args = _decode_args(**{"dtype": torch.bfloat16, **kwargs})
@@ -181,20 +237,48 @@ def test_decode_cuda_only_checks(kwargs, mutate, exc, match):
         ({"slot_mapping": None}, TypeError, "slot_mapping must be a torch.Tensor"),
         ({"q": torch.zeros(4, 4, 64, dtype=torch.int64)}, TypeError, "q must be a floating-point"),
         ({"v": torch.zeros(4, 2, 64, dtype=torch.float16)}, TypeError, "v must have q's dtype"),
-        ({"k_cache": torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)}, TypeError, "k_cache must have q's dtype"),
-        ({"positions": torch.zeros(4, dtype=torch.int32)}, TypeError, "positions must be torch.int64"),
-        ({"slot_mapping": torch.zeros(4, dtype=torch.int32)}, TypeError, "slot_mapping must be torch.int64"),
-        ({"cos_sin": torch.zeros(16, 64, dtype=torch.float64)}, TypeError, "cos_sin must be torch.float32"),
+        (
+            {"k_cache": torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)},
+            TypeError,
+            "k_cache must have q's dtype",
+        ),
+        (
+            {"positions": torch.zeros(4, dtype=torch.int32)},
+            TypeError,
+            "positions must be torch.int64",
+        ),
+        (
+            {"slot_mapping": torch.zeros(4, dtype=torch.int32)},
+            TypeError,
+            "slot_mapping must be torch.int64",
+        ),
+        (
+            {"cos_sin": torch.zeros(16, 64, dtype=torch.float64)},
+            TypeError,
+            "cos_sin must be torch.float32",
+        ),
         ({"q": torch.zeros(4, 4, 63)}, ValueError, "head dim must be even"),
         ({"k": torch.zeros(3, 2, 64)}, ValueError, r"k must be \(T=4, Hkv, D=64\)"),
         ({"v": torch.zeros(4, 3, 64)}, ValueError, "v must have k's shape"),
-        ({"positions": torch.zeros(5, dtype=torch.int64)}, ValueError, "positions must have q's 4 tokens"),
-        ({"slot_mapping": torch.zeros(3, dtype=torch.int64)}, ValueError, "slot_mapping must have q's 4 tokens"),
+        (
+            {"positions": torch.zeros(5, dtype=torch.int64)},
+            ValueError,
+            "positions must have q's 4 tokens",
+        ),
+        (
+            {"slot_mapping": torch.zeros(3, dtype=torch.int64)},
+            ValueError,
+            "slot_mapping must have q's 4 tokens",
+        ),
         ({"cos_sin": torch.zeros(16, 32)}, ValueError, r"cos_sin must be \(max_positions, D=64\)"),
-        ({"k_cache": torch.zeros(4, 16, 4, 64)}, ValueError, "k_cache must be \\(num_blocks, block_size, Hkv=2, D=64\\)"),
+        (
+            {"k_cache": torch.zeros(4, 16, 4, 64)},
+            ValueError,
+            "k_cache must be \\(num_blocks, block_size, Hkv=2, D=64\\)",
+        ),
         ({"v_cache": torch.zeros(4, 8, 2, 64)}, ValueError, "v_cache must have k_cache's shape"),
     ],
-)  # fmt: skip
+)
 def test_rope_bad_input_raises_naming_the_argument(change, exc, match):
     args = _rope_args()
     args.update(change)
@@ -208,22 +292,66 @@ _ALL_ROPE = {"q", "k", "v", "positions", "cos_sin", "k_cache", "v_cache", "slot_
 @pytest.mark.parametrize(
     ("mutate", "exc", "match"),
     [
-        (lambda a: a.update(q=torch.zeros(4, 4, 64, dtype=torch.float64), k=torch.zeros(4, 2, 64, dtype=torch.float64),
-                            v=torch.zeros(4, 2, 64, dtype=torch.float64), k_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float64),
-                            v_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float64)),
-         TypeError, "bfloat16, float16 or float32 on CUDA"),
-        (lambda a: a.update(q=torch.zeros(4, 4, 12), k=torch.zeros(4, 2, 12), v=torch.zeros(4, 2, 12),
-                            cos_sin=torch.zeros(16, 12), k_cache=torch.zeros(4, 16, 2, 12), v_cache=torch.zeros(4, 16, 2, 12)),
-         ValueError, "head dim must be a multiple of 8"),
-        (lambda a: a.update(q=torch.zeros(4, 64, 4).transpose(1, 2)), ValueError, "q must be contiguous within a token"),
-        (lambda a: a.update(k=torch.zeros(4, 2 * 64 + 1)[:, 1:].view(4, 2, 64)), ValueError, "k must start 16-byte aligned"),
-        (lambda a: a.update(v=torch.zeros(4, 2 * 64 + 2)[:, : 2 * 64].view(4, 2, 64)), ValueError, "v must start 16-byte aligned"),
-        (lambda a: a.update(cos_sin=torch.zeros(64, 16).t()), ValueError, "cos_sin must be contiguous"),
-        (lambda a: a.update(v_cache=torch.zeros(4, 2, 16, 64).transpose(1, 2)), ValueError, "v_cache must be contiguous"),
-        (lambda a: a.update(cos_sin=torch.zeros(16 * 64 + 1)[1:].view(16, 64)), ValueError, "cos_sin must start 16-byte aligned"),
-        (lambda a: a.update(positions=torch.zeros(8, dtype=torch.int64)[::2]), ValueError, "positions and slot_mapping must be contiguous"),
+        (
+            lambda a: a.update(
+                q=torch.zeros(4, 4, 64, dtype=torch.float64),
+                k=torch.zeros(4, 2, 64, dtype=torch.float64),
+                v=torch.zeros(4, 2, 64, dtype=torch.float64),
+                k_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float64),
+                v_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float64),
+            ),
+            TypeError,
+            "bfloat16, float16 or float32 on CUDA",
+        ),
+        (
+            lambda a: a.update(
+                q=torch.zeros(4, 4, 12),
+                k=torch.zeros(4, 2, 12),
+                v=torch.zeros(4, 2, 12),
+                cos_sin=torch.zeros(16, 12),
+                k_cache=torch.zeros(4, 16, 2, 12),
+                v_cache=torch.zeros(4, 16, 2, 12),
+            ),
+            ValueError,
+            "head dim must be a multiple of 8",
+        ),
+        (
+            lambda a: a.update(q=torch.zeros(4, 64, 4).transpose(1, 2)),
+            ValueError,
+            "q must be contiguous within a token",
+        ),
+        (
+            lambda a: a.update(k=torch.zeros(4, 2 * 64 + 1)[:, 1:].view(4, 2, 64)),
+            ValueError,
+            "k must start 16-byte aligned",
+        ),
+        (
+            lambda a: a.update(v=torch.zeros(4, 2 * 64 + 2)[:, : 2 * 64].view(4, 2, 64)),
+            ValueError,
+            "v must start 16-byte aligned",
+        ),
+        (
+            lambda a: a.update(cos_sin=torch.zeros(64, 16).t()),
+            ValueError,
+            "cos_sin must be contiguous",
+        ),
+        (
+            lambda a: a.update(v_cache=torch.zeros(4, 2, 16, 64).transpose(1, 2)),
+            ValueError,
+            "v_cache must be contiguous",
+        ),
+        (
+            lambda a: a.update(cos_sin=torch.zeros(16 * 64 + 1)[1:].view(16, 64)),
+            ValueError,
+            "cos_sin must start 16-byte aligned",
+        ),
+        (
+            lambda a: a.update(positions=torch.zeros(8, dtype=torch.int64)[::2]),
+            ValueError,
+            "positions and slot_mapping must be contiguous",
+        ),
     ],
-)  # fmt: skip
+)
 def test_rope_cuda_only_checks(mutate, exc, match):
     args = _rope_args()
     mutate(args)

@@ -157,10 +157,13 @@ def test_multi_step_leaves_sampling_and_admission_alone():
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(num_scheduler_steps=0), dict(num_scheduler_steps=65),
-     dict(num_scheduler_steps=True),
-     dict(num_scheduler_steps=4, speculative_method="ngram")],
-)  # fmt: skip
+    [
+        dict(num_scheduler_steps=0),
+        dict(num_scheduler_steps=65),
+        dict(num_scheduler_steps=True),
+        dict(num_scheduler_steps=4, speculative_method="ngram"),
+    ],
+)
 def test_bad_num_scheduler_steps(kw):
     with pytest.raises(ValueError, match="num_scheduler_steps"):
         EngineArgs(load_format="dummy", dummy_shape="tiny", **kw)

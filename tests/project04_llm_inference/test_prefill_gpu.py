@@ -29,8 +29,20 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
 # (q_len, context_len): full prompts (no prefix) of ragged lengths, chunks after a cached prefix,
 # single-token queries, a tiny prompt and an empty query chunk.
-MIXED = [(1, 1), (17, 17), (64, 64), (127, 127), (300, 300), (50, 200), (128, 1000),
-         (1, 77), (1, 513), (3, 3), (0, 10), (200, 333)]  # fmt: skip
+MIXED = [
+    (1, 1),
+    (17, 17),
+    (64, 64),
+    (127, 127),
+    (300, 300),
+    (50, 200),
+    (128, 1000),
+    (1, 77),
+    (1, 513),
+    (3, 3),
+    (0, 10),
+    (200, 333),
+]
 
 
 def as_f32(args):
@@ -118,8 +130,9 @@ def test_cuda_graph_replay_with_new_metadata():
     """Capture once, then change lengths and block tables in place (same shapes): the replay
     follows the new values, so nothing on the host depended on them."""
     # Three sequences with 100 cached slots each; T = 31 query rows in both runs.
-    args, _ = make_batch([(20, 100), (10, 100), (1, 100)], hq=8, hkv=2, d=64,
-                         dtype=torch.bfloat16, device="cuda")  # fmt: skip
+    args, _ = make_batch(
+        [(20, 100), (10, 100), (1, 100)], hq=8, hkv=2, d=64, dtype=torch.bfloat16, device="cuda"
+    )
     tables = args[3].clone()
     args[4].copy_(torch.tensor([0, 20, 30, 31]))
     args[5].copy_(torch.tensor([20, 100, 30]))

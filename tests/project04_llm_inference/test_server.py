@@ -107,11 +107,22 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         cmd = [
-            sys.executable, "-m", "project04_llm_inference", "serve",
-            "--engine.model", str(model_dir), "--engine.device", "cpu",
-            "--engine.num-gpu-blocks", "128", "--served-model-name", NAME,
-            "--port", str(self.port), *extra,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "project04_llm_inference",
+            "serve",
+            "--engine.model",
+            str(model_dir),
+            "--engine.device",
+            "cpu",
+            "--engine.num-gpu-blocks",
+            "128",
+            "--served-model-name",
+            NAME,
+            "--port",
+            str(self.port),
+            *extra,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
@@ -157,7 +168,7 @@ def servers(model_dir, tmp_path_factory):
             "1",
             "--engine.max-num-seqs",
             "1",
-        ),  # fmt: skip
+        ),
         "victim": Server(model_dir, logs / "victim.log", "--shutdown-grace-s", "0.3"),
     }
     try:
@@ -284,9 +295,14 @@ def test_chat_uses_the_template_and_equals_offline(client, offline):
 def test_seed_reproducible_and_n_derives_seeds(client):
     def texts(seed: int, n: int = 1) -> list[str]:
         r = client.completions.create(
-            model=NAME, prompt=_prompt(50), max_tokens=16, temperature=1.0, seed=seed, n=n,
+            model=NAME,
+            prompt=_prompt(50),
+            max_tokens=16,
+            temperature=1.0,
+            seed=seed,
+            n=n,
             extra_body={"ignore_eos": True},
-        )  # fmt: skip
+        )
         assert [c.index for c in r.choices] == list(range(n))
         assert r.usage.completion_tokens == 16 * n and r.usage.prompt_tokens == 9
         return [c.text for c in r.choices]
@@ -323,9 +339,12 @@ def test_stop_strings_cut_the_text(client):
 def test_logprobs_are_the_models(client, hf_model, offline):
     prompt = _prompt(70, 6)
     r = client.completions.create(
-        model=NAME, prompt=prompt, max_tokens=6, logprobs=1,
+        model=NAME,
+        prompt=prompt,
+        max_tokens=6,
+        logprobs=1,
         **_greedy(extra_body={"return_token_ids": True}),
-    )  # fmt: skip
+    )
     lp, out = r.choices[0].logprobs, r.choices[0].token_ids
     ids = offline.engine.tokenizer.encode(prompt) + out
     with torch.no_grad():
@@ -339,9 +358,12 @@ def test_logprobs_are_the_models(client, hf_model, offline):
     assert [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]
 
     chat = client.chat.completions.create(
-        model=NAME, messages=[{"role": "user", "content": prompt}], max_tokens=5, logprobs=True,
+        model=NAME,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=5,
+        logprobs=True,
         **_greedy(),
-    )  # fmt: skip
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 5 and all(c.logprob <= 0 and c.token for c in content)
     assert chat.usage.completion_tokens == 5
@@ -412,9 +434,13 @@ def test_overload_answers_503(servers):
         ("completions", {"prompt": "bab", "frequency_penalty": 0.5}, "frequency_penalty"),
         ("chat/completions", {"messages": "hi"}, "messages"),
         ("chat/completions", {"messages": [{"content": "hi"}]}, "messages"),
-        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "logprobs": 1},
+            "logprobs",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_requests_answer_400_naming_the_field(main, route, body, param):
     status, answer = _post(f"{main.url}/v1/{route}", body)
     assert status == 400, answer

@@ -48,8 +48,15 @@ class FakeServer:
     is `behaviour(prompt)`: 'ok', '503', 'drop' (connection closed after 2 chunks), 'no_done'
     (a clean end without [DONE]) or 'hang'."""
 
-    def __init__(self, *, first_delay_s=0.0, gap_s=0.0, per_chunk=1, usage=True,
-                 behaviour=lambda prompt: "ok"):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        first_delay_s=0.0,
+        gap_s=0.0,
+        per_chunk=1,
+        usage=True,
+        behaviour=lambda prompt: "ok",
+    ):
         self.first_delay_s, self.gap_s, self.per_chunk, self.usage = (
             first_delay_s,
             gap_s,
@@ -129,14 +136,26 @@ class FakeServer:
                 request.transport.close()
                 return resp
             last = k + self.per_chunk >= n
-            chunk = {"id": "cmpl-1", "object": "text_completion", "model": body["model"],
-                     "choices": [{"index": 0, "text": " tok" * min(self.per_chunk, n - k),
-                                  "finish_reason": "length" if last else None}]}  # fmt: skip
+            chunk = {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": " tok" * min(self.per_chunk, n - k),
+                        "finish_reason": "length" if last else None,
+                    }
+                ],
+            }
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if self.usage:
             prompt = body["prompt"]
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": n,
-                     "total_tokens": len(prompt) + n}  # fmt: skip
+            usage = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": n,
+                "total_tokens": len(prompt) + n,
+            }
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         if what != "no_done":
             await resp.write(b"data: [DONE]\n\n")
@@ -145,13 +164,21 @@ class FakeServer:
 
 
 def _bodies(prompts_and_lens) -> list[tuple[dict, int]]:
-    return [({"model": "fake-model", "prompt": p, "max_tokens": m, "stream": True}, len(p))
-            for p, m in prompts_and_lens]  # fmt: skip
+    return [
+        ({"model": "fake-model", "prompt": p, "max_tokens": m, "stream": True}, len(p))
+        for p, m in prompts_and_lens
+    ]
 
 
 def _load(url, bodies, **kw):
-    kw = {"request_rate": math.inf, "max_concurrency": 0, "seed": 0, "time_limit_s": 30.0,
-          "request_timeout_s": 30.0, **kw}  # fmt: skip
+    kw = {
+        "request_rate": math.inf,
+        "max_concurrency": 0,
+        "seed": 0,
+        "time_limit_s": 30.0,
+        "request_timeout_s": 30.0,
+        **kw,
+    }
     return asyncio.run(run_load(url + "/v1/completions", bodies, **kw))
 
 
@@ -190,8 +217,16 @@ def test_rate_inf_sends_all_at_once_and_bad_rates_are_refused():
 
 
 def _result(i, ttft, e2e, out, ok=True, itl=(), prompt=10):
-    return RequestResult(index=i, ok=ok, ttft_s=ttft, e2e_s=e2e, output_tokens=out,
-                         itl_s=list(itl), prompt_tokens=prompt, output_tokens_from="usage")  # fmt: skip
+    return RequestResult(
+        index=i,
+        ok=ok,
+        ttft_s=ttft,
+        e2e_s=e2e,
+        output_tokens=out,
+        itl_s=list(itl),
+        prompt_tokens=prompt,
+        output_tokens_from="usage",
+    )
 
 
 def test_percentiles_are_linear_interpolation_in_ms():
@@ -238,12 +273,20 @@ def test_summary_tpot_goodput_and_failures():
 
 def test_sweep_verdicts_and_offline_ratio():
     def run(rate, met, thr=1.0, **kw):
-        return {"request_rate": sm.rate_label(rate), "slo_met": met, "request_throughput": thr,
-                "goodput_req_s": thr, **kw}  # fmt: skip
+        return {
+            "request_rate": sm.rate_label(rate),
+            "slo_met": met,
+            "request_throughput": thr,
+            "goodput_req_s": thr,
+            **kw,
+        }
 
     runs = [run(8, True), run(1, True), run(4, False), run(2, True, 2.0)]  # 8: a lucky pass
-    assert sm.max_rate_meeting_slo(runs) == {"request_rate": "2", "request_throughput": 2.0,
-                                             "goodput_req_s": 2.0}  # fmt: skip
+    assert sm.max_rate_meeting_slo(runs) == {
+        "request_rate": "2",
+        "request_throughput": 2.0,
+        "goodput_req_s": 2.0,
+    }
     assert sm.max_rate_meeting_slo([run(1, False)])["request_rate"] is None
     assert sm.max_rate_meeting_slo([run(math.inf, True), run(1, True)])["request_rate"] == "inf"
     closed = run(math.inf, False, closed_loop=True)  # a client-count run offers no rate
@@ -320,16 +363,36 @@ def test_token_chunks():
 # --- targets ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://127.9.8.7:1/", "http://[::1]:9",
-                                 "http://LocalHost:8000", "https://localhost"])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8000",
+        "http://127.9.8.7:1/",
+        "http://[::1]:9",
+        "http://LocalHost:8000",
+        "https://localhost",
+    ],
+)
 def test_loopback_targets_are_accepted(url):
     assert check_loopback(url) == url.rstrip("/")
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.1:8000", "http://example.com", "http://128.0.0.1",
-                                 "http://0.0.0.0:8000", "http://[::2]:80", "http://[::ffff:7f00:1]",
-                                 "http://127.0.0.1@example.com", "http://localhost.example.com",
-                                 "http://127.1", "ftp://127.0.0.1", "127.0.0.1:8000"])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.1:8000",
+        "http://example.com",
+        "http://128.0.0.1",
+        "http://0.0.0.0:8000",
+        "http://[::2]:80",
+        "http://[::ffff:7f00:1]",
+        "http://127.0.0.1@example.com",
+        "http://localhost.example.com",
+        "http://127.1",
+        "ftp://127.0.0.1",
+        "127.0.0.1:8000",
+    ],
+)
 def test_other_targets_are_refused(url):
     with pytest.raises(ValueError, match="base_url"):
         check_loopback(url)
@@ -338,10 +401,17 @@ def test_other_targets_are_refused(url):
 
 
 def test_config_refuses_bad_input(tmp_path):
-    for kw in ({"request_rates": (1.0, math.nan)}, {"request_rates": ()}, {"num_prompts": 0},
-               {"num_prompts": 10**6}, {"time_limit_s": math.inf}, {"prompt_len": (5, 2)},
-               {"slo_attainment": 0.0}, {"endpoint": "/v1/chat/completions"},
-               {"launch": True, "base_url": "http://127.0.0.1"}):  # fmt: skip
+    for kw in (
+        {"request_rates": (1.0, math.nan)},
+        {"request_rates": ()},
+        {"num_prompts": 0},
+        {"num_prompts": 10**6},
+        {"time_limit_s": math.inf},
+        {"prompt_len": (5, 2)},
+        {"slo_attainment": 0.0},
+        {"endpoint": "/v1/chat/completions"},
+        {"launch": True, "base_url": "http://127.0.0.1"},
+    ):
         with pytest.raises(ValueError):
             serving.ServingBenchConfig(**kw)
     with pytest.raises(FileNotFoundError):
@@ -353,11 +423,25 @@ def test_config_refuses_bad_input(tmp_path):
 
 
 def test_engine_flags_pass_what_differs_from_the_defaults():
-    flags = engine_flags(EngineArgs(load_format="dummy", dummy_shape="tiny", enforce_eager=True,
-                                    enable_prefix_caching=False, num_gpu_blocks=64))  # fmt: skip
-    assert flags == ["--engine.load-format", "dummy", "--engine.dummy-shape", "tiny",
-                     "--engine.num-gpu-blocks", "64", "--engine.no-enable-prefix-caching",
-                     "--engine.enforce-eager"]  # fmt: skip
+    flags = engine_flags(
+        EngineArgs(
+            load_format="dummy",
+            dummy_shape="tiny",
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            num_gpu_blocks=64,
+        )
+    )
+    assert flags == [
+        "--engine.load-format",
+        "dummy",
+        "--engine.dummy-shape",
+        "tiny",
+        "--engine.num-gpu-blocks",
+        "64",
+        "--engine.no-enable-prefix-caching",
+        "--engine.enforce-eager",
+    ]
 
 
 # --- against the fake server -----------------------------------------------------------------
@@ -396,10 +480,13 @@ def test_503_dropped_and_unfinished_streams_are_failures_not_crashes():
         load = _load(srv.base_url, _bodies([([i], 6) for i in range(8)]))
     by_kind = {k: [r for r in load.results if kinds[r.index % 4] == k] for k in kinds.values()}
     assert all(r.ok for r in by_kind["ok"])
-    assert all(not r.ok and r.status == 503 and "server overloaded" in r.error
-               for r in by_kind["503"])  # fmt: skip
-    assert all(not r.ok and r.token_events == 2 and ("Payload" in r.error or "Disconnect" in r.error)
-               for r in by_kind["drop"])  # died after 2 tokens  # fmt: skip
+    assert all(
+        not r.ok and r.status == 503 and "server overloaded" in r.error for r in by_kind["503"]
+    )
+    assert all(
+        not r.ok and r.token_events == 2 and ("Payload" in r.error or "Disconnect" in r.error)
+        for r in by_kind["drop"]
+    )  # died after 2 tokens
     assert all(not r.ok and "[DONE]" in r.error for r in by_kind["no_done"])
     s = sm.summarize(load.results, load.duration_s, sm.SLO())
     assert s["completed"] == 2 and s["failed"] == 6 and s["output_tokens"] == 12
@@ -430,8 +517,9 @@ def test_arrivals_follow_the_schedule_and_concurrency_caps_flight():
 def test_time_limit_ends_a_run_with_failures_and_unsent_requests():
     with FakeServer(behaviour=lambda p: "hang") as srv:
         t0 = time.perf_counter()
-        load = _load(srv.base_url, _bodies([([i], 2) for i in range(10)]), request_rate=4.0,
-                     time_limit_s=0.6)  # fmt: skip
+        load = _load(
+            srv.base_url, _bodies([([i], 2) for i in range(10)]), request_rate=4.0, time_limit_s=0.6
+        )
         wall = time.perf_counter() - t0
     s = sm.summarize(load.results, load.duration_s, sm.SLO())
     assert load.time_limited and wall < 0.6 + 2.0
@@ -441,20 +529,38 @@ def test_time_limit_ends_a_run_with_failures_and_unsent_requests():
 
 
 def _offline_record(path, tok_s):
-    path.write_text(json.dumps({"environment": {}, "results": {"engine": {"output_tok_s": tok_s}},
-                                "config": {"num_requests": 12, "prompt_len": [4, 8],
-                                           "output_len": [3, 5], "seed": 1}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "environment": {},
+                "results": {"engine": {"output_tok_s": tok_s}},
+                "config": {
+                    "num_requests": 12,
+                    "prompt_len": [4, 8],
+                    "output_len": [3, 5],
+                    "seed": 1,
+                },
+            }
+        )
+    )
     return str(path)
 
 
 def test_run_writes_a_record_chart_and_offline_ratio(tmp_path):
     with FakeServer(gap_s=0.002) as srv:
         cfg = serving.ServingBenchConfig(
-            base_url=srv.base_url, num_prompts=12, prompt_len=(4, 8), output_len=(3, 5),
-            vocab_size=256, seed=0, request_rates=(math.inf, 50.0), progress=False,
+            base_url=srv.base_url,
+            num_prompts=12,
+            prompt_len=(4, 8),
+            output_len=(3, 5),
+            vocab_size=256,
+            seed=0,
+            request_rates=(math.inf, 50.0),
+            progress=False,
             offline_record=_offline_record(tmp_path / "offline_throughput.json", 1e9),
-            reports_dir=str(tmp_path / "out"), time_limit_s=60,
-        )  # fmt: skip
+            reports_dir=str(tmp_path / "out"),
+            time_limit_s=60,
+        )
         res = serving.run(cfg)
     folder = tmp_path / "out" / "project04_llm_inference"
     rec = json.loads((folder / "serving.json").read_text())
@@ -462,8 +568,9 @@ def test_run_writes_a_record_chart_and_offline_ratio(tmp_path):
     assert (folder / "serving.png").stat().st_size > 0
     assert rec["config"]["request_rates"] == ["inf", "50"]
     assert srv.bodies[0]["model"] == "fake-model"  # from /v1/models
-    assert all(b["ignore_eos"] and b["stream"] and b["stream_options"]["include_usage"]
-               for b in srv.bodies)  # fmt: skip
+    assert all(
+        b["ignore_eos"] and b["stream"] and b["stream_options"]["include_usage"] for b in srv.bodies
+    )
     assert len(srv.bodies) == 2 + 2 * 12  # warm-up, then each run
     max_tokens = res["workload"]["max_tokens_total"]
     for r in res["runs"]:
@@ -480,12 +587,24 @@ def test_closed_loop_sweep_and_the_chart_from_the_record_alone(tmp_path):
     from project04_llm_inference.bench.serving_chart import serving_chart
 
     with FakeServer(first_delay_s=0.02) as srv:
-        res = serving.run(serving.ServingBenchConfig(
-            base_url=srv.base_url, num_prompts=6, prompt_len=(2, 3), output_len=(2, 3),
-            vocab_size=256, concurrencies=(3, 1), warmup_requests=0, progress=False,
-            reports_dir=str(tmp_path / "out"), name="closed"))  # fmt: skip
+        res = serving.run(
+            serving.ServingBenchConfig(
+                base_url=srv.base_url,
+                num_prompts=6,
+                prompt_len=(2, 3),
+                output_len=(2, 3),
+                vocab_size=256,
+                concurrencies=(3, 1),
+                warmup_requests=0,
+                progress=False,
+                reports_dir=str(tmp_path / "out"),
+                name="closed",
+            )
+        )
     assert [(r["max_concurrency"], r["closed_loop"], r["completed"]) for r in res["runs"]] == [
-        (1, True, 6), (3, True, 6)]  # fmt: skip
+        (1, True, 6),
+        (3, True, 6),
+    ]
     assert res["max_rate_meeting_slo"]["request_rate"] is None  # no offered rate in a closed loop
     rec = json.loads((tmp_path / "out" / "project04_llm_inference" / "closed.json").read_text())
     png = serving_chart(rec["results"], tmp_path / "again.png")
@@ -508,10 +627,18 @@ def test_run_with_failing_requests_misses_the_slo(tmp_path):
         "".join(json.dumps({"prompt": [i, 7], "max_tokens": 3}) + "\n" for i in range(8))
     )
     with FakeServer(behaviour=lambda p: "503" if p[0] % 2 else "ok") as srv:
-        res = serving.run(serving.ServingBenchConfig(
-            base_url=srv.base_url, dataset_path=str(data), num_prompts=100, request_rates=(100.0,),
-            progress=False, reports_dir=str(tmp_path / "out"), model="m", save_requests=False,
-        ))  # fmt: skip
+        res = serving.run(
+            serving.ServingBenchConfig(
+                base_url=srv.base_url,
+                dataset_path=str(data),
+                num_prompts=100,
+                request_rates=(100.0,),
+                progress=False,
+                reports_dir=str(tmp_path / "out"),
+                model="m",
+                save_requests=False,
+            )
+        )
     (r,) = res["runs"]
     assert r["requests"] == 8 and r["completed"] == 4 and r["failed"] == 4
     assert r["errors"][0]["error"].startswith("HTTP 503") and not r["slo_met"]
@@ -524,9 +651,17 @@ def test_a_server_failing_every_warm_up_stops_the_run(tmp_path):
         FakeServer(behaviour=lambda p: "503") as srv,
         pytest.raises(serving.ServerError, match="503"),
     ):
-        serving.run(serving.ServingBenchConfig(
-            base_url=srv.base_url, num_prompts=4, prompt_len=(2, 2), output_len=(2, 2),
-            vocab_size=256, progress=False, reports_dir=str(tmp_path / "out")))  # fmt: skip
+        serving.run(
+            serving.ServingBenchConfig(
+                base_url=srv.base_url,
+                num_prompts=4,
+                prompt_len=(2, 2),
+                output_len=(2, 2),
+                vocab_size=256,
+                progress=False,
+                reports_dir=str(tmp_path / "out"),
+            )
+        )
     assert not (tmp_path / "out" / "project04_llm_inference" / "serving.json").exists()
 
 
@@ -538,9 +673,15 @@ def test_launch_refuses_a_taken_port(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         cfg = serving.ServingBenchConfig(
-            base_url=f"http://127.0.0.1:{s.getsockname()[1]}", launch=True, num_prompts=2,
-            prompt_len=(2, 2), output_len=(2, 2), vocab_size=256, progress=False,
-            reports_dir=str(tmp_path / "out"))  # fmt: skip
+            base_url=f"http://127.0.0.1:{s.getsockname()[1]}",
+            launch=True,
+            num_prompts=2,
+            prompt_len=(2, 2),
+            output_len=(2, 2),
+            vocab_size=256,
+            progress=False,
+            reports_dir=str(tmp_path / "out"),
+        )
         with pytest.raises(ValueError, match="taken"):
             serving.run(cfg)
 
@@ -553,11 +694,20 @@ def test_launched_project_server_with_the_tiny_dummy_model(tmp_path, monkeypatch
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = serving.ServingBenchConfig(
-        base_url=f"http://127.0.0.1:{port}", launch=True, launch_timeout_s=120,
+        base_url=f"http://127.0.0.1:{port}",
+        launch=True,
+        launch_timeout_s=120,
         engine=EngineArgs(load_format="dummy", dummy_shape="tiny", device="cpu"),
-        num_prompts=6, prompt_len=(4, 12), output_len=(3, 6), vocab_size=256,
-        request_rates=(math.inf,), return_token_ids=True, progress=False, time_limit_s=120,
-        reports_dir=str(tmp_path / "out"))  # fmt: skip
+        num_prompts=6,
+        prompt_len=(4, 12),
+        output_len=(3, 6),
+        vocab_size=256,
+        request_rates=(math.inf,),
+        return_token_ids=True,
+        progress=False,
+        time_limit_s=120,
+        reports_dir=str(tmp_path / "out"),
+    )
     res = serving.run(cfg)
     assert res["target"]["server_exit_code"] == 0  # stopped by SIGTERM, cleanly
     assert res["target"]["launched"][:4] == ["python", "-m", "project04_llm_inference", "serve"]
@@ -573,13 +723,26 @@ def test_offline_ceiling_is_the_same_engine_configuration(tmp_path):
     """A launched server is compared with the offline run of its own num_scheduler_steps when
     the record holds the engine with and without multi-step decoding."""
     path = tmp_path / "offline_throughput.json"
-    path.write_text(json.dumps({"environment": {}, "config": {}, "results": {
-        "engine": {"output_tok_s": 26_000.0, "num_scheduler_steps": 8},
-        "engine_single_step": {"output_tok_s": 20_000.0, "num_scheduler_steps": 1}}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "environment": {},
+                "config": {},
+                "results": {
+                    "engine": {"output_tok_s": 26_000.0, "num_scheduler_steps": 8},
+                    "engine_single_step": {"output_tok_s": 20_000.0, "num_scheduler_steps": 1},
+                },
+            }
+        )
+    )
     runs = [{"request_rate": "inf", "max_concurrency": None, "output_tok_s": 18_000.0}]
     for k, key, tok_s in ((1, "engine_single_step", 20_000.0), (8, "engine", 26_000.0)):
-        cfg = serving.ServingBenchConfig(launch=True, offline_record=str(path), progress=False,
-                                         engine=EngineArgs(load_format="dummy", num_scheduler_steps=k))  # fmt: skip
+        cfg = serving.ServingBenchConfig(
+            launch=True,
+            offline_record=str(path),
+            progress=False,
+            engine=EngineArgs(load_format="dummy", num_scheduler_steps=k),
+        )
         out = serving.compare_offline(cfg, runs)
         assert out["offline_system"] == key and out["offline_output_tok_s"] == tok_s
     cfg = serving.ServingBenchConfig(base_url="http://127.0.0.1:1", offline_record=str(path))

@@ -23,9 +23,16 @@ from project04_llm_inference.report import render
 
 TIE = 1e-4
 PROJECT = "project04_llm_inference"
-ENV = {"gpu": "NVIDIA H200", "driver": "570.0", "torch": "2.9.0", "cuda": "12.8",
-       "python": "3.11.9", "date": "2026-12-01T10:00:00+00:00", "git_commit": "abcdef1234567",
-       "git_dirty": False}  # fmt: skip
+ENV = {
+    "gpu": "NVIDIA H200",
+    "driver": "570.0",
+    "torch": "2.9.0",
+    "cuda": "12.8",
+    "python": "3.11.9",
+    "date": "2026-12-01T10:00:00+00:00",
+    "git_commit": "abcdef1234567",
+    "git_dirty": False,
+}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -44,20 +51,49 @@ def models(tmp_path_factory):
     from project04_llm_inference.spec.train_corpus import TrainCorpusConfig, run
 
     d = tmp_path_factory.mktemp("spec") / "models"
-    run(TrainCorpusConfig(
-        models_dir=str(d), max_files=12, holdout_every=4, vocab_size=300, seq_len=32,
-        max_seq_len=128, batch_size=4, max_steps=10, lr=1e-2, warmup_steps=1, eval_batches=1,
-        target_dim=64, target_layers=2, target_heads=4, target_kv_heads=2, target_ffn=128,
-        draft_dim=32, draft_layers=1, draft_heads=2, draft_kv_heads=1, draft_ffn=64, device="cpu",
-    ))  # fmt: skip
+    run(
+        TrainCorpusConfig(
+            models_dir=str(d),
+            max_files=12,
+            holdout_every=4,
+            vocab_size=300,
+            seq_len=32,
+            max_seq_len=128,
+            batch_size=4,
+            max_steps=10,
+            lr=1e-2,
+            warmup_steps=1,
+            eval_batches=1,
+            target_dim=64,
+            target_layers=2,
+            target_heads=4,
+            target_kv_heads=2,
+            target_ffn=128,
+            draft_dim=32,
+            draft_layers=1,
+            draft_heads=2,
+            draft_kv_heads=1,
+            draft_ffn=64,
+            device="cpu",
+        )
+    )
     return d
 
 
 def _cfg(models_dir, reports_dir="") -> spec.SpecBenchConfig:
-    return spec.SpecBenchConfig(models_dir=str(models_dir), reports_dir=str(reports_dir),
-                                ks=(2, 3), ngram_ks=(2,), batches=(1, 2), num_prompts=2,
-                                prompt_tokens=24, max_tokens=8, warmup_tokens=2, multi_step=4,
-                                device="cpu")  # fmt: skip
+    return spec.SpecBenchConfig(
+        models_dir=str(models_dir),
+        reports_dir=str(reports_dir),
+        ks=(2, 3),
+        ngram_ks=(2,),
+        batches=(1, 2),
+        num_prompts=2,
+        prompt_tokens=24,
+        max_tokens=8,
+        warmup_tokens=2,
+        multi_step=4,
+        device="cpu",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,12 +155,21 @@ def test_record_structure(bench, models):
             assert r["acceptance_rate"] == r["accepted_tokens"] / r["proposed_tokens"]
             assert 0.0 <= r["mean_accepted_len"] <= r["k"]
     best = res["best_batch1_draft"]
-    top = max((r for r in rows if r["method"] == "draft" and r["batch"] == 1
-               and r["workload"] == "held-out"), key=lambda r: r["speedup"])  # fmt: skip
+    top = max(
+        (
+            r
+            for r in rows
+            if r["method"] == "draft" and r["batch"] == 1 and r["workload"] == "held-out"
+        ),
+        key=lambda r: r["speedup"],
+    )
     assert best["speedup"] == top["speedup"] and best["k"] == top["k"]
     assert best["met"] == (top["speedup"] >= 2.0)
-    multi = next(r for r in rows if r["method"] == "multi-step" and r["batch"] == 1
-                 and r["workload"] == "held-out")  # fmt: skip
+    multi = next(
+        r
+        for r in rows
+        if r["method"] == "multi-step" and r["batch"] == 1 and r["workload"] == "held-out"
+    )
     assert best["vs_multi_step"] == pytest.approx(top["output_tok_s"] / multi["output_tok_s"])
 
 
@@ -209,13 +254,20 @@ def test_missing_models_is_one_line_with_the_train_command(tmp_path, capsys):
     assert not (tmp_path / "r").exists()  # refused before any work
 
 
-@pytest.mark.parametrize("kw, field", [
-    (dict(num_prompts=3), "num_prompts"), (dict(batches=(0,)), "batches"),
-    (dict(ks=(0, 2)), "ks"), (dict(ks=(), ngram_ks=()), "ks"),
-    (dict(prompt_tokens=64, max_tokens=64), "prompt_tokens"),
-    (dict(ngram_min=3, ngram_max=2), "ngram_min"), (dict(goal_speedup=math.inf), "goal_speedup"),
-    (dict(models_dir=""), "models_dir"), (dict(gpu_memory_utilization=0.0), "gpu_memory"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(num_prompts=3), "num_prompts"),
+        (dict(batches=(0,)), "batches"),
+        (dict(ks=(0, 2)), "ks"),
+        (dict(ks=(), ngram_ks=()), "ks"),
+        (dict(prompt_tokens=64, max_tokens=64), "prompt_tokens"),
+        (dict(ngram_min=3, ngram_max=2), "ngram_min"),
+        (dict(goal_speedup=math.inf), "goal_speedup"),
+        (dict(models_dir=""), "models_dir"),
+        (dict(gpu_memory_utilization=0.0), "gpu_memory"),
+    ],
+)
 def test_bad_config_names_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         spec.SpecBenchConfig(**kw)
@@ -231,13 +283,27 @@ def test_held_out_only_allows_short_prompts():
 
 def _row(workload, batch, method, k, tok_s, base, acc=None, same=1.0):
     prop = 100 * k if method in ("draft", "ngram") else 0
-    return {"workload": workload, "batch": batch, "method": method, "k": k, "requests": 32,
-            "output_tokens": 4096, "wall_s": 4096 / tok_s, "output_tok_s": tok_s,
-            "ms_per_token": 1e3 * batch / tok_s, "speedup": tok_s / base,
-            "baseline_output_tok_s": base, "proposed_tokens": prop,
-            "accepted_tokens": round(prop * (acc or 0)), "verifications": 100 if prop else 0,
-            "acceptance_rate": acc, "mean_accepted_len": k * acc if acc is not None else None,
-            "lossless_share": same, "matching_token_share": same, "target_steps": 1000}  # fmt: skip
+    return {
+        "workload": workload,
+        "batch": batch,
+        "method": method,
+        "k": k,
+        "requests": 32,
+        "output_tokens": 4096,
+        "wall_s": 4096 / tok_s,
+        "output_tok_s": tok_s,
+        "ms_per_token": 1e3 * batch / tok_s,
+        "speedup": tok_s / base,
+        "baseline_output_tok_s": base,
+        "proposed_tokens": prop,
+        "accepted_tokens": round(prop * (acc or 0)),
+        "verifications": 100 if prop else 0,
+        "acceptance_rate": acc,
+        "mean_accepted_len": k * acc if acc is not None else None,
+        "lossless_share": same,
+        "matching_token_share": same,
+        "target_steps": 1000,
+    }
 
 
 def _spec_record(folder, *, draft_b1: float) -> None:
@@ -246,27 +312,56 @@ def _spec_record(folder, *, draft_b1: float) -> None:
 
     rows = []
     for w, base1, base8 in (("held-out", 500.0, 3000.0), ("code-editing", 480.0, 2900.0)):
-        rows += [_row(w, 1, "none", 0, base1, base1), _row(w, 8, "none", 0, base8, base8),
-                 _row(w, 1, "multi-step", 8, base1 * 1.5, base1)]  # fmt: skip
+        rows += [
+            _row(w, 1, "none", 0, base1, base1),
+            _row(w, 8, "none", 0, base8, base8),
+            _row(w, 1, "multi-step", 8, base1 * 1.5, base1),
+        ]
         for k in (2, 4):
             s = draft_b1 if k == 4 else 1.2
-            rows += [_row(w, 1, "draft", k, base1 * s, base1, 0.7),
-                     _row(w, 8, "draft", k, base8 * 1.1, base8, 0.7, same=31 / 32)]  # fmt: skip
-        rows += [_row(w, 1, "ngram", 4, base1 * (2.6 if w == "code-editing" else 0.9), base1, 0.5),
-                 _row(w, 8, "ngram", 4, base8 * 1.3, base8, 0.5)]  # fmt: skip
-    shape = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-             "num_key_value_heads": 4, "intermediate_size": 2048, "vocab_size": 8192,
-             "max_position_embeddings": 2048}  # fmt: skip
-    wl = {"requests": 32, "files": ["a.py"], "prompt_len_min": 256, "prompt_len_max": 256,
-          "prompt_len_mean": 256.0}  # fmt: skip
-    res = {"context": {"device": "cuda:0", "dtype": "bfloat16", "target": shape,
-                       "draft": {**shape, "hidden_size": 256, "num_hidden_layers": 2},
-                       "train": {"target": {"params": 95_000_000}, "draft": {"params": 4_700_000}},
-                       "vocab_size": 8192, "heldout_files": 90, "corpus": "the stdlib"},
-           "workloads": {"held-out": wl, "code-editing": {**wl, "prompt_len_min": 390,
-                                                          "prompt_len_max": 390}},
-           "engines": [], "rows": rows,
-           "best_batch1_draft": spec.best_draft(rows, 2.0)}  # fmt: skip
+            rows += [
+                _row(w, 1, "draft", k, base1 * s, base1, 0.7),
+                _row(w, 8, "draft", k, base8 * 1.1, base8, 0.7, same=31 / 32),
+            ]
+        rows += [
+            _row(w, 1, "ngram", 4, base1 * (2.6 if w == "code-editing" else 0.9), base1, 0.5),
+            _row(w, 8, "ngram", 4, base8 * 1.3, base8, 0.5),
+        ]
+    shape = {
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "intermediate_size": 2048,
+        "vocab_size": 8192,
+        "max_position_embeddings": 2048,
+    }
+    wl = {
+        "requests": 32,
+        "files": ["a.py"],
+        "prompt_len_min": 256,
+        "prompt_len_max": 256,
+        "prompt_len_mean": 256.0,
+    }
+    res = {
+        "context": {
+            "device": "cuda:0",
+            "dtype": "bfloat16",
+            "target": shape,
+            "draft": {**shape, "hidden_size": 256, "num_hidden_layers": 2},
+            "train": {"target": {"params": 95_000_000}, "draft": {"params": 4_700_000}},
+            "vocab_size": 8192,
+            "heldout_files": 90,
+            "corpus": "the stdlib",
+        },
+        "workloads": {
+            "held-out": wl,
+            "code-editing": {**wl, "prompt_len_min": 390, "prompt_len_max": 390},
+        },
+        "engines": [],
+        "rows": rows,
+        "best_batch1_draft": spec.best_draft(rows, 2.0),
+    }
     save_result(PROJECT, "spec_decode", res, reports_dir=folder, env=ENV)
 
 
@@ -279,8 +374,10 @@ def test_report_renders_the_spec_record(tmp_path, draft_b1, monkeypatch):
     assert paths[2].stat().st_size > 0
     md = paths[0].read_text()
     assert "## Speculative decoding" in md and "![spec_decode](spec_decode.png)" in md
-    head = ("| workload | batch | method | k | output tok/s | ms/token | speedup (x) | acceptance "
-            "| accepted length | same tokens |")  # fmt: skip
+    head = (
+        "| workload | batch | method | k | output tok/s | ms/token | speedup (x) | acceptance "
+        "| accepted length | same tokens |"
+    )
     assert head in md
     assert "| held-out | 1 | no speculation |  | 500 | 2 | 1 | n/a | n/a | 32/32 |" in md
     assert "| held-out | 1 | no speculation, multi-step | 8 | 750 | 1.33 | 1.5 |" in md
@@ -288,13 +385,19 @@ def test_report_renders_the_spec_record(tmp_path, draft_b1, monkeypatch):
     assert "| held-out | 8 | draft model | 2 | 3,300 | 2.42 | 1.1 | 0.7 | 1.4 | 31/32 |" in md
     assert "95.0 M params, 12 layers, dim 768" in md and "bfloat16" in md
     status = "met" if draft_b1 >= 2.0 else "missed"
-    assert (f"Best batch-1 draft-model speedup on held-out files: {draft_b1:.2f}x at k = 4 "
-            f"(goal >= 2.0x: {status})") in md  # fmt: skip
+    assert (
+        f"Best batch-1 draft-model speedup on held-out files: {draft_b1:.2f}x at k = 4 "
+        f"(goal >= 2.0x: {status})"
+    ) in md
     summary = paths[1].read_text()
-    assert (f"best batch-1 draft-model speedup on held-out files {draft_b1:.2f}x at k = 4, "
-            f"goal >= 2.0x: **{status}**") in summary  # fmt: skip
-    ngram = ("N-gram lookup on the code-editing workload (the prompt holds the answer): 2.60x at "
-             "batch 1 (k = 4), 1.30x at batch 8 (k = 4).")  # fmt: skip
+    assert (
+        f"best batch-1 draft-model speedup on held-out files {draft_b1:.2f}x at k = 4, "
+        f"goal >= 2.0x: **{status}**"
+    ) in summary
+    ngram = (
+        "N-gram lookup on the code-editing workload (the prompt holds the answer): 2.60x at "
+        "batch 1 (k = 4), 1.30x at batch 8 (k = 4)."
+    )
     assert ngram in summary
     assert f"That is {draft_b1 / 1.5:.2f}x the speed of multi-step decoding" in summary
     assert "NVIDIA H200" in summary
@@ -317,10 +420,12 @@ def test_spec_chart_lines(tmp_path, monkeypatch):
 
     monkeypatch.setattr(charts, "line_chart", spy)
     assert module._spec_charts(recs, tmp_path) == [tmp_path / "spec_decode.png"]
-    assert list(seen["series"]) == ["draft model, batch 1 (held-out)",
-                                    "draft model, batch 8 (held-out)",
-                                    "n-gram lookup, batch 1 (code-editing)",
-                                    "n-gram lookup, batch 8 (code-editing)"]  # fmt: skip
+    assert list(seen["series"]) == [
+        "draft model, batch 1 (held-out)",
+        "draft model, batch 8 (held-out)",
+        "n-gram lookup, batch 1 (code-editing)",
+        "n-gram lookup, batch 8 (code-editing)",
+    ]
     assert seen["series"]["draft model, batch 1 (held-out)"] == ((2, 4), (1.2, pytest.approx(2.4)))
     assert [v for v, _ in seen["hlines"]] == [1.0, 2.0]  # no speculation, and the goal
     assert "NVIDIA H200" in seen["footnote"]

@@ -93,8 +93,10 @@ def test_chi2_critical_values():
         x0 = chi2_isf(1e-6, dof)
         h, n = 0.01, 40_000
         log_c = -(dof / 2) * math.log(2) - math.lgamma(dof / 2)
-        pdf = [math.exp(log_c + (dof / 2 - 1) * math.log(x0 + i * h) - (x0 + i * h) / 2)
-               for i in range(n + 1)]  # fmt: skip
+        pdf = [
+            math.exp(log_c + (dof / 2 - 1) * math.log(x0 + i * h) - (x0 + i * h) / 2)
+            for i in range(n + 1)
+        ]
         tail = h / 3 * (pdf[0] + pdf[-1] + 4 * sum(pdf[1:-1:2]) + 2 * sum(pdf[2:-1:2]))
         assert tail == pytest.approx(1e-6, rel=1e-6), dof
 
@@ -122,10 +124,15 @@ def _run_rule(point_mass: bool, seed: int = 0):
         drafts = torch.stack([torch.multinomial(q[i], N, True, generator=g) for i in range(K)], 1)
         q_arg = q.expand(N, K, V)
     res = rejection.verify(
-        torch.zeros(N, K + 1, V), p.expand(N, K + 1, V), drafts, torch.full((N,), K), q_arg,
-        torch.zeros(N, dtype=torch.bool), torch.rand(N, K, generator=g),
+        torch.zeros(N, K + 1, V),
+        p.expand(N, K + 1, V),
+        drafts,
+        torch.full((N,), K),
+        q_arg,
+        torch.zeros(N, dtype=torch.bool),
+        torch.rand(N, K, generator=g),
         torch.empty(N, V).exponential_(generator=g),
-    )  # fmt: skip
+    )
     return p, q, drafts, res
 
 
@@ -168,9 +175,15 @@ def test_greedy_rule_accepts_the_argmax_prefix():
     logits = torch.tensor([[[0.0, 5, 1], [3, 0, 1], [0, 0, 9]]] * 3)  # argmax 1, 0, 2
     drafts = torch.tensor([[1, 0], [1, 2], [2, 0]])
     res = rejection.verify(
-        logits, logits.softmax(-1), drafts, torch.tensor([2, 2, 1]), None,
-        torch.ones(3, dtype=torch.bool), torch.zeros(3, 2), torch.ones(3, 3),
-    )  # fmt: skip
+        logits,
+        logits.softmax(-1),
+        drafts,
+        torch.tensor([2, 2, 1]),
+        None,
+        torch.ones(3, dtype=torch.bool),
+        torch.zeros(3, 2),
+        torch.ones(3, 3),
+    )
     assert res.tokens == [[1, 0, 2], [1, 0], [1]] and res.num_accepted == [2, 1, 0]
 
 
@@ -197,8 +210,16 @@ def test_greedy_fast_path_equals_the_batched_rule():
         groups.append(SpecGroup(seq, i * (k + 1), None))
     got = _verify_greedy(logits, groups)
     view = logits.view(b, k + 1, v)
-    want = rejection.verify(view, view.softmax(-1), drafts, torch.tensor(nd), None,
-                            torch.ones(b, dtype=torch.bool), torch.zeros(b, k), torch.ones(b, v))  # fmt: skip
+    want = rejection.verify(
+        view,
+        view.softmax(-1),
+        drafts,
+        torch.tensor(nd),
+        None,
+        torch.ones(b, dtype=torch.bool),
+        torch.zeros(b, k),
+        torch.ones(b, v),
+    )
     assert got.tokens == want.tokens and got.num_accepted == want.num_accepted
     assert set(got.num_accepted) == set(range(k + 1))  # 0..k accepted all occur
 
@@ -362,9 +383,11 @@ def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir
     # token 0 comes from the prefill, then 5 a step (4 drafts + 1): tokens 1-5, 6-10, ...; a
     # stop token must be new (not earlier in the output) and neither first nor last of its step
     prompt, ref, j = next(
-        (p, r, i) for p, r in zip(prompts, want) for i in range(6, len(r))
+        (p, r, i)
+        for p, r in zip(prompts, want)
+        for i in range(6, len(r))
         if r[i] not in r[:i] and i % 5 in (2, 3, 4)
-    )  # fmt: skip
+    )
 
     def run(params, **kw):
         llm = _llm(
@@ -401,9 +424,13 @@ def test_random_add_step_abort_never_leaks_with_speculation(hf_model_dir, other_
     for method, draft in (("ngram", None), ("draft", other_model_dir)):
         rng = random.Random(0)
         llm = _llm(
-            hf_model_dir, speculative_method=method, speculative_model=draft and str(draft),
-            num_gpu_blocks=10, max_num_batched_tokens=40, max_num_seqs=5,
-        )  # fmt: skip
+            hf_model_dir,
+            speculative_method=method,
+            speculative_model=draft and str(draft),
+            num_gpu_blocks=10,
+            max_num_batched_tokens=40,
+            max_num_seqs=5,
+        )
         eng, bm = llm.engine, llm.engine.block_manager
         register = bm.register_computed
 
@@ -421,10 +448,16 @@ def test_random_add_step_abort_never_leaks_with_speculation(hf_model_dir, other_
             op = rng.random()
             if op < 0.25:
                 prompt = rng.choice(phrases) * rng.randint(2, 8) + [rng.randrange(3, 256)]
-                eng.add_request(f"r{i}", prompt, SamplingParams(
-                    max_tokens=rng.randint(1, 30), temperature=rng.choice([0.0, 1.0]),
-                    seed=rng.choice([None, 7]), ignore_eos=True,
-                ))  # fmt: skip
+                eng.add_request(
+                    f"r{i}",
+                    prompt,
+                    SamplingParams(
+                        max_tokens=rng.randint(1, 30),
+                        temperature=rng.choice([0.0, 1.0]),
+                        seed=rng.choice([None, 7]),
+                        ignore_eos=True,
+                    ),
+                )
             elif op < 0.85:
                 for out in eng.step():
                     assert len(out.token_ids) <= 30
@@ -453,8 +486,11 @@ def test_seeded_sampling_is_reproducible_alone_or_in_a_batch(method, hf_model_di
         prompts, ps = [prompt], [params]
         if crowd:
             prompts = [[5, 6, 7] * 9, prompt, [9] * 40]
-            ps = [SamplingParams(max_tokens=20, ignore_eos=True), params,
-                  SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)]  # fmt: skip
+            ps = [
+                SamplingParams(max_tokens=20, ignore_eos=True),
+                params,
+                SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+            ]
         outs = llm.generate(prompts, ps)
         if params is p:
             assert llm.engine.stats()["spec_proposed_tokens"] > 0
@@ -470,9 +506,19 @@ def test_seeded_sampling_is_reproducible_alone_or_in_a_batch(method, hf_model_di
 
 # --- the engine's distribution at temperature > 0 ------------------------------------------------
 
-V8 = dict(TINY, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-          num_key_value_heads=1, vocab_size=8, max_position_embeddings=64, initializer_range=0.3,
-          bos_token_id=0, eos_token_id=1)  # fmt: skip
+V8 = dict(
+    TINY,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=8,
+    max_position_embeddings=64,
+    initializer_range=0.3,
+    bos_token_id=0,
+    eos_token_id=1,
+)
 PROMPT8 = list(range(8)) * 2  # every token occurs: n-gram lookup always proposes
 REQUESTS = 3000
 
@@ -509,8 +555,10 @@ def _joint(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
     p3 = probs(triples)
     return {
         (a, b, c): float(p1[a] * p2[a, b] * p3[a * 8 + b, c])
-        for a in range(8) for b in range(8) for c in range(8)
-    }  # fmt: skip
+        for a in range(8)
+        for b in range(8)
+        for c in range(8)
+    }
 
 
 @pytest.mark.parametrize(
@@ -527,8 +575,7 @@ def test_sampled_tokens_follow_the_target_distribution(vocab8, method, temperatu
     if method == "draft":
         kw["speculative_model"] = str(draft)
     params = SamplingParams(max_tokens=4, temperature=temperature, top_k=top_k, ignore_eos=True)
-    llm = LLM(str(target), device="cpu", dtype="float32", max_model_len=64, max_num_seqs=4096,
-              **kw)  # fmt: skip
+    llm = LLM(str(target), device="cpu", dtype="float32", max_model_len=64, max_num_seqs=4096, **kw)
     outs = llm.generate([PROMPT8] * REQUESTS, params)
     s = llm.engine.stats()
     assert s["spec_verifications"] >= REQUESTS and 0 < s["spec_acceptance_rate"] < 1
@@ -546,8 +593,16 @@ def test_engine_with_an_always_accept_rule_fails_the_same_test(vocab8, monkeypat
     target, draft, model = vocab8
     monkeypatch.setattr(verifier, "draw_uniforms", lambda n, width, *a, **k: torch.zeros(n, width))
     params = SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True)
-    llm = LLM(str(target), device="cpu", dtype="float32", max_model_len=64, max_num_seqs=4096,
-              speculative_method="draft", speculative_model=str(draft), num_speculative_tokens=2)  # fmt: skip
+    llm = LLM(
+        str(target),
+        device="cpu",
+        dtype="float32",
+        max_model_len=64,
+        max_num_seqs=4096,
+        speculative_method="draft",
+        speculative_model=str(draft),
+        num_speculative_tokens=2,
+    )
     outs = llm.generate([PROMPT8] * REQUESTS, params)
     counts: dict[tuple[int, ...], int] = {}
     for o in outs:
@@ -592,11 +647,28 @@ def test_train_corpus_smoke_and_serve(tmp_path):
     from project04_llm_inference.spec.train_corpus import TrainCorpusConfig, run
 
     cfg = TrainCorpusConfig(
-        models_dir=str(tmp_path / "models"), max_files=12, holdout_every=4, vocab_size=300,
-        seq_len=32, max_seq_len=128, batch_size=4, max_steps=3, warmup_steps=1, eval_batches=1,
-        target_dim=64, target_layers=2, target_heads=4, target_kv_heads=2, target_ffn=128,
-        draft_dim=32, draft_layers=1, draft_heads=2, draft_kv_heads=1, draft_ffn=64, device="cpu",
-    )  # fmt: skip
+        models_dir=str(tmp_path / "models"),
+        max_files=12,
+        holdout_every=4,
+        vocab_size=300,
+        seq_len=32,
+        max_seq_len=128,
+        batch_size=4,
+        max_steps=3,
+        warmup_steps=1,
+        eval_batches=1,
+        target_dim=64,
+        target_layers=2,
+        target_heads=4,
+        target_kv_heads=2,
+        target_ffn=128,
+        draft_dim=32,
+        draft_layers=1,
+        draft_heads=2,
+        draft_kv_heads=1,
+        draft_ffn=64,
+        device="cpu",
+    )
     record = run(cfg)
     assert set(record["models"]) == {"target", "draft"}
     assert all(math.isfinite(m["heldout_loss"]) for m in record["models"].values())
