@@ -90,6 +90,15 @@ GPU_SMOKE_ARGS ?=
 gpu-smoke: $(SETUP)  ## the GPU smoke tests, any CUDA extensions built first (minutes on one GPU)
 	$(PYTHON) -m scripts.gpu_smoke $(GPU_SMOKE_ARGS)
 
+# Re-measure the headline figures on this GPU at reduced size and compare them with reports/:
+# exit 0 all agree, 1 a disagreement, 3 no GPU, 4 some not checkable here (each said why).
+# e.g. VERIFY_ARGS="--only p04" (the figures whose re-runs are wired), or --list.
+VERIFY_ARGS ?=
+.PHONY: verify-results
+
+verify-results: $(SETUP)  ## re-measure the headline figures on this GPU, compare with reports/
+	$(PYTHON) -m scripts.verify_results $(VERIFY_ARGS)
+
 # e.g. CUDA_COMPILE_ARGS=--strict (as CI: no nvcc is a failure, not a skip), or --arch 80
 CUDA_COMPILE_ARGS ?=
 cuda-compile:  ## compile every CUDA source for sm_90a with nvcc alone (no GPU, no torch)

@@ -4,6 +4,9 @@
   and dated) and detection of the current GPU.
 - `shared.timing`: one timing interface for GPU (events / do_bench, L2 flush) and CPU
   (torch.utils.benchmark).
+- `shared.repeat`: headline figures as the median of repetitions interleaving ours and the
+  baseline, with their min-max range.
+- `shared.gpu_state`: the GPU's clocks, temperature, power and clock-event reasons from NVML.
 - `shared.flops`: FLOP and byte counts; `shared.roofline`: roofline position and MFU.
 - `shared.cost`: cost per token and per run, on-demand vs spot.
 - `shared.results`: environment capture, atomic JSON result files, Markdown tables.

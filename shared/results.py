@@ -13,10 +13,10 @@ import json
 import math
 import os
 import platform
+import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -41,11 +41,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new file beside `path`, created with mode 0o666 less the umask (the mode any other
+    new file gets; `tempfile.mkstemp` would make it 0o600, and the rename would keep that)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` so that readers see the old file or the whole new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -122,9 +135,13 @@ def _nvidia_driver() -> str | None:
         return None
 
 
-def environment() -> dict:
-    """Where a result was measured: GPU, driver, CUDA, torch, Python, host, date, git commit."""
+def environment(*, gpu_state_start: dict | None = None) -> dict:
+    """Where a result was measured: GPU, driver, CUDA, torch, Python, host, date, git commit,
+    and the GPU's clocks, temperature and power (`gpu_state`: `start` as the benchmark read it
+    when it began, None if it did not; `end` read now)."""
     import torch
+
+    from shared.gpu_state import gpu_state
 
     env = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -154,6 +171,7 @@ def environment() -> dict:
         env["triton"] = triton.__version__
     except ImportError:
         env["triton"] = None
+    env["gpu_state"] = {"start": gpu_state_start, "end": gpu_state()}
     return env
 
 
@@ -169,8 +187,11 @@ def save_result(
     config: dict | None = None,
     reports_dir: str | os.PathLike | None = None,
     env: dict | None = None,
+    gpu_state_start: dict | None = None,
 ) -> Path:
-    """Write reports/<project>/<name>.json with the environment and the baseline of the run."""
+    """Write reports/<project>/<name>.json with the environment and the baseline of the run.
+    gpu_state_start: `shared.gpu_state.gpu_state()` read when the run began; the environment
+    then holds it beside a reading taken now."""
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"result name must be a plain file stem, got {name!r}")
     root = Path(reports_dir) if reports_dir is not None else REPORTS_DIR
@@ -178,12 +199,22 @@ def save_result(
         "schema": SCHEMA_VERSION,
         "project": project,
         "name": name,
-        "environment": env if env is not None else environment(),
+        "environment": _environment_with(env, gpu_state_start),
         "config": config or {},
         "baseline": baseline,
         "results": results,
     }
     return atomic_write_json(root / project / f"{name}.json", record)
+
+
+def _environment_with(env: dict | None, gpu_state_start: dict | None) -> dict:
+    if env is None:
+        return environment(gpu_state_start=gpu_state_start)
+    if gpu_state_start is None:
+        return env
+    from shared.gpu_state import gpu_state
+
+    return {**env, "gpu_state": {"start": gpu_state_start, "end": gpu_state()}}
 
 
 def load_result(path: str | os.PathLike) -> dict:

@@ -248,15 +248,24 @@ class StaticCudaGraphDecoder:
 def decode_step_ms(c: dict, batch: int, context: int, *, dtype=torch.bfloat16) -> float:
     """Median ms of one graph-replayed decode step at `batch` rows that each hold `context`
     tokens of cache (cache contents are zeros: the bytes read, not their values, set the time)."""
+    return decode_step_times(c, batch, context, 1, dtype=dtype)[0]
+
+
+def decode_step_times(c: dict, batch: int, context: int, repeats: int, *,
+                      dtype=torch.bfloat16) -> list[float]:  # fmt: skip
+    """`repeats` repetitions of `decode_step_ms` on one decoder and one captured graph (built
+    once: capture is not what is timed), each the median ms of its own timed replays."""
     from shared.timing import benchmark
 
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     dec = StaticCudaGraphDecoder(c, batch, context + 1, dtype=dtype)
     dec.pos.fill_(context)  # every replay writes the same slot, so the context stays fixed
     dec.capture(context + 1)
-    ms = benchmark(dec.step, warmup_ms=100, rep_ms=500).median_ms
+    times = [benchmark(dec.step, warmup_ms=100, rep_ms=500).median_ms for _ in range(repeats)]
     del dec
     free_cuda()
-    return ms
+    return times
 
 
 def generate_static(c: dict, wl: Workload, *, batch_size: int = 256, dtype=torch.bfloat16,

@@ -11,6 +11,11 @@ Per (batch, context) shape, bf16, Llama-3.2-1B attention (32 query heads, 8 KV h
 Bytes = K and V of every context token read once + q + out; GB/s = bytes / median time
 (`triton.testing.do_bench`, which flushes L2 between runs). The copy ceiling measured on the
 H200 is about 4,300 GB/s. Shapes whose two caches (paged + contiguous) would not fit are skipped.
+
+Each shape is timed in `repeats` repetitions (default 5), ours and SDPA alternating
+(`shared.repeat.interleave`); every figure is the median over repetitions with `_min`, `_max`
+and `_reps` beside it, the speedup the median of the per-repetition ratios. The record's
+environment holds the GPU's clocks, temperature and power at the start and the end.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from shared.repeat import DEFAULT_REPEATS, flat, interleave
 
 PROJECT = "project04_llm_inference"
 
@@ -37,6 +44,8 @@ class KernelBenchConfig:
     dtype: str = "bfloat16"
     seed: int = 0
     memory_fraction: float = 0.6  # of free GPU memory the two caches may take
+    repeats: int = DEFAULT_REPEATS
+    """repetitions per shape, ours and SDPA alternating; figures are medians with min-max"""
     reports_dir: str = ""
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
 
@@ -86,25 +95,37 @@ def run_shape(b: int, s: int, cfg: KernelBenchConfig) -> dict:
         return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)
 
     row["max_abs_diff_vs_sdpa"] = (ours().float() - sdpa()[:, :, 0].float()).abs().max().item()
-    for key, fn in (("ours", ours), ("sdpa", sdpa)):
-        try:
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-        except RuntimeError as e:  # e.g. no SDPA backend for this case on this build
-            row[f"{key}_error"] = str(e).splitlines()[0]
-            continue
-        row[f"{key}_ms"] = ms
-        row[f"{key}_gbps"] = row["bytes"] / (ms * 1e-3) / 1e9
-    if "ours_ms" in row and "sdpa_ms" in row:
-        row["speedup_vs_sdpa"] = row["sdpa_ms"] / row["ours_ms"]
+
+    def timed(fn):
+        return lambda: do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+    # RuntimeError: e.g. no SDPA backend for this case on this build
+    reps = interleave({"ours": timed(ours), "sdpa": timed(sdpa)}, cfg.repeats,
+                      catch=(RuntimeError,))  # fmt: skip
+    for key in ("ours", "sdpa"):
+        if key in reps.errors:
+            row[f"{key}_error"] = reps.errors[key].splitlines()[0]
+        ms = reps.spread(key)
+        if ms is not None:
+            row.update(flat(f"{key}_ms", ms))
+            row.update(flat(f"{key}_gbps", ms.map(lambda t: row["bytes"] / (t * 1e-3) / 1e9)))
+    speedup = reps.ratio("sdpa", "ours")
+    if speedup is not None:
+        row.update(flat("speedup_vs_sdpa", speedup))
     return row
 
 
 def run(cfg: KernelBenchConfig) -> dict:
     """Time every (batch, context) shape of `cfg`, save the JSON record, return it with its path."""
+    from shared.gpu_state import gpu_state, state_line
     from shared.results import REPO_ROOT, save_result
 
     if not torch.cuda.is_available():
         raise RuntimeError("the decode kernel benchmark needs a CUDA GPU")
+    if cfg.repeats < 1:
+        raise ValueError(f"KernelBenchConfig.repeats must be >= 1, got {cfg.repeats}")
+    start = gpu_state()
+    print(f"GPU at start: {state_line(start)}")
     torch.manual_seed(cfg.seed)
     rows = []
     for b in cfg.batches:
@@ -115,7 +136,7 @@ def run(cfg: KernelBenchConfig) -> dict:
     reports_dir = cfg.reports_dir or str(
         REPO_ROOT / "runs" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     )
-    results = {"rows": rows, "copy_ceiling_gbps": 4294}
+    results = {"rows": rows, "copy_ceiling_gbps": 4294, "repeats": cfg.repeats}
     path = save_result(
         PROJECT,
         "decode_attention",
@@ -123,18 +144,24 @@ def run(cfg: KernelBenchConfig) -> dict:
         baseline="SDPA (enable_gqa=True, backend of its choice) over a contiguous cache, same process",
         config=asdict(cfg),
         reports_dir=reports_dir,
+        gpu_state_start=start,
     )
     print(f"wrote {path}")
     return {**results, "path": str(Path(path))}
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from shared.cli import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reports-dir", default="", help="default: runs/<UTC time>/")
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 64, 256])
     ap.add_argument("--contexts", nargs="*", type=int, default=[1024, 4096, 8192, 16384, 32768])
+    ap.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                    help="repetitions per shape, ours and SDPA alternating")  # fmt: skip
     ns = ap.parse_args(argv)
-    cfg = KernelBenchConfig(batches=ns.batches, contexts=ns.contexts, reports_dir=ns.reports_dir)
+    cfg = KernelBenchConfig(batches=ns.batches, contexts=ns.contexts, reports_dir=ns.reports_dir,
+                            repeats=ns.repeats)  # fmt: skip
     return run(cfg)
 
 

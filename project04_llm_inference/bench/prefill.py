@@ -14,6 +14,11 @@ The mask is causal aligned bottom-right (query j of a chunk of q_len after a pre
 position ctx - q_len + j). FLOPs count only the (query, key) pairs the mask keeps, for both
 products: 4 * D * Hq * sum_i [q_len_i (ctx_i - q_len_i) + q_len_i (q_len_i + 1) / 2]; every
 column uses that same useful count. Times are medians of `triton.testing.do_bench`.
+
+Each workload is timed in `repeats` repetitions (default 5), the three alternating
+(`shared.repeat.interleave`); every figure is the median over repetitions with `_min`, `_max`
+and `_reps` beside it, speedups the median of the per-repetition ratios. The record's
+environment holds the GPU's clocks, temperature and power at the start and the end.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from shared.repeat import DEFAULT_REPEATS, flat, interleave
 
 PROJECT = "project04_llm_inference"
 # name -> (q_len, context_len) per sequence
@@ -45,6 +52,8 @@ class PrefillBenchConfig:
     block_size: int = 16
     dtype: str = "bfloat16"
     seed: int = 0
+    repeats: int = DEFAULT_REPEATS
+    """repetitions per workload, ours and the SDPA baselines alternating; medians with min-max"""
     reports_dir: str = ""
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
 
@@ -124,27 +133,37 @@ def run_workload(name: str, cfg: PrefillBenchConfig) -> dict:
         "sdpa_per_seq": lambda: [_sdpa(*xs, scale) for xs in per_seq],
         "sdpa_padded": lambda: _sdpa(*pad, scale),
     }
-    for key, fn in timed.items():
-        try:
-            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-        except RuntimeError as e:
-            row[f"{key}_error"] = str(e).splitlines()[0]
-            continue
-        row[f"{key}_ms"] = ms
-        row[f"{key}_tflops"] = flops / (ms * 1e-3) / 1e12
-    if "ours_ms" in row and "sdpa_per_seq_ms" in row:
-        row["speedup_vs_sdpa_per_seq"] = row["sdpa_per_seq_ms"] / row["ours_ms"]
-    if "ours_ms" in row and "sdpa_padded_ms" in row:
-        row["speedup_vs_sdpa_padded"] = row["sdpa_padded_ms"] / row["ours_ms"]
+    reps = interleave(
+        {key: (lambda fn=fn: do_bench(fn, warmup=25, rep=200, return_mode="median"))
+         for key, fn in timed.items()},
+        cfg.repeats,
+        catch=(RuntimeError,),
+    )  # fmt: skip
+    for key in timed:
+        if key in reps.errors:
+            row[f"{key}_error"] = reps.errors[key].splitlines()[0]
+        ms = reps.spread(key)
+        if ms is not None:
+            row.update(flat(f"{key}_ms", ms))
+            row.update(flat(f"{key}_tflops", ms.map(lambda t: flops / (t * 1e-3) / 1e12)))
+    for base in ("sdpa_per_seq", "sdpa_padded"):
+        speedup = reps.ratio(base, "ours")
+        if speedup is not None:
+            row.update(flat(f"speedup_vs_{base}", speedup))
     return row
 
 
 def run(cfg: PrefillBenchConfig) -> dict:
     """Time every workload of `cfg`, save the JSON record, return it (rows and its path)."""
+    from shared.gpu_state import gpu_state, state_line
     from shared.results import REPO_ROOT, save_result
 
     if not torch.cuda.is_available():
         raise RuntimeError("the prefill benchmark needs a CUDA GPU")
+    if cfg.repeats < 1:
+        raise ValueError(f"PrefillBenchConfig.repeats must be >= 1, got {cfg.repeats}")
+    start = gpu_state()
+    print(f"GPU at start: {state_line(start)}")
     torch.manual_seed(cfg.seed)
     rows = []
     for name in cfg.workloads:
@@ -153,7 +172,8 @@ def run(cfg: PrefillBenchConfig) -> dict:
     reports_dir = cfg.reports_dir or str(
         REPO_ROOT / "runs" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     )
-    results = {"rows": rows, "workloads": {n: WORKLOADS[n] for n in cfg.workloads}}
+    results = {"rows": rows, "workloads": {n: WORKLOADS[n] for n in cfg.workloads},
+               "repeats": cfg.repeats}  # fmt: skip
     path = save_result(
         PROJECT,
         "prefill_attention",
@@ -161,18 +181,24 @@ def run(cfg: PrefillBenchConfig) -> dict:
         baseline="SDPA FLASH per sequence (pre-gathered K/V) and over one padded batch",
         config=asdict(cfg),
         reports_dir=reports_dir,
+        gpu_state_start=start,
     )
     print(f"wrote {path}")
     return {**results, "path": str(Path(path))}
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from shared.cli import positive_int
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reports-dir", default="", help="default: runs/<UTC time>/")
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                    help="repetitions per workload, ours and the baselines alternating")  # fmt: skip
     ns = ap.parse_args(argv)
-    cfg = PrefillBenchConfig(workloads=ns.workloads, dtype=ns.dtype, reports_dir=ns.reports_dir)
+    cfg = PrefillBenchConfig(workloads=ns.workloads, dtype=ns.dtype, reports_dir=ns.reports_dir,
+                             repeats=ns.repeats)  # fmt: skip
     return run(cfg)
 
 

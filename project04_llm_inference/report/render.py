@@ -5,7 +5,9 @@
 Reads `<reports_dir>/project04_llm_inference/*.json` (or `<reports_dir>/*.json` when the folder
 holds the records itself), writes `results.md`, `decode_latency.png` and `throughput.png` beside
 them and returns their paths. A record that is missing leaves its section and targets as
-"not measured", never as a number.
+"not measured", never as a number. A figure measured over repetitions (its `_min`, `_max` and
+`_reps` fields beside it, `shared.repeat.flat`) shows as "median (min–max)"; a record of one
+run renders as it always did.
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ def _table(rows: list[dict], columns=None, headers=None) -> str:
     return markdown_table(rows, columns, headers=headers, floatfmt=",.7g")
 
 
+def _num(v: float) -> str:
+    """A number as _table writes it."""
+    return format(_tidy(float(v)), ",.7g")
+
+
+def _range_text(value, lo, hi) -> str:
+    return f"{_num(value)} ({_num(lo)}–{_num(hi)})"
+
+
+def _ranged(r: dict, key: str, plain, f=lambda v: v):
+    """The cell of figure `key` of record row `r`: `plain` (what the table showed before
+    repetitions existed: f of the median) unless the row holds a range over two or more
+    repetitions, then 'median (min–max)' with f applied to both ends."""
+    lo, hi = r.get(f"{key}_min"), r.get(f"{key}_max")
+    if plain is None or lo is None or hi is None or len(r.get(f"{key}_reps") or ()) < 2:
+        return plain
+    a, b = sorted((f(lo), f(hi)))
+    return _range_text(plain, a, b)
+
+
 def _folder(reports_dir: Path) -> Path:
     sub = Path(reports_dir) / PROJECT
     return sub if sub.is_dir() else Path(reports_dir)
@@ -53,22 +75,37 @@ def _latency_row(recs: dict, batch: int, context: int) -> dict | None:
     return next((r for r in rows if r["batch"] == batch and r["context"] == context), None)
 
 
-def _target(text: str, measured, unit: str, ok) -> dict:
-    """ok: a predicate on the measured value; None measured means 'not measured'."""
-    return {"target": text, "measured": measured, "unit": unit,
+def _target(text: str, measured, unit: str, ok, span=None) -> dict:
+    """ok: a predicate on the measured value (the median); None measured means 'not measured'.
+    span: (min, max) over repetitions when the record has them."""
+    return {"target": text, "measured": measured, "unit": unit, "range": span,
             "met": None if measured is None else bool(ok(measured))}  # fmt: skip
+
+
+def _span(r: dict | None, key: str, f=lambda v: v) -> tuple[float, float] | None:
+    """(min, max) of f over figure `key`'s repetitions, when the record has two or more."""
+    if not r or r.get(f"{key}_min") is None or len(r.get(f"{key}_reps") or ()) < 2:
+        return None
+    return tuple(sorted((f(r[f"{key}_min"]), f(r[f"{key}_max"]))))
+
+
+def _best(r: dict | None) -> tuple[float | None, str, str]:
+    """The engine's faster configuration at a latency row: (ms per step, which, its field)."""
+    if not r:
+        return None, "", ""
+    got = [(r.get("engine_ms"), "one step per round trip", "engine_ms"),
+           (r.get("engine_multi_ms"), f"{r.get('multi_step_k')} steps per round trip",
+            "engine_multi_ms")]  # fmt: skip
+    got = [g for g in got if g[0] is not None]
+    if len(got) == 1 and r.get("engine_multi_ms") is None:
+        return got[0][0], "", got[0][2]  # a record without multi-step: nothing to choose between
+    return min(got) if got else (None, "", "")
 
 
 def _best_ms(r: dict | None) -> tuple[float | None, str]:
     """The engine's faster configuration at a latency row: (ms per step, which)."""
-    if not r:
-        return None, ""
-    got = [(r.get("engine_ms"), "one step per round trip"),
-           (r.get("engine_multi_ms"), f"{r.get('multi_step_k')} steps per round trip")]  # fmt: skip
-    got = [g for g in got if g[0] is not None]
-    if len(got) == 1 and r.get("engine_multi_ms") is None:
-        return got[0][0], ""  # a record without multi-step: nothing to choose between
-    return min(got) if got else (None, "")
+    ms, how, _ = _best(r)
+    return ms, how
 
 
 def targets(recs: dict[str, dict]) -> list[dict]:
@@ -76,26 +113,44 @@ def targets(recs: dict[str, dict]) -> list[dict]:
     decode targets take the engine's faster configuration (named in the unit column)."""
     out = []
     for ctx in (1024, 8192):
-        ms, how = _best_ms(_latency_row(recs, 1, ctx))
+        row = _latency_row(recs, 1, ctx)
+        ms, how, key = _best(row)
         out.append(_target(f"batch-1 decode <= 0.80 ms/token at context {ctx:,}", ms,
-                           f"ms/token{', ' + how if how else ''}", lambda v: v <= 0.80))  # fmt: skip
+                           f"ms/token{', ' + how if how else ''}", lambda v: v <= 0.80,
+                           _span(row, key)))  # fmt: skip
     for b, goal in ((64, 40_000), (256, 65_000)):
-        ms, how = _best_ms(_latency_row(recs, b, 1024))
+        row = _latency_row(recs, b, 1024)
+        ms, how, key = _best(row)
         out.append(_target(f"decode >= {goal // 1000}k tok/s at batch {b}, context 1,024",
                            b / ms * 1e3 if ms else None, f"tok/s{', ' + how if how else ''}",
-                           lambda v, g=goal: v >= g))  # fmt: skip
+                           lambda v, g=goal: v >= g, _span(row, key, lambda v, b=b: b / v * 1e3)))  # fmt: skip
     eng = recs.get("offline_throughput", {}).get("results", {}).get("engine", {})
     out.append(_target("offline throughput >= 30k output tok/s", eng.get("output_tok_s"),
-                       "output tok/s", lambda v: v >= 30_000))  # fmt: skip
+                       "output tok/s", lambda v: v >= 30_000, _span(eng, "output_tok_s")))  # fmt: skip
     long_rows = [r for r in recs.get("decode_attention", {}).get("results", {}).get("rows", [])
                  if r.get("batch") in (64, 256) and r.get("context", 0) >= 8192 and r.get("ours_gbps")]  # fmt: skip
-    worst = min((r["ours_gbps"] / 1e3 / COPY_TB_S * 100 for r in long_rows), default=None)
+    worst_row = min(long_rows, key=lambda r: r["ours_gbps"], default=None)
+    worst = worst_row["ours_gbps"] / 1e3 / COPY_TB_S * 100 if worst_row else None
     out.append(_target("paged decode kernel >= 80% of the copy bandwidth (batch 64/256, context >= 8k)",
-                       worst, "% of 4.3 TB/s (worst shape)", lambda v: v >= 80))  # fmt: skip
+                       worst, "% of 4.3 TB/s (worst shape)", lambda v: v >= 80,
+                       _span(worst_row, "ours_gbps", lambda v: v / 1e3 / COPY_TB_S * 100)))  # fmt: skip
     un = recs.get("prefix_caching", {}).get("results", {}).get("unshared", {})
     out.append(_target("prefix caching costs <= 2% when nothing is shared", un.get("overhead_pct"),
-                       "% wall time", lambda v: v <= 2.0))  # fmt: skip
+                       "% wall time", lambda v: v <= 2.0, _span(un, "overhead_pct")))  # fmt: skip
     return out
+
+
+def _target_rows(tg: list[dict]) -> list[dict]:
+    """Targets as table rows: the measured cell is 'median (min–max)' where there is a range."""
+    return [{**t, "measured": _range_text(t["measured"], *t["range"])}
+            if t.get("range") and t["measured"] is not None else t for t in tg]  # fmt: skip
+
+
+def _ranges_note(tg: list[dict]) -> str:
+    if not any(t.get("range") for t in tg):
+        return ""
+    return ("Measured: the median of repeated runs, their min–max range in parentheses (ours and "
+            "its baseline interleaved where the record says so).\n\n")  # fmt: skip
 
 
 def _status(met) -> str:
@@ -118,8 +173,9 @@ def _throughput_md(rec: dict) -> str:
     for key, label in SYSTEMS.items():
         r = res.get(key) or {"measured": False, "reason": "absent from the record"}
         rows.append({"system": label, "requests": r.get("requests"),
-                     "output tok/s": r.get("output_tok_s"), "total tok/s": r.get("total_tok_s"),
-                     "wall s": r.get("wall_s"),
+                     "output tok/s": _ranged(r, "output_tok_s", r.get("output_tok_s")),
+                     "total tok/s": _ranged(r, "total_tok_s", r.get("total_tok_s")),
+                     "wall s": _ranged(r, "wall_s", r.get("wall_s")),
                      "engine ÷ this (x)": res.get("ratios", {}).get(f"engine_vs_{key}"),
                      "note": r.get("subsample") or r.get("reason") or _steps_note(r)})  # fmt: skip
     head = (f"{w['requests']:,} requests, prompts {w['prompt_len_min']}-{w['prompt_len_max']} "
@@ -146,7 +202,8 @@ def _latency_md(rec: dict) -> str:
     floor = (f"Floor: {res['weight_bytes'] / 1e9:.2f} GB of weights ({res['params'] / 1e9:.3f} B "
              f"params, bf16) + batch x context x {res['kv_bytes_per_token']:,} B of KV per step, "
              f"over {res['bandwidth_tb_s']} TB/s.")  # fmt: skip
-    table = _table(res["rows"], cols, heads)
+    rows = [{**r, **{c: _ranged(r, c, r.get(c)) for c in cols}} for r in res["rows"]]
+    table = _table(rows, cols, heads)
     return f"## Decode latency\n\n{floor} {res.get('note', '')}\n\n{table}\n"
 
 
@@ -172,18 +229,32 @@ def _prefix_md(rec: dict) -> str:
     heads = ["prefix caching", "prefill tokens computed", "cache hits (tokens)", "output tok/s",
              "wall s"]  # fmt: skip
     un = r["unshared"]
+    runs = f"median of {len(un['off']['wall_s'])} runs each"
+    if _span(un, "overhead_pct"):
+        runs = (f"median of {len(un['overhead_pct_reps'])} paired runs, "
+                f"{un['overhead_pct_min']:+.2f}% to {un['overhead_pct_max']:+.2f}%")  # fmt: skip
     return (f"## Prefix caching\n\nShared prefix: {r['shared'].get('prompt_tokens', 0):,} prompt "
             f"tokens; caching on is {r['shared']['speedup']:.2f}x faster in wall time.\n\n"
             f"{_table(rows, list(rows[0]), heads)}\n\nNothing shared: caching on "
-            f"costs {un['overhead_pct']:+.2f}% wall time (median of {len(un['off']['wall_s'])} "
-            f"runs each; target <= {un['target_pct']}%). TTFT: {r.get('ttft_note')}.\n")  # fmt: skip
+            f"costs {un['overhead_pct']:+.2f}% wall time ({runs}; "
+            f"target <= {un['target_pct']}%). TTFT: {r.get('ttft_note')}.\n")  # fmt: skip
 
 
 def _decode_kernel_md(rec: dict) -> str:
-    rows = [{"batch": r["batch"], "context": r["context"], "ours (us)": r.get("ours_ms", 0) * 1e3,
-             "ours (GB/s)": r.get("ours_gbps"), "% of 4.3 TB/s": (r.get("ours_gbps") or 0) / 43,
-             "SDPA (us)": r.get("sdpa_ms", 0) * 1e3, "SDPA (GB/s)": r.get("sdpa_gbps"),
-             "ours / SDPA speed (x)": r.get("speedup_vs_sdpa"), "splits": r.get("num_splits")}
+    def us(v):
+        return v * 1e3
+
+    def pct(v):
+        return v / 43
+
+    rows = [{"batch": r["batch"], "context": r["context"],
+             "ours (us)": _ranged(r, "ours_ms", r.get("ours_ms", 0) * 1e3, us),
+             "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
+             "% of 4.3 TB/s": _ranged(r, "ours_gbps", (r.get("ours_gbps") or 0) / 43, pct),
+             "SDPA (us)": _ranged(r, "sdpa_ms", r.get("sdpa_ms", 0) * 1e3, us),
+             "SDPA (GB/s)": _ranged(r, "sdpa_gbps", r.get("sdpa_gbps")),
+             "ours / SDPA speed (x)": _ranged(r, "speedup_vs_sdpa", r.get("speedup_vs_sdpa")),
+             "splits": r.get("num_splits")}
             for r in rec["results"]["rows"] if "skipped" not in r]  # fmt: skip
     return ("## Paged decode attention kernel\n\nOne query token per sequence over its paged "
             "K/V (block size 16, Llama-3.2-1B attention: 32 query / 8 KV heads of 64, bf16), "
@@ -193,11 +264,12 @@ def _decode_kernel_md(rec: dict) -> str:
 
 
 def _prefill_kernel_md(rec: dict) -> str:
+    cols = {"ours (TFLOP/s)": "ours_tflops", "SDPA per sequence (TFLOP/s)": "sdpa_per_seq_tflops",
+            "SDPA padded batch (TFLOP/s)": "sdpa_padded_tflops",
+            "ours vs per-sequence (x)": "speedup_vs_sdpa_per_seq",
+            "ours vs padded (x)": "speedup_vs_sdpa_padded"}  # fmt: skip
     rows = [{"workload": r["workload"], "query tokens": r["q_tokens"],
-             "ours (TFLOP/s)": r.get("ours_tflops"), "SDPA per sequence (TFLOP/s)": r.get("sdpa_per_seq_tflops"),
-             "SDPA padded batch (TFLOP/s)": r.get("sdpa_padded_tflops"),
-             "ours vs per-sequence (x)": r.get("speedup_vs_sdpa_per_seq"),
-             "ours vs padded (x)": r.get("speedup_vs_sdpa_padded")}
+             **{head: _ranged(r, key, r.get(key)) for head, key in cols.items()}}
             for r in rec["results"]["rows"]]  # fmt: skip
     return ("## Paged prefill attention kernel\n\nChunked prefill over the paged cache, causal "
             "aligned bottom-right, ragged batches packed (no padding); FLOPs counted from the mask. "
@@ -267,7 +339,7 @@ def render(reports_dir: str | Path) -> list[Path]:
     parts = ["# project04: offline inference benchmarks\n",
              "Llama-3.2-1B shape, dummy weights, bf16, greedy. Environment of each record:\n",
              "\n".join(_env_lines(recs)) + "\n", "## Targets\n",
-             _table(tg, ["target", "measured", "unit", "status"]) + "\n"]  # fmt: skip
+             _ranges_note(tg) + _table(_target_rows(tg), ["target", "measured", "unit", "status"]) + "\n"]  # fmt: skip
     for name, fn in (("offline_throughput", _throughput_md), ("decode_latency", _latency_md),
                      ("kv_memory", _memory_md), ("prefix_caching", _prefix_md),
                      ("decode_attention", _decode_kernel_md), ("prefill_attention", _prefill_kernel_md)):  # fmt: skip
@@ -290,7 +362,7 @@ def _summary(recs: dict, tg: list[dict], folder: Path) -> str:
     env = next(iter(recs.values()))["environment"]
     rel = f"reports/{PROJECT}"
     return (f"**Inference engine, Llama-3.2-1B shape, dummy weights, bf16** ({environment_line(env)}):\n\n"
-            + _table(tg, ["target", "measured", "unit", "status"]) + "\n\n"
+            + _ranges_note(tg) + _table(_target_rows(tg), ["target", "measured", "unit", "status"]) + "\n\n"
             + f"Details, baselines and charts: [{rel}/results.md]({rel}/results.md).\n")  # fmt: skip
 
 

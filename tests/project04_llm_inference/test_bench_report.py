@@ -279,6 +279,7 @@ def fake_engine(monkeypatch):
     monkeypatch.setattr(offline, "_engine", lambda: (_FakeLLM, EngineArgs, SamplingParams))
     monkeypatch.setattr(offline, "_has_gpu", lambda what: True)
     monkeypatch.setattr(baselines, "decode_step_ms", lambda c, b, ctx: 0.5 * b)
+    monkeypatch.setattr(baselines, "decode_step_times", lambda c, b, ctx, n: [0.5 * b] * n)
 
 
 def test_latency_memory_prefix_records_with_a_fake_engine(fake_engine, tmp_path):
