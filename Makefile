@@ -121,13 +121,24 @@ project03: $(SETUP)  ## fault-tolerant training under injected failures
 	$(PYTHON) -m scripts.demo --only project03
 
 # project04's benchmarks write to a run folder (never to reports/); publish by copying it there.
-P04_RUN ?= runs/project04-$(shell date -u +%Y%m%dT%H%M%S)
+# expanded once (:=), so every step of the target writes into the same folder
+ifndef P04_RUN
+P04_RUN := runs/project04-$(shell date -u +%Y%m%dT%H%M%S)
+endif
 P04_BENCHES ?= decode-kernel prefill-kernel latency throughput memory prefix
 
 project04: $(SETUP)  ## build, test, benchmark and report the inference engine (needs a GPU)
 	$(PYTHON) -m pytest -m gpu tests/project04_llm_inference -q
 	@for b in $(P04_BENCHES); do echo "== project04 $$b"; \
 	  $(PYTHON) -m project04_llm_inference $$b --reports-dir $(P04_RUN) || exit 1; done
+	@echo "== project04 serving (a server launched on 127.0.0.1, a rate sweep)"
+	$(PYTHON) -m project04_llm_inference serving --launch --engine.load-format dummy \
+	  --engine.dummy-shape llama-3.2-1b --request-rates 8 16 32 inf --num-prompts 300 \
+	  --offline-record $(P04_RUN)/project04_llm_inference/offline_throughput.json \
+	  --reports-dir $(P04_RUN) --no-progress
+	@echo "== project04 speculative decoding (trains a target and a draft, then times them)"
+	$(PYTHON) -m project04_llm_inference.spec.train_corpus --models-dir $(P04_RUN)/spec-models
+	$(PYTHON) -m project04_llm_inference spec --models-dir $(P04_RUN)/spec-models --reports-dir $(P04_RUN)
 	$(PYTHON) -m project04_llm_inference report --reports-dir $(P04_RUN)
 	@echo "project04: results in $(P04_RUN)"
 
