@@ -10,6 +10,7 @@ Layout of a checkpoint root:
       latest                     text: the name of the newest committed step directory
       .tmp-step_00000110-<pid>/  a save in progress (never loaded; removed at the next start)
       quarantine/                checkpoints that failed verification, kept for inspection
+      .lock                      flock of the trainer that owns the directory (run_lock.py)
 
 Commit protocol (why a crash never leaves a checkpoint that looks whole): every rank writes its
 shards into the temporary directory (DCP fsyncs each file), hashes its own files and sends the
@@ -18,6 +19,12 @@ directory to step_XXXXXXXX and fsyncs the root. A directory named step_* therefo
 manifest that lists every file with its checksum. `latest` is replaced atomically after that; the
 loader does not trust it blindly: it walks the step directories newest first, verifies each, and
 loads the first good one, logging why each newer one was skipped.
+
+Checkpoint files are untrusted input: the manifest passes a typed loader (manifest.py), a step
+directory is verified without following links (verify.py), and DCP's pickles are read without
+running code from them (safe_format.py). Retention counts only checkpoints that verify
+(retention.py); rank 0 holds an OS lock on the root for the manager's life (run_lock.py) and
+checks at construction that it can write there. This module re-exports those names.
 
 What a checkpoint holds: the caller's state (model and optimizer from
 `torch.distributed.checkpoint.state_dict.get_state_dict`, sharded DTensors), a JSON blob of
@@ -46,15 +53,13 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import datetime as _dt
-import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,85 +67,47 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager
 
 from shared.results import atomic_write_text
 
-MANIFEST = "manifest.json"
-LATEST = "latest"
-QUARANTINE = "quarantine"
-FORMAT_VERSION = 1
-_STEP_RE = re.compile(r"^step_(\d{8})$")
-_HASH_CHUNK = 8 << 20  # bytes read per hashlib update (hashlib releases the GIL on large blocks)
+from .manifest import (  # noqa: F401 - re-exported: the checkpoint API in one place
+    FORMAT_VERSION,
+    MANIFEST,
+    CheckpointError,
+    Manifest,
+    ManifestError,
+    fsync_dir,
+    hash_files,
+    load_manifest,
+    parse_step,
+    read_manifest,
+    sha256_file,
+    step_dir_name,
+)
+from .retention import PrunePlan, plan_prune, prune, retained_steps  # noqa: F401
+from .run_lock import RunDirLocked  # noqa: F401
+from .safe_format import (  # noqa: F401
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    UnsafeCheckpointError,
+    first_error,
+    read_full_state,
+)
+from .verify import (  # noqa: F401
+    LATEST,
+    QUARANTINE,
+    CheckpointInfo,
+    VerifiedCache,
+    has_history,
+    list_checkpoints,
+    quarantine,
+    read_latest,
+    verify_checkpoint,
+)
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be saved or no good checkpoint could be loaded."""
-
-
-def step_dir_name(step: int) -> str:
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    return f"step_{step:08d}"
-
-
-def parse_step(name: str) -> int | None:
-    m = _STEP_RE.match(name)
-    return int(m.group(1)) if m else None
-
-
-# --- files: fsync, hashing -------------------------------------------------------------------
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a directory's entries (new, renamed or removed files) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def hash_files(paths: Iterable[Path], threads: int = 8) -> dict[str, dict]:
-    """{file name: {"sha256", "bytes"}}, hashed on a thread pool (one file per thread)."""
-    paths = list(paths)
-    if not paths:
-        return {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths)))) as ex:
-        digests = list(ex.map(sha256_file, paths))
-    return {p.name: {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(paths, digests)}
-
-
-# --- retention -------------------------------------------------------------------------------
-
-
-def retained_steps(steps: Iterable[int], keep_last: int, milestone_every: int = 0) -> set[int]:
-    """The steps a retention policy keeps: the newest `keep_last`, plus every step that is a
-    multiple of `milestone_every` (when > 0) as a milestone."""
-    if keep_last < 1:
-        raise ValueError(
-            f"keep_last must be >= 1 (the newest checkpoint is always kept), got {keep_last}"
-        )
-    if milestone_every < 0:
-        raise ValueError(
-            f"milestone_every must be >= 0 (0 disables milestones), got {milestone_every}"
-        )
-    ordered = sorted(set(steps))
-    keep = set(ordered[-keep_last:])
-    if milestone_every:
-        keep |= {s for s in ordered if s % milestone_every == 0}
-    return keep
-
-
-# --- RNG state (per rank), as JSON: no pickle in the checkpoint -------------------------------
+# --- RNG state (per rank), as JSON (read back through weights_only: see safe_format.py) -------
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -185,143 +152,6 @@ def restore_rng_state(blob: str) -> None:
         # A run resumed on fewer devices restores the ones it has.
         for i, s in enumerate(cuda_states[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(_unb64(s), device=i)
-
-
-# --- verification (no process group needed: used by the CLI too) -----------------------------
-
-
-@dataclass
-class CheckpointInfo:
-    path: Path
-    step: int
-    ok: bool
-    problems: list[str]
-    manifest: dict | None
-
-    @property
-    def total_bytes(self) -> int:
-        files = (self.manifest or {}).get("files", {})
-        return sum(int(v.get("bytes", 0)) for v in files.values())
-
-
-def read_manifest(path: Path) -> dict:
-    mpath = path / MANIFEST
-    try:
-        manifest = json.loads(mpath.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path.name}: no {MANIFEST}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path.name}: {MANIFEST} is not valid JSON ({e})") from None
-    for key in ("format_version", "step", "files", "world_size", "config_hash"):
-        if key not in manifest:
-            raise CheckpointError(f"{path.name}: {MANIFEST} lacks {key!r}")
-    return manifest
-
-
-def verify_checkpoint(
-    path: str | os.PathLike, *, checksums: bool = True, threads: int = 8
-) -> CheckpointInfo:
-    """Check a step directory against its manifest: every listed file present, of the listed size
-    and (with `checksums`) sha256; DCP's `.metadata` listed. Returns the problems found."""
-    path = Path(path)
-    step = parse_step(path.name)
-    problems: list[str] = []
-    try:
-        manifest = read_manifest(path)
-    except CheckpointError as e:
-        return CheckpointInfo(path, step if step is not None else -1, False, [str(e)], None)
-    if step is not None and manifest["step"] != step:
-        problems.append(f"manifest says step {manifest['step']} but the directory is {path.name}")
-    files: dict = manifest["files"]
-    if ".metadata" not in files:
-        problems.append("manifest does not list DCP's .metadata")
-    to_hash = []
-    for name, meta in sorted(files.items()):
-        f = path / name
-        if not f.is_file():
-            problems.append(f"{name}: missing")
-            continue
-        size = f.stat().st_size
-        if size != meta["bytes"]:
-            problems.append(
-                f"{name}: {size} bytes on disk, manifest says {meta['bytes']} (truncated or overwritten)"
-            )
-            continue
-        to_hash.append(f)
-    if checksums and to_hash:
-        got = hash_files(to_hash, threads=threads)
-        for name, meta in got.items():
-            if meta["sha256"] != files[name]["sha256"]:
-                problems.append(
-                    f"{name}: sha256 {meta['sha256'][:12]}... does not match the manifest's "
-                    f"{files[name]['sha256'][:12]}... (corrupted)"
-                )
-    return CheckpointInfo(path, int(manifest["step"]), not problems, problems, manifest)
-
-
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Committed step directories under root, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [(parse_step(p.name), p) for p in root.iterdir() if p.is_dir()]
-    return [p for s, p in sorted((s, p) for s, p in found if s is not None)]
-
-
-def read_latest(root: str | os.PathLike) -> str | None:
-    try:
-        return (Path(root) / LATEST).read_text().strip() or None
-    except FileNotFoundError:
-        return None
-
-
-def prune(root: str | os.PathLike, keep_last: int, milestone_every: int = 0) -> list[Path]:
-    """Delete the step directories the retention policy does not keep; returns what was removed.
-    The one `latest` names is always kept."""
-    root = Path(root)
-    dirs = {parse_step(p.name): p for p in list_checkpoints(root)}
-    keep = retained_steps(dirs, keep_last, milestone_every)
-    latest = read_latest(root)
-    removed = []
-    for step, p in sorted(dirs.items()):
-        if step in keep or p.name == latest:
-            continue
-        # Rename first (atomic): a crash mid-delete leaves a temporary directory, removed at
-        # the next start, never a step directory with files missing.
-        doomed = root / f".tmp-{p.name}-deleting-{os.getpid()}"
-        os.replace(p, doomed)
-        shutil.rmtree(doomed)
-        removed.append(p)
-    if removed:
-        fsync_dir(root)
-    return removed
-
-
-def read_full_state(path: str | os.PathLike) -> dict[str, Any]:
-    """Every entry of a DCP checkpoint as plain CPU tensors / objects, keyed by flat name
-    (e.g. 'model.layers.0.attention.wqkv.weight'), whatever world size wrote it."""
-    import io
-    import warnings
-
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    buf = io.BytesIO()
-    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": intended here
-        warnings.simplefilter("ignore", UserWarning)
-        dcp_to_torch_save(str(path), buf)
-    buf.seek(0)
-    state = torch.load(buf, weights_only=True)
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, obj: Any) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        else:
-            flat[prefix] = obj
-
-    walk("", state)
-    return flat
 
 
 def compare_states(
@@ -651,6 +481,7 @@ class LoadResult:
     verify_s: float
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (directory, why)
     rng_restored: bool = True
+    manifest: dict = field(default_factory=dict)  # the checked manifest (its config included)
 
 
 def _dist_on() -> bool:
@@ -730,11 +561,59 @@ class CheckpointManager:
         self._finalizer: threading.Thread | None = None
         self._finalizer_error: BaseException | None = None
         self.last_committed: SaveStats | None = None
-        if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            for stale in self.root.glob(".tmp-step_*"):
-                shutil.rmtree(stale, ignore_errors=True)  # an interrupted save: never loadable
-        self._barrier()
+        self._verified = VerifiedCache()  # step directories verified (or written) here
+        self._lock_key: str | None = None
+        # Rank 0 owns the directory: it takes the run lock, checks that it can write, and only
+        # then removes interrupted saves. Its verdict goes to every rank, so that all of them
+        # stop with the same message instead of waiting for rank 0 at the next collective.
+        error = self._open_root() if self.rank == 0 else None
+        error = self._broadcast(error)
+        if error is not None:
+            raise (RunDirLocked if error[0] == "locked" else CheckpointError)(error[1])
+
+    def _open_root(self) -> tuple[str, str] | None:
+        from . import run_lock
+
+        root = self.root
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return "io", f"checkpoint directory {root} cannot be made ({e.strerror or e})"
+        if not root.is_dir():
+            return "io", f"checkpoint directory {root} exists and is not a directory"
+        try:
+            self._lock_key = run_lock.acquire(root)
+        except RunDirLocked as e:
+            return "locked", str(e)
+        except OSError as e:
+            return "io", f"checkpoint directory {root} is not writable ({e.strerror or e})"
+        # A real write (permissions, a read-only mount, a full disk), found now, not at the
+        # first save: create, write, fsync and remove a file.
+        probe = root / f".tmp-write-probe-{os.getpid()}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, b"probe")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                probe.unlink(missing_ok=True)
+        except OSError as e:
+            self._release_lock()
+            return "io", f"checkpoint directory {root} is not writable ({e.strerror or e})"
+        for stale in root.glob(".tmp-*"):  # interrupted saves and deletions: never loadable
+            if stale.is_symlink() or not stale.is_dir():
+                stale.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(stale, ignore_errors=True)
+        return None
+
+    def _release_lock(self) -> None:
+        from . import run_lock
+
+        if self._lock_key is not None:
+            run_lock.release(self._lock_key)
+            self._lock_key = None
 
     # -- small collective helpers on our group --
 
@@ -1013,11 +892,10 @@ class CheckpointManager:
                 shutil.rmtree(trash, ignore_errors=True)
             os.replace(tmp, final)
             fsync_dir(self.root)
+            self._verified.remember(final)  # hashed above, from the bytes just written
             atomic_write_text(self.root / LATEST, final.name + "\n")
             stats.bytes = sum(v["bytes"] for v in files.values())
-            removed = prune(self.root, self.keep_last, self.milestone_every)
-            if removed:
-                self._log(f"retention: removed {', '.join(p.name for p in removed)}")
+            self._apply_retention()
         stats.bytes = self._broadcast(stats.bytes)
         stats.total_s = time.perf_counter() - t0
         stats.path = str(final)
@@ -1025,103 +903,129 @@ class CheckpointManager:
         if self._on_commit is not None:
             self._on_commit(stats)
 
+    def _apply_retention(self) -> None:
+        """Retention after a commit (rank 0). Counts only checkpoints that verify (each is
+        hashed once per process); a failure here is reported, the commit stands."""
+        try:
+            plan = plan_prune(self.root, self.keep_last, self.milestone_every,
+                              threads=self.verify_threads, cache=self._verified)  # fmt: skip
+            removed = prune(self.root, self.keep_last, self.milestone_every, plan=plan)
+        except OSError as e:
+            self._warn(f"retention failed ({e}); nothing more was removed")
+            return
+        if removed:
+            self._log(f"retention: removed {', '.join(p.name for p in removed)}")
+        for p, why in plan.unverified:
+            self._warn(f"retention: {p.name} does not verify and is not counted: {why}")
+
     # -- loading --
 
     def _choose(self, explicit: Path | None) -> tuple[Path | None, list[tuple[str, str]], float]:
         """Rank 0 verifies candidates newest first; everyone gets the choice."""
-        choice, skipped, verify_s = None, [], 0.0
+        choice, manifest, skipped, verify_s = None, None, [], 0.0
         if self.rank == 0:
             t0 = time.perf_counter()
             candidates = (
                 [explicit] if explicit is not None else list(reversed(list_checkpoints(self.root)))
             )
             for path in candidates:
-                info = verify_checkpoint(path, threads=self.verify_threads)
+                root = None if explicit is not None else self.root
+                info = verify_checkpoint(path, threads=self.verify_threads, root=root)
                 if info.ok:
                     choice = path
+                    manifest = info.manifest
+                    self._verified.remember(path)
                     break
                 why = "; ".join(info.problems)
                 skipped.append((path.name, why))
                 self._warn(f"checkpoint {path.name} is not usable: {why}")
-                if explicit is None:
-                    self._quarantine(path, why)
+                if explicit is None:  # loading goes on whether or not the move succeeds
+                    quarantine(self.root, path, why, self._warn)
             verify_s = time.perf_counter() - t0
             latest = read_latest(self.root)
             if choice is not None and explicit is None and latest and latest != choice.name:
                 self._warn(
                     f"'latest' names {latest} but the newest good checkpoint is {choice.name}"
                 )
-        choice, skipped, verify_s = self._broadcast((choice, skipped, verify_s))
-        return choice, skipped, verify_s
-
-    def _quarantine(self, path: Path, why: str) -> None:
-        qdir = self.root / QUARANTINE
-        qdir.mkdir(exist_ok=True)
-        dest = qdir / f"{path.name}-{int(time.time())}"
-        os.replace(path, dest)
-        (dest / "QUARANTINE_REASON.txt").write_text(why + "\n")
-        fsync_dir(self.root)
-        self._warn(f"moved {path.name} to {QUARANTINE}/{dest.name}")
+        return self._broadcast((choice, manifest, skipped, verify_s))
 
     def has_checkpoint(self) -> bool:
+        """Whether a step directory exists (verified or not)."""
         found = bool(list_checkpoints(self.root)) if self.rank == 0 else False
+        return bool(self._broadcast(found))
+
+    def has_history(self) -> bool:
+        """Whether a run ever committed a checkpoint here (step directories, quarantined
+        ones, or `latest`): such a run does not silently start over."""
+        found = has_history(self.root) if self.rank == 0 else False
         return bool(self._broadcast(found))
 
     def load(self, state: dict, path: str | os.PathLike | None = None) -> LoadResult | None:
         """Load the newest good checkpoint (or `path`) into `state` in place (DCP reshards).
 
-        Returns None when no checkpoint exists. Raises CheckpointError when checkpoints exist
-        but none verifies (or the explicit `path` does not)."""
+        Returns None when no checkpoint was ever committed here. Raises CheckpointError when
+        checkpoints exist but none verifies, when the run has checkpointed before but none is
+        left (all quarantined or removed: a silent fresh start would throw the run away), or
+        when the explicit `path` does not verify.
+
+        Nothing in the checkpoint runs code: DCP's `.metadata` goes through an allow-listed
+        unpickler and non-tensor values through `torch.load(weights_only=True)`, and only the
+        files the manifest names are read (see safe_format.py)."""
         import torch.distributed.checkpoint as dcp
 
         t0 = time.perf_counter()
         self.wait()
         explicit = Path(path) if path is not None else None
         if explicit is None and not self.has_checkpoint():
-            return None
-        choice, skipped, verify_s = self._choose(explicit)
+            if not self.has_history():
+                return None
+            raise CheckpointError(
+                f"{self.root} has held checkpoints of this run (see {QUARANTINE}/ and "
+                f"{LATEST}) but none is left that verifies: refusing to start over from step 0. "
+                "Restore a checkpoint, or pass --resume never to start from scratch."
+            )
+        choice, manifest_dict, skipped, verify_s = self._choose(explicit)
         if choice is None:
             reasons = "; ".join(f"{n}: {w}" for n, w in skipped)
             raise CheckpointError(f"no good checkpoint under {self.root}: {reasons}")
-        reader = dcp.FileSystemReader(str(choice))
-        keys = reader.read_metadata().state_dict_metadata
-        rng_key = f"rng.rank_{self.rank}"
-        full = dict(state)
-        full["extra"] = ""
-        if rng_key in keys:
-            full[rng_key] = ""
-        with _single_process_quiet():
-            dcp.load(full, storage_reader=reader, process_group=self.pg, no_dist=self.pg is None)
+        manifest = Manifest.from_json(manifest_dict, f"{choice.name}: {MANIFEST}")
+        reader, planner = SafeFileSystemReader(choice, manifest), SafeLoadPlanner()
+        try:
+            keys = reader.read_metadata().state_dict_metadata
+            rng_key = f"rng.rank_{self.rank}"
+            full = dict(state)
+            full["extra"] = ""
+            if rng_key in keys:
+                full[rng_key] = ""
+            with _single_process_quiet():
+                dcp.load(full, storage_reader=reader, planner=planner,
+                         process_group=self.pg, no_dist=self.pg is None)  # fmt: skip
+            extra = json.loads(full["extra"]) if isinstance(full["extra"], str) else None
+            if not isinstance(extra, dict):
+                raise CheckpointError("its 'extra' entry is not a JSON object")
+            rng_restored = rng_key in keys
+            if rng_restored:
+                restore_rng_state(full[rng_key])
+        except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+            why = reader.refusal or planner.refusal
+            why = why or (str(e) if isinstance(e, CheckpointError) else first_error(e))
+            raise CheckpointError(f"{choice.name} could not be loaded: {why}") from e
         for k in state:
             state[k] = full[k]
-        rng_restored = rng_key in keys
-        if rng_restored:
-            restore_rng_state(full[rng_key])
-        else:
+        if not rng_restored:
             self._warn(
                 f"{choice.name} has no RNG state for rank {self.rank} (saved on fewer ranks): "
                 "this rank keeps its seeded RNG"
             )
-        extra = json.loads(full["extra"])
-        manifest = read_manifest(choice) if self.rank == 0 else None
-        manifest = self._broadcast(manifest)
-        if (
-            manifest.get("config_hash")
-            and self.config_hash
-            and manifest["config_hash"] != self.config_hash
-        ):
-            self._warn(
-                f"{choice.name} was saved with config hash {manifest['config_hash']}, this run has "
-                f"{self.config_hash}: resuming anyway, the trajectory will differ"
-            )
         return LoadResult(
-            step=int(manifest["step"]),
+            step=manifest.step,
             path=choice,
             extra=extra,
             seconds=time.perf_counter() - t0,
             verify_s=verify_s,
             skipped=skipped,
             rng_restored=rng_restored,
+            manifest=manifest.raw,
         )
 
     def close(self) -> None:
@@ -1132,6 +1036,7 @@ class CheckpointManager:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
+            self._release_lock()
 
 
 def stats_dict(stats: SaveStats | None) -> dict | None:

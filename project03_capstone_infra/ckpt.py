@@ -5,9 +5,12 @@
     python -m project03_capstone_infra.ckpt prune DIR --keep-last 3 --milestone-every 100 [--dry-run]
     python -m project03_capstone_infra.ckpt compare DIR_A/step_00000040 DIR_B/step_00000040
 
-DIR is a checkpoint root (holding step_XXXXXXXX directories), e.g. <run_dir>/checkpoints.
-`verify` exits 1 when a checkpoint fails; `compare` exits 1 when the model or optimizer state
-differs in a single bit.
+DIR is a checkpoint root (holding step_XXXXXXXX directories), e.g. <run_dir>/checkpoints, or
+for `list` and `verify` one step directory. `verify` exits 1 when a checkpoint fails or there is
+nothing to verify; `compare` exits 1 when the model or optimizer state differs in a single bit.
+`prune` counts only checkpoints that verify (see retention.py) and takes the run lock: it is
+refused while a trainer runs in the directory. Nothing here runs code from a checkpoint file
+(see safe_format.py).
 """
 
 from __future__ import annotations
@@ -20,13 +23,18 @@ from tyro.conf import Positional
 
 from shared.cli import input_dir, main_guard
 
+from . import run_lock
 from .checkpoint import (
+    MANIFEST,
+    QUARANTINE,
+    CheckpointError,
     compare_states,
     list_checkpoints,
+    parse_step,
+    plan_prune,
     prune,
     read_full_state,
     read_latest,
-    retained_steps,
     step_dir_name,
     verify_checkpoint,
 )
@@ -42,15 +50,15 @@ class List:
 
 @dataclass
 class Verify:
-    """Verify checkpoints against their manifests (sizes and sha256); exit 1 on any failure."""
+    """Verify checkpoints (sizes, sha256, safe content); exit 1 on a failure or when none."""
 
-    root: Positional[str]
+    root: Positional[str]  # a checkpoint root or one step directory
     step: int = -1  # only this step (-1: all)
 
 
 @dataclass
 class Prune:
-    """Apply the retention policy: keep the newest K plus every multiple of N."""
+    """Apply the retention policy: keep the newest K that verify plus every multiple of N."""
 
     root: Positional[str]
     keep_last: int = 3
@@ -70,9 +78,21 @@ def _root(path: str) -> Path:
     return input_dir("root", path)
 
 
+def _step_dirs(path: Path, step: int = -1) -> tuple[Path, list[Path]]:
+    """(checkpoint root, the step directories to look at). `path` is a checkpoint root or one
+    step directory (a folder named step_XXXXXXXX or holding a manifest)."""
+    if parse_step(path.name) is not None or (path / MANIFEST).exists():
+        if step >= 0 and parse_step(path.name) != step:
+            raise ValueError(f"--step {step}: {path} is the step directory {path.name}")
+        return path.parent, [path]
+    if step >= 0:
+        return path, [path / step_dir_name(step)]
+    return path, list_checkpoints(path)
+
+
 def cmd_list(args: List) -> int:
     root = _root(args.root)
-    dirs = list_checkpoints(root)
+    root, dirs = _step_dirs(root)
     latest = read_latest(root)
     if not dirs:
         print(f"no checkpoints under {root}")
@@ -81,7 +101,7 @@ def cmd_list(args: List) -> int:
         f"{'step':>10} {'size MiB':>10} {'world':>6} {'status':>8}  saved (UTC)                 latest"
     )
     for d in dirs:
-        info = verify_checkpoint(d, checksums=args.checksums)
+        info = verify_checkpoint(d, checksums=args.checksums, root=root)
         m = info.manifest or {}
         status = "ok" if info.ok else "BAD"
         mark = "<-" if d.name == latest else ""
@@ -90,8 +110,8 @@ def cmd_list(args: List) -> int:
         )
         for p in info.problems:
             print(f"{'':>12}{p}")
-    q = root / "quarantine"
-    if q.is_dir() and any(q.iterdir()):
+    q = root / QUARANTINE
+    if q.is_dir() and not q.is_symlink() and any(q.iterdir()):
         print(f"quarantined: {', '.join(sorted(p.name for p in q.iterdir()))}")
     return 0
 
@@ -99,11 +119,13 @@ def cmd_list(args: List) -> int:
 def cmd_verify(args: Verify) -> int:
     if args.step < -1:
         raise ValueError(f"--step must be a step >= 0 (or -1: all), got {args.step}")
-    root = _root(args.root)
-    dirs = list_checkpoints(root) if args.step < 0 else [root / step_dir_name(args.step)]
+    root, dirs = _step_dirs(_root(args.root), args.step)
+    if not dirs:
+        print(f"no checkpoints under {root}: nothing verified")
+        return 1
     bad = 0
     for d in dirs:
-        info = verify_checkpoint(d)
+        info = verify_checkpoint(d, root=root)
         if info.ok:
             print(
                 f"{d.name}: ok ({len(info.manifest['files'])} files, {info.total_bytes / 2**20:.2f} MiB)"
@@ -111,8 +133,6 @@ def cmd_verify(args: Verify) -> int:
         else:
             bad += 1
             print(f"{d.name}: FAILED: " + "; ".join(info.problems))
-    if not dirs:
-        print(f"no checkpoints under {root}")
     return 1 if bad else 0
 
 
@@ -124,16 +144,20 @@ def cmd_prune(args: Prune) -> int:
     if args.milestone_every < 0:
         raise ValueError(f"--milestone-every must be >= 0, got {args.milestone_every}")
     root = _root(args.root)
-    dirs = list_checkpoints(root)
-    steps = [int(d.name.split("_")[1]) for d in dirs]
-    keep = retained_steps(steps, args.keep_last, args.milestone_every)
-    if args.dry_run:
-        drop = [
-            d.name for d, s in zip(dirs, steps) if s not in keep and d.name != read_latest(root)
-        ]
-        print("would remove: " + (", ".join(drop) or "nothing"))
-        return 0
-    removed = prune(root, args.keep_last, args.milestone_every)
+    lock = None
+    if not args.dry_run:  # not while a trainer is saving and pruning in the same directory
+        lock = run_lock.acquire(root)
+    try:
+        plan = plan_prune(root, args.keep_last, args.milestone_every)
+        for p, why in plan.unverified:
+            print(f"not counted (does not verify; left in place): {p.name}: {why}")
+        if args.dry_run:
+            print("would remove: " + (", ".join(p.name for p in plan.remove) or "nothing"))
+            return 0
+        removed = prune(root, args.keep_last, args.milestone_every, plan=plan)
+    finally:
+        if lock is not None:
+            run_lock.release(lock)
     print("removed: " + (", ".join(p.name for p in removed) or "nothing"))
     print("kept: " + ", ".join(d.name for d in list_checkpoints(root)))
     return 0
@@ -147,7 +171,11 @@ def cmd_compare(args: Compare) -> int:
         if not info.ok:
             print(f"{p}: does not verify: " + "; ".join(info.problems))
             return 1
-    a, b = read_full_state(args.a), read_full_state(args.b)
+    try:
+        a, b = read_full_state(args.a), read_full_state(args.b)
+    except CheckpointError as e:
+        print(f"cannot read: {e}")
+        return 1
     diffs = compare_states(a, b)
     n = sum(1 for k in a if k.startswith(("model.", "optim.")))
     if diffs:
@@ -172,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
     )
     handlers = {List: cmd_list, Verify: cmd_verify, Prune: cmd_prune, Compare: cmd_compare}
-    return handlers[type(cmd)](cmd)
+    try:
+        return handlers[type(cmd)](cmd)
+    except CheckpointError as e:  # e.g. prune while a trainer holds the directory
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ class TrainConfig:
     pg_timeout_s: float = 300.0  # a collective hung this long ends the job (EXIT_COLLECTIVE)
     sigterm_deadline_s: float = 25.0  # the preemption save must finish within this
     metrics_port: int = -1  # Prometheus endpoint on local rank 0; -1 off, 0 any free port
-    metrics_addr: str = "0.0.0.0"  # address the metrics endpoint binds to
+    metrics_addr: str = "127.0.0.1"  # metrics bind address; no auth: 0.0.0.0 = every interface
+    fault_injection: bool = False  # act on P03_FAULTS (tests, chaos): the run harms itself
     preflight: bool = True  # GPU and disk checks before training; a failure stops the launch
     log_every: int = 10  # steps between log lines
 

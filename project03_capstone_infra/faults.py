@@ -1,7 +1,9 @@
 """Failure injection inside the trainer, driven by an environment variable, and the run's event log.
 
-`P03_FAULTS` holds a JSON list of faults; the trainer calls `FaultInjector.at_step(step)` before
-each step and the hooks below fire real failures:
+`P03_FAULTS` holds a JSON list of faults. The trainer acts on it only when its command line says
+`--fault-injection` as well (a variable left in an environment is ignored with a warning: it
+must never kill or corrupt a real run), and then says so on every rank. It calls
+`FaultInjector.at_step(step)` before each step and the hooks below fire real failures:
 
     kill      os.kill(own pid, SIGKILL): the process dies mid-run, as on an OOM kill or lost node
     sigterm   os.kill(own pid, SIGTERM): a preemption notice (the handler saves and exits)

@@ -384,13 +384,16 @@ class TrainingMetrics:
 
 
 class MetricsServer:
-    """A Prometheus HTTP endpoint for a registry (port 0: any free port; see `.port`)."""
+    """A Prometheus HTTP endpoint for a registry (port 0: any free port; see `.port`). It has no
+    authentication: it binds to the loopback address unless told otherwise."""
 
-    def __init__(self, metrics: TrainingMetrics, port: int = 0, addr: str = "0.0.0.0") -> None:
+    def __init__(self, metrics: TrainingMetrics, port: int = 0, addr: str = "127.0.0.1") -> None:
         from prometheus_client import start_http_server
 
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {port}")
+        if not isinstance(addr, str) or not addr.strip():
+            raise ValueError(f"addr must be an address to bind to, got {addr!r}")
         started = start_http_server(port, addr=addr, registry=metrics.registry)
         if started is None:  # prometheus-client older than 0.17: no handle to stop it
             raise RuntimeError(
@@ -401,8 +404,24 @@ class MetricsServer:
         self.addr = addr
 
     @property
+    def all_interfaces(self) -> bool:
+        return self.addr in ("0.0.0.0", "::")
+
+    @property
+    def bound(self) -> str:
+        """The address and port it listens on, as bound."""
+        return f"[{self.addr}]:{self.port}" if ":" in self.addr else f"{self.addr}:{self.port}"
+
+    @property
+    def exposure(self) -> str:
+        """What the log says beside the address: a warning when every interface is open."""
+        return ", every interface, no authentication" if self.all_interfaces else ""
+
+    @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.addr in ("0.0.0.0", "") else self.addr
+        """A URL that reaches it from this host (loopback when it listens on every interface)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.addr, self.addr)
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}/metrics"
 
     def close(self) -> None:
@@ -424,6 +443,7 @@ class HealthArgs:
     min_free_disk_gb: float = 0.0
     max_temperature_c: float = 85.0
     serve_port: int = -1  # >= 0: serve Prometheus metrics on this port (0: any)
+    serve_addr: str = "127.0.0.1"  # bind address of --serve-port; no auth: 0.0.0.0 = everywhere
     serve_seconds: float = 60.0
 
     def validate(self) -> HealthArgs:
@@ -445,6 +465,8 @@ class HealthArgs:
                 f"--serve-port must be -1 (off), 0 (any) or a port, got {self.serve_port}"
             )
         require_nonempty("--ckpt-dir", self.ckpt_dir)
+        if not self.serve_addr.strip():
+            raise ValueError("--serve-addr: expected an address, got an empty string")
         return self
 
 
@@ -507,8 +529,9 @@ def main(argv: list[str] | None = None) -> int:
             "[green]pre-flight OK[/green]" if result.ok else "[red]pre-flight FAILED[/red]"
         )
     if args.serve_port >= 0:
-        server = MetricsServer(TrainingMetrics(gpu=True), args.serve_port)
-        print(f"serving {server.url} for {args.serve_seconds:.0f} s", file=sys.stderr)
+        server = MetricsServer(TrainingMetrics(gpu=True), args.serve_port, args.serve_addr)
+        print(f"serving {server.url} (listening on {server.bound}{server.exposure}) "
+              f"for {args.serve_seconds:.0f} s", file=sys.stderr)  # fmt: skip
         time.sleep(args.serve_seconds)
         server.close()
     return 0 if result.ok else EXIT_PREFLIGHT

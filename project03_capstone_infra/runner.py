@@ -65,7 +65,10 @@ class Finished:
 
 def start(run_dir: str | Path, *, nproc: int = 2, max_restarts: int = 0, faults: list[dict] | None = None,
           env: dict | None = None, **overrides) -> subprocess.Popen:  # fmt: skip
-    """Start torchrun on the trainer (its own process group, so a signal reaches only it)."""
+    """Start torchrun on the trainer (its own process group, so a signal reaches only it).
+    `faults` are injected: they go into P03_FAULTS together with --fault-injection."""
+    if faults:
+        overrides.setdefault("fault_injection", True)
     args = cli_args(run_dir=str(run_dir), **overrides)
     return subprocess.Popen(
         torchrun_cmd(nproc, args, max_restarts=max_restarts),

@@ -50,10 +50,11 @@ from .config import (
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
+    TRAJECTORY_FIELDS,
     TrainConfig,
     config_hash,
 )
-from .faults import EventLog, FaultInjector, current_attempt
+from .faults import FAULTS_ENV, EventLog, FaultInjector, current_attempt, parse_faults
 
 LAUNCH_TIME_ENV = "P03_LAUNCH_T"  # unix time the launcher started this attempt (optional)
 ReportFn = Callable[[dict], None]
@@ -127,6 +128,7 @@ class Trainer:
         self._nan_retries: dict[int, int] = {}
         self._consecutive_skips = 0
         self._first_step_logged = False
+        self._state_on_disk: int | None = None  # the step whose state the newest checkpoint holds
 
     # -- set-up --
 
@@ -150,20 +152,9 @@ class Trainer:
         )
         self.info, self.device = info, info.device
         self.rank, self.world = info.rank, info.world_size
-        self.events = EventLog(self.run_dir / "events.jsonl", rank=self.rank, attempt=self.attempt)
-        self.events.write("start", world_size=self.world, device=str(self.device), dtype=self.dtype,
-                          t_launch=self.t_launch)  # fmt: skip
-        self._install_signal_handlers()
-        if cfg.metrics_port >= 0 and info.local_rank == 0:
-            from .health import MetricsServer, TrainingMetrics
-
-            self.metrics = TrainingMetrics(gpu=True)
-            self.server = MetricsServer(self.metrics, cfg.metrics_port, cfg.metrics_addr)
-            self.metrics.restarts.set(self.attempt)
-            self.events.write("metrics", port=self.server.port, url=self.server.url)
-            self.log.info("Prometheus metrics at %s", self.server.url)
-
-        resolved = replace(cfg, dtype=self.dtype)
+        # The checkpoint manager first: it takes the run directory's lock, so that a second
+        # trainer started on the same directory is refused before it writes anything.
+        self.resolved_cfg = resolved = replace(cfg, dtype=self.dtype)
         self.ckpt = CheckpointManager(
             self.run_dir / "checkpoints",
             keep_last=cfg.keep_last,
@@ -176,20 +167,57 @@ class Trainer:
             warn=self.log.warning,
             on_commit=self._on_commit,
         )
-        resume = cfg.resume != "never" and (cfg.resume != "auto" or self.ckpt.has_checkpoint())
-        if cfg.resume == "never" and self.ckpt.has_checkpoint():
-            raise ValueError(
-                f"{self.ckpt.root} already holds checkpoints and --resume is 'never': "
-                "use --resume auto to continue that run, or another --run-dir"
-            )
+        self.events = EventLog(self.run_dir / "events.jsonl", rank=self.rank, attempt=self.attempt)
+        self.events.write("start", world_size=self.world, device=str(self.device), dtype=self.dtype,
+                          t_launch=self.t_launch)  # fmt: skip
+        self._install_signal_handlers()
+        if cfg.metrics_port >= 0 and info.local_rank == 0:
+            from .health import MetricsServer, TrainingMetrics
+
+            self.metrics = TrainingMetrics(gpu=True)
+            self.server = MetricsServer(self.metrics, cfg.metrics_port, cfg.metrics_addr)
+            self.metrics.restarts.set(self.attempt)
+            self.events.write("metrics", port=self.server.port, url=self.server.url,
+                              bound=self.server.bound)  # fmt: skip
+            self.log.info("Prometheus metrics at %s (listening on %s%s)", self.server.url,
+                          self.server.bound, self.server.exposure)  # fmt: skip
+        if cfg.resume == "never":
+            if self.ckpt.has_checkpoint():
+                raise ValueError(
+                    f"{self.ckpt.root} already holds checkpoints and --resume is 'never': "
+                    "use --resume auto to continue that run, or another --run-dir"
+                )
+            if self.ckpt.has_history():
+                self.log.warning("--resume never: starting from step 0 in %s, whose earlier "
+                                 "checkpoints are quarantined or gone", self.ckpt.root)  # fmt: skip
+            resume = False
+        else:
+            # auto: a run that has ever checkpointed here resumes, and fails loudly when
+            # nothing usable is left (CheckpointManager.load), instead of starting over.
+            resume = cfg.resume != "auto" or self.ckpt.has_history()
         self._build(resume)
         self.step = 0
         if resume:
             self._resume(None if cfg.resume == "auto" else cfg.resume)
-        self.faults = FaultInjector.from_env(
-            rank=self.rank, attempt=self.attempt, events=self.events,
-            ckpt_root=self.ckpt.root, flush=self.ckpt.wait,
-        )  # fmt: skip
+        self.faults = self._fault_injector()
+
+    def _fault_injector(self) -> FaultInjector:
+        """P03_FAULTS acts only with --fault-injection on the command line as well: a variable
+        left in an environment must never kill or corrupt a real run."""
+        faults = parse_faults(os.environ.get(FAULTS_ENV))
+        if faults and not self.cfg.fault_injection:
+            self.log.warning("%s is set (%d faults) but --fault-injection is off: ignoring it",
+                             FAULTS_ENV, len(faults))  # fmt: skip
+            faults = []
+        elif self.cfg.fault_injection:
+            plan = ", ".join(f"{f.kind}@{f.step if f.step is not None else f'+{f.after}'}"
+                             f"(rank {f.rank})" for f in faults) or "none listed"  # fmt: skip
+            msg = (f"FAULT INJECTION IS ON ({FAULTS_ENV}): this run kills, hangs, poisons or "
+                   f"corrupts itself on purpose: {plan}")  # fmt: skip
+            print(f"[rank {self.rank}] WARNING {msg}", file=sys.stderr, flush=True)
+            self.events.write("fault_injection", faults=len(faults), plan=plan)
+        return FaultInjector(faults, rank=self.rank, attempt=self.attempt, events=self.events,
+                             ckpt_root=self.ckpt.root, flush=self.ckpt.wait)  # fmt: skip
 
     def _preflight(self, use_cuda: bool, local_rank: int) -> None:
         from shared.model import ModelArgs
@@ -282,6 +310,7 @@ class Trainer:
         return stats
 
     def _on_commit(self, stats: SaveStats) -> None:
+        self._state_on_disk = stats.step
         if self.rank == 0:
             self.events.write("save_committed", step=stats.step, mode=stats.mode,
                               blocking_s=stats.blocking_s, total_s=stats.total_s, bytes=stats.bytes)  # fmt: skip
@@ -302,10 +331,17 @@ class Trainer:
             self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
         extra = result.extra
-        self.sched.load_state_dict(extra["lr_schedule"])
-        self.data.load_state_dict(extra["data"])
-        self.step = int(extra["step"])
+        try:
+            self.sched.load_state_dict(extra["lr_schedule"])
+            self.data.load_state_dict(extra["data"])
+            self.step = int(extra["step"])
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"{result.path.name}: its trainer state lacks or mangles {e}"
+            ) from e
+        self._state_on_disk = self.step
         if reason == "resume":
+            self._apply_changed_config(result)
             self.rollbacks = int(extra.get("rollbacks", 0))
             self.skipped = int(extra.get("skipped_steps", 0))
         saved_world = int(extra.get("world_size", self.world))
@@ -336,6 +372,39 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.load_seconds.set(result.seconds)
         return True
+
+    def _apply_changed_config(self, result) -> None:
+        """A run resumed with other trajectory settings than its checkpoint's: say which, and
+        make them true. The optimizer's learning rate and weight decay and the schedule's base
+        rate come from the checkpoint, so they are set here from this run's flags; the rest
+        (schedule shape, clipping, dtype) is read from the config at every step anyway. Data
+        settings that cannot change (seed, batch, sequence length) are refused by the data
+        stream, a different model by the load."""
+        saved = result.manifest.get("config")
+        if not isinstance(saved, dict):
+            return
+        now = self.resolved_cfg.to_dict()
+        changed = {k: (saved[k], now[k]) for k in TRAJECTORY_FIELDS
+                   if k in saved and saved[k] != now[k]}  # fmt: skip
+        if not changed:
+            return
+        cfg = self.cfg
+        lr = cfg.lr * lr_multiplier(self.sched.last_epoch, cfg)
+        self.sched.base_lrs = [cfg.lr for _ in self.opt.param_groups]
+        for group in self.opt.param_groups:
+            group["initial_lr"] = cfg.lr
+            group["lr"] = lr
+            group["weight_decay"] = cfg.weight_decay
+        self.sched._last_lr = [lr for _ in self.opt.param_groups]
+        what = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        self.log.warning(
+            "%s was saved with other settings (%s): this run's values apply from step %d on "
+            "(learning rate %.3g, weight decay %g, schedule over %d steps); the trajectory "
+            "differs from the saved run's", result.path.name, what, self.step + 1, lr,
+            cfg.weight_decay, cfg.steps)  # fmt: skip
+        if self.rank == 0:
+            self.events.write("config_changed", step=self.step,
+                              changed={k: list(v) for k, v in changed.items()})  # fmt: skip
 
     # -- signals --
 
@@ -433,9 +502,13 @@ class Trainer:
                     cfg.max_nan_retries,
                 )
         self._consecutive_skips += 1
-        if cfg.nan_policy == "skip" and self._consecutive_skips > cfg.max_nan_retries:
+        # Bounded under every policy: under rollback a step is skipped after its own retries
+        # (or with no checkpoint to roll back to), and many in a row mean a broken run.
+        limit = cfg.max_nan_retries if cfg.nan_policy == "skip" else max(1, cfg.max_nan_retries)
+        if self._consecutive_skips > limit:
             raise NonFiniteLossError(
-                f"{self._consecutive_skips} consecutive non-finite steps (max_nan_retries={cfg.max_nan_retries})"
+                f"{self._consecutive_skips} consecutive non-finite steps skipped "
+                f"(policy {cfg.nan_policy}, max_nan_retries={cfg.max_nan_retries})"
             )
         self.skipped += 1
         if self.metrics is not None:
@@ -510,15 +583,21 @@ class Trainer:
                 # state). After the first step, so that the time to it (resume) is unchanged.
                 prestage = False
                 self.ckpt.prestage(self._model_optim_state(), background=True)
-            if out["outcome"] != "ok":
-                continue
             if out["stop"]:
                 return self._preempt()
+            if out["outcome"] != "ok":
+                continue
             if self.step == cfg.steps:
                 self.save("sync")
             elif self.step % cfg.ckpt_every == 0:
                 self.save(cfg.ckpt_mode)
         self.ckpt.wait()
+        if self._state_on_disk != self.step:
+            # The last step was skipped (non-finite loss): its batch is consumed, the weights
+            # are those of the last good step. The run ends with that state on disk.
+            self.log.warning("step %d was skipped: saving the last good state as step %d",
+                             self.step, self.step)  # fmt: skip
+            self.save("sync")
         if self.rank == 0:
             self.events.write("done", step=self.step, loss=self.losses.get(self.step))
         return self._summary(status="completed")
@@ -527,7 +606,7 @@ class Trainer:
         sig = signal.Signals(self._stop_signal).name if self._stop_signal else "?"
         t0 = time.perf_counter()
         self.ckpt.wait()  # an async save in flight lands first
-        if not (self.ckpt.last_committed and self.ckpt.last_committed.step == self.step):
+        if self._state_on_disk != self.step:
             self.save("sync")
         dt = time.perf_counter() - t0
         if self._deadline_timer is not None:
@@ -586,12 +665,12 @@ def train(cfg: TrainConfig, report_fn: ReportFn | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from shared.cli import parse_dataclass, writable_dir
 
-    from .faults import FAULTS_ENV, parse_faults
     from .health import PreflightError
 
     cfg = parse_dataclass(TrainConfig, argv, description=__doc__.split("\n\n")[0]).validate()
     # Before any process group, model or checkpoint: what the command line and environment say.
     writable_dir("--run-dir", cfg.run_dir)
+    writable_dir("--run-dir", Path(cfg.run_dir) / "checkpoints")
     parse_faults(os.environ.get(FAULTS_ENV))
     current_attempt()
     process_start_time()

@@ -12,7 +12,8 @@ from project03_capstone_infra import __main__ as package_main
 
 # (argv of `python -m project03_capstone_infra`, what the one line must name); {bad} is a folder
 # that cannot be made (its parent is a file), {missing} a path that does not exist, {tmp} an
-# empty folder.
+# empty folder, {run} a run folder whose checkpoints/ is a file (an unwritable checkpoint root
+# found at start, whoever runs the test: root included).
 CASES = [
     (["bogus"], "unknown command"),
     (["train", "--lr", "inf"], "lr"),
@@ -26,6 +27,7 @@ CASES = [
     (["train", "--run-dir", ""], "run_dir"),
     (["train", "--run-dir", "{bad}"], "--run-dir"),
     (["train", "--resume", ""], "resume"),
+    (["train", "--run-dir", "{run}"], "--run-dir"),
     (["chaos", "--steps", "5"], "steps"),
     (["chaos", "--pg-timeout-s", "nan"], "pg_timeout_s"),
     (["chaos", "--nproc", "-1"], "nproc"),
@@ -55,6 +57,7 @@ CASES = [
     (["health", "--max-temperature-c", "nan"], "max_temperature_c"),
     (["health", "--serve-port", "-5"], "--serve-port"),
     (["health", "--require-gpus", "-1"], "--require-gpus"),
+    (["health", "--serve-addr", " "], "--serve-addr"),
     (["report", "--reports-dir", "{missing}"], "--reports-dir"),
     (["bench_checkpoint", "--timed-steps", "-1"], "--timed-steps"),
     (["bench_checkpoint", "--preset", "bogus"], "--preset"),
@@ -84,11 +87,15 @@ def check_one_line(code, err: str, names: str) -> None:
 def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").write_text("a file where the checkpoints go")
     subs = {"bad": tmp_path / "a_file" / "sub", "missing": tmp_path / "missing",
-            "tmp": tmp_path / "empty"}  # fmt: skip
+            "tmp": tmp_path / "empty", "run": tmp_path / "run"}  # fmt: skip
     argv = [a.format(**subs) for a in argv]
     check_one_line(*run_entry(package_main.main, argv, capsys), names)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "empty"]  # nothing written
+    # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "empty", "run"]
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["checkpoints"]
 
 
 @pytest.mark.parametrize(("name", "value"), [("P03_FAULTS", "[{"),

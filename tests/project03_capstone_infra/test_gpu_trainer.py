@@ -28,7 +28,7 @@ def test_gpu_preempt_and_resume(tmp_path, monkeypatch):
     ref = train(TrainConfig(run_dir=str(tmp_path / "ref"), **BASE))
     assert ref["status"] == "completed" and ref["step"] == 8
 
-    run = TrainConfig(run_dir=str(tmp_path / "run"), **BASE)
+    run = TrainConfig(run_dir=str(tmp_path / "run"), fault_injection=True, **BASE)
     monkeypatch.setenv(FAULTS_ENV, json.dumps([{"kind": "sigterm", "step": 6}]))
     first = train(run)
     assert first["status"] == "preempted" and first["step"] == 6

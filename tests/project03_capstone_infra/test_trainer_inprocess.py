@@ -30,7 +30,7 @@ def test_persistent_nan_is_rolled_back_a_bounded_number_of_times_then_skipped(
 ):
     # A batch that is NaN every time it is seen: 2 rollbacks, then its step is skipped.
     monkeypatch.setenv(FAULTS_ENV, json.dumps([{"kind": "nan", "step": 5, "times": 100}]))
-    out = train(_cfg(tmp_path, max_nan_retries=2))
+    out = train(_cfg(tmp_path, max_nan_retries=2, fault_injection=True))
     assert out["status"] == "completed" and out["step"] == RUN["steps"]
     assert out["rollbacks"] == 2 and out["skipped_steps"] == 1
     assert [e["from_step"] for e in _events(tmp_path, "rollback")] == [3, 3]
@@ -42,14 +42,14 @@ def test_skip_policy_gives_up_after_consecutive_failures(tmp_path, monkeypatch):
     faults = [{"kind": "nan", "step": s} for s in (4, 5, 6)]
     monkeypatch.setenv(FAULTS_ENV, json.dumps(faults))
     with pytest.raises(NonFiniteLossError, match="3 consecutive non-finite steps"):
-        train(_cfg(tmp_path, nan_policy="skip", max_nan_retries=2))
+        train(_cfg(tmp_path, nan_policy="skip", max_nan_retries=2, fault_injection=True))
     assert [e["step"] for e in _events(tmp_path, "skipped")] == [4, 5]
 
 
 def test_abort_policy_raises_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv(FAULTS_ENV, json.dumps([{"kind": "nan", "step": 2}]))
     with pytest.raises(NonFiniteLossError, match="nan_policy=abort"):
-        train(_cfg(tmp_path, nan_policy="abort"))
+        train(_cfg(tmp_path, nan_policy="abort", fault_injection=True))
 
 
 def test_metrics_endpoint_is_scraped_over_http_during_the_run(tmp_path, monkeypatch):

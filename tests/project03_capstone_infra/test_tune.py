@@ -5,6 +5,7 @@ The Ray tests start a real local Ray (2 CPUs, no dashboard) and train the tiny p
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import statistics
@@ -136,7 +137,9 @@ def test_tune_checkpoint_staging_keeps_dcp_metadata(tmp_path):
     step_dir.mkdir(parents=True)
     (step_dir / ".metadata").write_bytes(b"index")
     (step_dir / "__0_0.distcp").write_bytes(b"shard")
-    manifest = {"format_version": 1, "step": 4, "files": {}, "world_size": 1, "config_hash": "x"}
+    files = {p.name: {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
+             for p in step_dir.iterdir()}  # fmt: skip
+    manifest = {"format_version": 1, "step": 4, "files": files, "world_size": 1, "config_hash": "x"}
     (step_dir / MANIFEST).write_text(json.dumps(manifest))
     staged = ptune._stage_for_tune(step_dir, tmp_path / "staging")
     assert not any(p.name.startswith(".") for p in staged.iterdir())

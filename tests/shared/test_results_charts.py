@@ -127,3 +127,21 @@ def test_charts_write_pngs(tmp_path):
         assert _is_png(p)
     with pytest.raises(ValueError, match="lengths differ"):
         charts.bar_chart(tmp_path / "x.png", ["a"], [1, 2], title="t", ylabel="y")
+
+
+def test_atomic_writes_keep_the_umask_mode(tmp_path):
+    """A result file gets the mode any new file gets (0o666 less the umask), not mkstemp's 0o600."""
+    import os
+
+    from shared.results import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]  # no temporaries
