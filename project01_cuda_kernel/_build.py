@@ -41,10 +41,6 @@ __all__ = [
 CSRC = Path(__file__).resolve().parent / "csrc"
 
 
-def _nvcc() -> str | None:
-    return cuda_build.find_nvcc()
-
-
 def build_root() -> Path:
     env = os.environ.get("P01_BUILD_DIR")
     return Path(env) if env else cuda_build.default_build_root()

@@ -6,10 +6,10 @@ ptxas report is parsed per kernel: registers, static shared memory (bytes), stac
 stores and loads (bytes). The check fails on a compile error, and on any spill in a file that
 carries the marker comment `// compile-check: no-spill` (the ladder's top kernels).
 
-    python -m project01_cuda_kernel.compile_check            # all sources, writes compile.json
-    python -m project01_cuda_kernel.compile_check --help
+    python -m project01_cuda_kernel compile-check            # all sources, writes compile.json
 
-Results: reports/project01_cuda_kernel/compile.json (with the environment and nvcc version).
+Results: <reports-dir>/project01_cuda_kernel/compile.json (with the environment and nvcc
+version). nvcc is found as the extension build finds it (`shared.cuda_build.find_nvcc`).
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from shared.cli import main_guard
+import tyro
+
+from shared.cuda_build import find_nvcc
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 PROJECT = "project01_cuda_kernel"
 NO_SPILL_MARKER = "compile-check: no-spill"
 DEFAULT_ARCH = "90a"
-# The same device-code flags the extension build uses (see _build.py), minus torch.
+# The same device-code flags the extension build uses (shared.cuda_build), minus torch.
 BASE_FLAGS = ("-std=c++17", "-O3", "--use_fast_math", "-lineinfo")
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
@@ -80,19 +82,6 @@ class FileResult:
                 if k.spills
             ]
         return out
-
-
-def find_nvcc() -> str | None:
-    """nvcc from CUDA_HOME / CUDA_PATH, the PATH, or /usr/local/cuda."""
-    for env in ("CUDA_HOME", "CUDA_PATH"):
-        root = os.environ.get(env)
-        if root and (Path(root) / "bin" / "nvcc").exists():
-            return str(Path(root) / "bin" / "nvcc")
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    default = Path("/usr/local/cuda/bin/nvcc")
-    return str(default) if default.exists() else None
 
 
 def nvcc_version(nvcc: str) -> str:
@@ -236,60 +225,69 @@ def summary_rows(results: list[FileResult]) -> list[dict]:
     ]
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    from shared.cli import ArgumentParser, input_file, nonempty_str, positive_int, writable_dir
+@dataclass
+class CompileCheckConfig:
+    """Compile every project01 CUDA source for sm_90a with -Xptxas -v (no GPU needed); fail on
+    compile errors and on spills in files marked '// compile-check: no-spill'."""
 
-    p = ArgumentParser(
-        prog="python -m project01_cuda_kernel.compile_check",
-        description="Compile every project01 CUDA source for sm_90a with -Xptxas -v; fail on "
-        "compile errors and on spills in files marked '// compile-check: no-spill'.",
-    )
-    p.add_argument("files", nargs="*", help=".cu files (default: every .cu under csrc/)")
-    p.add_argument("--arch", type=nonempty_str, default=DEFAULT_ARCH,
-                   help="SM architecture (default: 90a)")  # fmt: skip
-    p.add_argument("--jobs", type=positive_int, default=None, help="parallel nvcc processes")
-    p.add_argument("--reports-dir", type=nonempty_str, default=None,
-                   help="where <project>/compile.json goes")  # fmt: skip
-    p.add_argument("--no-write", action="store_true", help="do not write compile.json")
-    args = p.parse_args(argv)
-    if not re.fullmatch(r"[0-9]+[a-z]?", args.arch):
-        p.error(f"argument --arch: expected an SM architecture like 90a or 80, got {args.arch!r}")
-    for f in args.files:
+    files: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="FILE.cu")] = ()
+    """.cu files (default: every .cu under csrc/)"""
+    arch: str = DEFAULT_ARCH
+    """SM architecture, e.g. 90a or 80"""
+    jobs: int | None = None
+    """parallel nvcc processes (None: one per CPU core)"""
+    reports_dir: str | None = None
+    """compile.json goes to <reports-dir>/project01_cuda_kernel/ (None: the repository's
+    reports/)"""
+    write: bool = True
+    """write compile.json (--no-write: print the table only)"""
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[0-9]+[a-z]?", self.arch):
+            raise ValueError(
+                f"--arch: expected an SM architecture like 90a or 80, got {self.arch!r}"
+            )
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError(f"--jobs: expected an integer >= 1, got {self.jobs}")
+        if self.reports_dir is not None and not str(self.reports_dir).strip():
+            raise ValueError("--reports-dir: expected a folder, got an empty path")
+
+
+def main(cfg: CompileCheckConfig) -> int:
+    """`compile-check`: compile, print the table, write compile.json; exit code 1 on a failure."""
+    from shared.cli import input_file, writable_dir
+    from shared.results import REPORTS_DIR, markdown_table, save_result
+
+    for f in cfg.files:
         input_file("files", f)
-    if not args.no_write:
-        from shared.results import REPORTS_DIR
-
-        writable_dir("--reports-dir", Path(args.reports_dir or REPORTS_DIR) / PROJECT)
-
+    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
+    if cfg.write:
+        writable_dir("--reports-dir", reports_dir / PROJECT)
     nvcc = find_nvcc()
     if nvcc is None:
         print("compile check skipped: nvcc was not found (install the CUDA toolkit).")
         return 0
     t0 = time.perf_counter()
-    results = run([Path(f) for f in args.files] or None, arch=args.arch, jobs=args.jobs, nvcc=nvcc)
+    results = run([Path(f) for f in cfg.files] or None, arch=cfg.arch, jobs=cfg.jobs, nvcc=nvcc)
     failures = [f for r in results for f in r.failures]
-
-    from shared.results import markdown_table, save_result
-
     print(markdown_table(summary_rows(results)))
-    if not args.no_write:
+    if cfg.write:
         path = save_result(
             PROJECT,
             "compile",
             to_record(results),
             config={
-                "arch": f"sm_{args.arch}",
+                "arch": f"sm_{cfg.arch}",
                 "nvcc": nvcc_version(nvcc),
-                "flags": [*BASE_FLAGS, f"-gencode=arch=compute_{args.arch},code=sm_{args.arch}"],
+                "flags": [*BASE_FLAGS, f"-gencode=arch=compute_{cfg.arch},code=sm_{cfg.arch}"],
                 "no_spill_marker": NO_SPILL_MARKER,
             },
-            reports_dir=args.reports_dir,
+            reports_dir=reports_dir,
         )
         print(f"wrote {path}")
     n_kernels = sum(len(r.kernels) for r in results)
     print(
-        f"{len(results)} files, {n_kernels} kernels compiled for sm_{args.arch} in "
+        f"{len(results)} files, {n_kernels} kernels compiled for sm_{cfg.arch} in "
         f"{time.perf_counter() - t0:.1f} s; {len(failures)} failure(s)"
     )
     for f in failures:
@@ -297,5 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project01_cuda_kernel.__main__ import main
+
+    sys.exit(main(["compile-check", *sys.argv[1:]]))

@@ -1,40 +1,57 @@
-"""`python -m project02_fsdp_scaling <command> [flags]`: the project's entry points in one place.
+"""`python -m project02_fsdp_scaling <command> --help`: train, benchmark, compare, report.
 
-    train      FSDP2 training (run under torchrun for several processes)
-    scaling    the strong-scaling benchmark (launches torchrun per world size)
-    sweep      one-GPU variants (eager/compiled, activation checkpointing, attention backend)
-    compare    FSDP2 vs DeepSpeed ZeRO-3 at one world size
-    deepspeed  the DeepSpeed ZeRO-3 training path alone (under torchrun)
-    report     re-render charts, Markdown and README.md from the JSON records
-Each takes --help.
+python -m project02_fsdp_scaling scaling --gpus 1,2,4,8      # strong scaling, torchrun per world size
+python -m project02_fsdp_scaling scaling                     # CPU: tiny, 1 and 2 gloo processes
+python -m project02_fsdp_scaling sweep --preset 1b           # one-GPU variants, best by MFU
+python -m project02_fsdp_scaling compare --world-size 2      # FSDP2 vs DeepSpeed ZeRO-3
+python -m project02_fsdp_scaling report --reports-dir runs/<time> --no-readme
+torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --compile
+torchrun --nproc-per-node 2 -m project02_fsdp_scaling deepspeed --preset tiny
+python -m project02_fsdp_scaling comm-analysis trace.json.gz
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
+from collections.abc import Callable
 
-COMMANDS = {
-    "train": "train",
-    "scaling": "scaling",
-    "sweep": "sweep",
-    "compare": "compare",
-    "deepspeed": "deepspeed_zero3",
-    "report": "report",
-}
+from shared.cli import main_guard, run_tyro
+
+PROG = "python -m project02_fsdp_scaling"
 
 
+def commands() -> dict[str, tuple[type, Callable]]:
+    """Command name -> (its config class, the function that runs it)."""
+    from . import comm_analysis, compare, deepspeed_zero3, report, scaling, sweep, train
+    from .config import DeepSpeedConfig, TrainConfig
+
+    return {
+        "train": (TrainConfig, train.run),
+        "scaling": (scaling.ScalingConfig, scaling.run),
+        "sweep": (sweep.SweepConfig, sweep.run),
+        "compare": (compare.CompareConfig, compare.run),
+        "deepspeed": (DeepSpeedConfig, deepspeed_zero3.run),
+        "report": (report.ReportConfig, report.run),
+        "comm-analysis": (comm_analysis.CommAnalysisConfig, comm_analysis.run),
+    }
+
+
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return 0
-    if argv[0] not in COMMANDS:
-        print(f"error: unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)}",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    module = importlib.import_module(f"project02_fsdp_scaling.{COMMANDS[argv[0]]}")
-    return module.main(argv[1:])
+    import tyro
+
+    table = commands()
+    cfg = run_tyro(
+        tyro.extras.subcommand_cli_from_dict,
+        {name: cls for name, (cls, _) in table.items()},
+        args=sys.argv[1:] if argv is None else argv,
+        prog=PROG,
+        description="FSDP2 training of the shared ~1B transformer, its strong-scaling benchmark "
+        "and the comparison with DeepSpeed ZeRO-3.",
+    )
+    runner = next(fn for cls, fn in table.values() if type(cfg) is cls)
+    rc = runner(cfg)
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

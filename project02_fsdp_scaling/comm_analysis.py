@@ -10,6 +10,8 @@ Per profiled step (the `ProfilerStep#N` spans):
 - other: the rest of the step (the device idle: launch gaps, host work, synchronisation).
 compute + exposed + other = step time. Intervals are clipped to the step and merged before they
 are measured, so nested or concurrent events are never counted twice.
+
+    python -m project02_fsdp_scaling comm-analysis reports/project02_fsdp_scaling/trace_1b_ws2_rank0.json.gz
 """
 
 from __future__ import annotations
@@ -17,16 +19,29 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from shared.cli import main_guard
+import tyro
 
 Interval = tuple[float, float]  # (start, end) in microseconds
 
 _STEP = re.compile(r"^ProfilerStep#\d+$")
-_COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "alltoall", "sendrecv",
-                "send", "recv", "reduce", "barrier")  # fmt: skip
+_COLLECTIVES = (
+    "allgather",
+    "reducescatter",
+    "allreduce",
+    "broadcast",
+    "alltoall",
+    "sendrecv",
+    "send",
+    "recv",
+    "reduce",
+    "barrier",
+)
 
 
 def load_trace(path: str | Path) -> dict:
@@ -180,22 +195,28 @@ def analyse_trace(trace: dict) -> dict:
     }
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class CommAnalysisConfig:
+    """Compute vs communication vs exposed communication of a torch.profiler trace, as JSON on
+    stdout."""
+
+    trace: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="TRACE")]
+    """Chrome trace (.json or .json.gz) written by torch.profiler"""
+
+
+def run(cfg: CommAnalysisConfig) -> dict:
+    """`comm-analysis`: the trace's analysis, printed and returned."""
+    from shared.cli import input_file
+
+    summary = analyse_trace(load_trace(input_file("trace", cfg.trace)))
+    json.dump(summary, sys.stdout, indent=2)
+    print()
+    return summary
+
+
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
     import sys
 
-    from shared.cli import ArgumentParser, input_file
+    from project02_fsdp_scaling.__main__ import main
 
-    p = ArgumentParser(
-        prog="python -m project02_fsdp_scaling.comm_analysis",
-        description="Compute vs communication vs exposed communication of a torch.profiler trace.",
-    )
-    p.add_argument("trace", help="Chrome trace (.json or .json.gz) written by torch.profiler")
-    a = p.parse_args(argv)
-    json.dump(analyse_trace(load_trace(input_file("trace", a.trace))), sys.stdout, indent=2)
-    print()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main(["comm-analysis", *sys.argv[1:]]))

@@ -1,20 +1,23 @@
-"""Typed configuration of a training run, and the command line made from it.
+"""Typed configuration of a training job; tyro turns each config into a command line.
 
-The command line comes from the dataclass fields through `tyro`. Where tyro is not installed (a
-bare GPU image), `parse_cli` builds the same flags with argparse from the same fields, so
-`--global-batch 64 --compile --no-activation-checkpointing` works on both.
+- `JobConfig`: what every trainer here takes (model, batch, steps, AdamW, seeds, outputs).
+- `TrainConfig`: the FSDP2 job (`train`): a `JobConfig` plus mixed precision, activation
+  checkpointing, compile, the attention backend, resharding and profiling.
+- `DeepSpeedConfig`: the DeepSpeed ZeRO-3 job (`deepspeed`): a `JobConfig` plus its precision.
+
+The harnesses (`scaling`, `sweep`, `compare`) hold a `TrainConfig` as a `Nested` field: its flags
+keep their own names on their command lines (`--preset`, `--global-batch`, `--compile`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import types
-import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Literal, get_args
+
+import tyro
 
 from shared.model import PRESETS, ModelArgs
 
@@ -25,11 +28,15 @@ ParamDTypeName = Literal["bfloat16", "float32", "float64"]
 AttentionName = Literal["sdpa", "cudnn", "flash"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 
+# A config held by another: its flags appear without the field's prefix (--preset, not
+# --train.preset), so a harness takes the same training flags as `train` itself.
+Nested = tyro.conf.OmitArgPrefixes
+
 
 @dataclass
-class TrainConfig:
-    """FSDP2 training of the shared Llama-style transformer: one process per GPU under torchrun
-    (NCCL), or CPU processes over gloo."""
+class JobConfig:
+    """A training job of the shared Llama-style transformer on synthetic tokens: one process per
+    GPU under torchrun, or CPU processes over gloo."""
 
     preset: str = "tiny"
     """model preset: tiny (CPU tests), 125m, 1b (~1.1 B parameters)"""
@@ -50,36 +57,17 @@ class TrainConfig:
     weight_decay: float = 0.1
     """AdamW weight decay on matrices (norm weights are not decayed)"""
     beta1: float = 0.9
+    """AdamW's first-moment decay"""
     beta2: float = 0.95
+    """AdamW's second-moment decay"""
     grad_clip: float = 1.0
     """clip the global gradient norm to this; 0 disables clipping"""
-    param_dtype: ParamDTypeName = "bfloat16"
-    """FSDP MixedPrecisionPolicy compute dtype of parameters (float32 = no mixed precision;
-    float64 = parameters, gradients and their reduction in float64, for numerics tests)"""
-    reduce_dtype: DTypeName = "float32"
-    """dtype of the gradient reduce-scatter (with param_dtype float64: float64)"""
-    activation_checkpointing: bool = False
-    """recompute each block's activations in backward (less memory, ~1/3 more compute)"""
-    compile: bool = False
-    """torch.compile each block and the loss"""
-    attention: AttentionName = "sdpa"
-    """SDPA backend: sdpa (PyTorch's choice), cudnn or flash (forced; CUDA only)"""
-    reshard_after_forward: bool = True
-    """free gathered parameters after forward (ZeRO-3); False keeps them for backward"""
-    sync_every_microbatch: bool = False
-    """reduce-scatter gradients after every micro-batch instead of once per step"""
     device: DeviceName = "auto"
     """cuda when a GPU is visible, else cpu"""
     seed: int = 0
     """model initialisation seed"""
     data_seed: int = 0
     """seed of the synthetic token stream"""
-    profile: bool = False
-    """after the timed steps, run profile_steps more under torch.profiler and analyse the trace"""
-    profile_steps: int = 1
-    """optimizer steps recorded by the profiler (one warm-up step is run before them)"""
-    trace_dir: str = ""
-    """where the profiler trace goes (default: next to --out)"""
     out: str = ""
     """JSON result file written by rank 0 (empty: print only)"""
     save_params: str = ""
@@ -108,10 +96,9 @@ class TrainConfig:
         return self.local_batch(world_size) // self.resolved_micro_batch(world_size)
 
     def total_steps(self) -> int:
-        extra = self.profile_steps + 1 if self.profile else 0
-        return self.warmup_steps + self.steps + extra
+        return self.warmup_steps + self.steps
 
-    def validate(self, world_size: int = 1) -> TrainConfig:
+    def validate(self, world_size: int = 1) -> JobConfig:
         """Raise ValueError naming the field on a config that cannot run on `world_size` ranks."""
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -138,9 +125,8 @@ class TrainConfig:
                 f"micro_batch ({self.micro_batch}) must divide the local batch "
                 f"(global_batch {self.global_batch} / world size {world_size} = {local})"
             )
-        for name in ("steps", "profile_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
         for name in ("warmup_steps", "lr_warmup_steps", "log_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -156,16 +142,64 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"beta1/beta2 must be in [0, 1), got {self.beta1}, {self.beta2}")
+        _check_choice(self, "device", DeviceName)
+        return self
+
+    def check_outputs(self) -> JobConfig:
+        """Raise ValueError naming the flag when an output path cannot be written: called before
+        training, so that a typo costs seconds, not the run."""
+        from shared.cli import writable_file
+
+        for name in ("out", "save_params"):
+            if getattr(self, name):
+                writable_file("--" + name.replace("_", "-"), getattr(self, name))
+        return self
+
+    def to_dict(self) -> dict:
+        return portable(dataclasses.asdict(self))
+
+
+@dataclass
+class TrainConfig(JobConfig):
+    """FSDP2 training of the shared Llama-style transformer: one process per GPU under torchrun
+    (NCCL), or CPU processes over gloo."""
+
+    param_dtype: ParamDTypeName = "bfloat16"
+    """FSDP MixedPrecisionPolicy compute dtype of parameters (float32 = no mixed precision;
+    float64 = parameters, gradients and their reduction in float64, for numerics tests)"""
+    reduce_dtype: DTypeName = "float32"
+    """dtype of the gradient reduce-scatter (with param_dtype float64: float64)"""
+    activation_checkpointing: bool = False
+    """recompute each block's activations in backward (less memory, ~1/3 more compute)"""
+    compile: bool = False
+    """torch.compile each block and the loss"""
+    attention: AttentionName = "sdpa"
+    """SDPA backend: sdpa (PyTorch's choice), cudnn or flash (forced; CUDA only)"""
+    reshard_after_forward: bool = True
+    """free gathered parameters after forward (ZeRO-3); False keeps them for backward"""
+    sync_every_microbatch: bool = False
+    """reduce-scatter gradients after every micro-batch instead of once per step"""
+    profile: bool = False
+    """after the timed steps, run profile_steps more under torch.profiler and analyse the trace"""
+    profile_steps: int = 1
+    """optimizer steps recorded by the profiler (one warm-up step is run before them)"""
+    trace_dir: str = ""
+    """where the profiler trace goes (default: next to --out)"""
+
+    def total_steps(self) -> int:
+        extra = self.profile_steps + 1 if self.profile else 0
+        return super().total_steps() + extra
+
+    def validate(self, world_size: int = 1) -> TrainConfig:
+        super().validate(world_size)
+        if self.profile_steps < 1:
+            raise ValueError(f"profile_steps must be >= 1, got {self.profile_steps}")
         for name, allowed in (
             ("param_dtype", ParamDTypeName),
             ("reduce_dtype", DTypeName),
             ("attention", AttentionName),
-            ("device", DeviceName),
         ):
-            if getattr(self, name) not in get_args(allowed):
-                raise ValueError(
-                    f"{name} must be one of {get_args(allowed)}, got {getattr(self, name)!r}"
-                )
+            _check_choice(self, name, allowed)
         if self.param_dtype == "float64" and self.reduce_dtype != "float32":
             raise ValueError(
                 f"reduce_dtype {self.reduce_dtype!r} cannot go with param_dtype 'float64' "
@@ -174,28 +208,76 @@ class TrainConfig:
         return self
 
     def check_outputs(self) -> TrainConfig:
-        """Raise ValueError naming the flag when an output path cannot be written: called before
-        training, so that a typo costs seconds, not the run."""
-        from shared.cli import writable_dir, writable_file
+        from shared.cli import writable_dir
 
-        for name in ("out", "save_params"):
-            if getattr(self, name):
-                writable_file("--" + name.replace("_", "-"), getattr(self, name))
+        super().check_outputs()
         if self.profile and self.trace_dir:
             writable_dir("--trace-dir", self.trace_dir)
         return self
 
-    def to_dict(self) -> dict:
-        return portable(dataclasses.asdict(self))
+
+@dataclass
+class DeepSpeedConfig(JobConfig):
+    """The same training job through DeepSpeed ZeRO-3, for a side-by-side with FSDP2: torch's
+    AdamW as its client optimizer, the same parameter groups, learning-rate schedule and
+    explicit gradient clipping; eager, SDPA. Needs the deepspeed extra."""
+
+    param_dtype: DTypeName = "bfloat16"
+    """bfloat16: bf16 parameters with fp32 master weights and fp32 gradient communication;
+    float32: plain fp32"""
+
+    def validate(self, world_size: int = 1) -> DeepSpeedConfig:
+        super().validate(world_size)
+        _check_deepspeed_dtype(self.param_dtype)
+        return self
+
+    @classmethod
+    def from_train(cls, train: TrainConfig) -> DeepSpeedConfig:
+        """The DeepSpeed job of an FSDP2 config, for a comparison of the two; a ValueError names
+        the FSDP2-only setting that has no DeepSpeed counterpart here."""
+        if train.compile or train.activation_checkpointing or train.attention != "sdpa":
+            raise ValueError(
+                "the DeepSpeed path runs eager with SDPA: use --no-compile, "
+                "--no-activation-checkpointing and --attention sdpa"
+            )
+        if train.profile:
+            raise ValueError("profiling is implemented for the FSDP path only: drop --profile")
+        _check_deepspeed_dtype(train.param_dtype)
+        return cls(**{f.name: getattr(train, f.name) for f in fields(cls)})
 
 
-_PATH_FIELDS = ("reports_root", "trace_dir", "out", "save_params")
+def _check_deepspeed_dtype(param_dtype: str) -> None:
+    if param_dtype == "float64":
+        raise ValueError(
+            "param_dtype 'float64' is for the FSDP path only (DeepSpeed trains in half or "
+            "float32): use --param-dtype float32"
+        )
+    if param_dtype not in get_args(DTypeName):
+        raise ValueError(f"param_dtype must be one of {get_args(DTypeName)}, got {param_dtype!r}")
+
+
+def _check_choice(cfg, name: str, allowed) -> None:
+    if getattr(cfg, name) not in get_args(allowed):
+        raise ValueError(f"{name} must be one of {get_args(allowed)}, got {getattr(cfg, name)!r}")
+
+
+def set_by_harness(train: TrainConfig, owner: str, names: tuple[str, ...], why: str) -> None:
+    """Raise ValueError naming the flag when `train` sets one of `names` away from its default:
+    the harness `owner` sets those for every job it runs (`why` says how)."""
+    default = TrainConfig()
+    for name in names:
+        if getattr(train, name) != getattr(default, name):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag}: {owner} sets it for every job ({why}); leave it out")
+
+
+_PATH_FIELDS = ("reports_dir", "trace_dir", "out", "save_params")
 
 
 def portable(config: dict) -> dict:
     """A config dict for a result file: machine-specific paths reduced to file names (the
-    record sits next to the files it names), folders to a placeholder."""
-    out = dict(config)
+    record sits next to the files it names), folders to a placeholder; nested configs too."""
+    out = {k: portable(v) if isinstance(v, dict) else v for k, v in config.items()}
     for key in _PATH_FIELDS:
         if out.get(key):
             out[key] = Path(out[key]).name if key in ("out", "save_params") else "<given>"
@@ -221,81 +303,30 @@ def check_name(name: str) -> None:
         raise ValueError(f"name must be a plain file stem like 'scaling_gpu', got {name!r}")
 
 
-# ---- command line ----------------------------------------------------------------------------
-C = TypeVar("C")
+def check_reports_dir(reports_dir: str | None) -> None:
+    """--reports-dir, when given, is a folder that can be written (checked before any work)."""
+    from shared.cli import writable_dir
+
+    if reports_dir is not None:
+        writable_dir("--reports-dir", reports_dir)
 
 
 def cli_flags(obj) -> list[str]:
-    """Command-line flags that reproduce the dataclass instance `obj` (bools as --x / --no-x,
-    empty strings left out) for `parse_cli` of its class."""
+    """Command-line flags that reproduce the config `obj` (bools as --x / --no-x, empty strings
+    and None left out; a `Nested` config's flags without its prefix)."""
     flags = []
-    for key, value in dataclasses.asdict(obj).items():
-        flag = "--" + key.replace("_", "-")
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            flags += cli_flags(value)
+            continue
+        flag = "--" + f.name.replace("_", "-")
         if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif value != "":
+            flags.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        elif value is not None and value != "":
             flags += [flag, str(value)]
     return flags
 
 
-def parse_cli(cls: type[C], argv: list[str] | None = None, *, prog: str | None = None) -> C:
-    """Parse `argv` into an instance of the dataclass `cls`: tyro when installed, else argparse.
-    A parse error is one `error:` line on stderr and exit code 2 either way."""
-    try:
-        import tyro  # noqa: F401
-    except ImportError:
-        return _argparse_cli(cls, argv, prog=prog)
-    from shared.cli import parse_dataclass
-
-    return parse_dataclass(cls, argv, prog=prog)
-
-
-def _field_docs(cls) -> dict[str, str]:
-    """Attribute docstrings (the string literal under each field), as tyro reads them."""
-    import ast
-    import inspect
-
-    try:
-        tree = ast.parse(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    docs, body = {}, tree.body[0].body
-    for node, nxt in zip(body, body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = nxt.value.value.strip()
-    return docs
-
-
-def _argparse_cli(cls, argv, *, prog=None):
-    hints = typing.get_type_hints(cls)
-    docs = _field_docs(cls)
-    from shared.cli import ArgumentParser
-
-    parser = ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip())
-    for f in fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        tp, default = hints[f.name], f.default
-        help_text = f"{docs.get(f.name, '')} (default: {default})"
-        if tp is bool:
-            parser.add_argument(
-                flag, dest=f.name, default=default, action=argparse.BooleanOptionalAction,
-                help=help_text,
-            )  # fmt: skip
-        elif get_origin(tp) is Literal:
-            parser.add_argument(
-                flag, dest=f.name, default=default, choices=get_args(tp), help=help_text
-            )
-        elif tp in (int, float, str):
-            parser.add_argument(flag, dest=f.name, default=default, type=tp, help=help_text)
-        elif get_origin(tp) in (typing.Union, types.UnionType):
-            raise TypeError(f"field {f.name}: optional types are not supported by the fallback CLI")
-        else:
-            raise TypeError(f"field {f.name}: type {tp} is not supported by the fallback CLI")
-    ns = parser.parse_args(argv)
-    return cls(**vars(ns))
+Train = Annotated[TrainConfig, Nested]
+"""The type of a harness's nested training config."""

@@ -1,13 +1,13 @@
 """The same training job through DeepSpeed ZeRO-3, for a side-by-side with FSDP2.
 
-    torchrun --nproc-per-node 2 -m project02_fsdp_scaling.deepspeed_zero3 --preset tiny ...
+    torchrun --nproc-per-node 2 -m project02_fsdp_scaling deepspeed --preset tiny ...
 
 Same model (shared's init), same synthetic data slice per rank, same AdamW (torch's, handed to
 DeepSpeed as its client optimizer, same parameter groups), same learning-rate schedule, and
 gradient clipping set explicitly from --grad-clip (DeepSpeed would otherwise apply its own
 default). bf16 parameters with fp32 master weights and fp32 gradient communication when
---param-dtype bfloat16, plain fp32 otherwise. DeepSpeed is an optional extra:
-`pip install -e ".[deepspeed]"`.
+--param-dtype bfloat16, plain fp32 otherwise (`DeepSpeedConfig`). DeepSpeed is an optional
+extra: `pip install -e ".[deepspeed]"`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from project02_fsdp_scaling.config import TrainConfig, env_world_size, parse_cli
+from project02_fsdp_scaling.config import DeepSpeedConfig, env_world_size
 from project02_fsdp_scaling.train import (
     _reduce_max,
     build_cpu_model,
@@ -36,7 +36,6 @@ from project02_fsdp_scaling.train import (
     train_flops_per_token,
     write_json,
 )
-from shared.cli import main_guard
 from shared.data import SyntheticTokens
 from shared.distributed import DistInfo, cleanup, init_distributed, seed_everything
 
@@ -49,8 +48,8 @@ def deepspeed_available() -> tuple[bool, str]:
     return True, ""
 
 
-def ds_config(cfg: TrainConfig, world_size: int) -> dict:
-    """The DeepSpeed config equivalent to the FSDP2 job of `cfg`."""
+def ds_config(cfg: DeepSpeedConfig, world_size: int) -> dict:
+    """DeepSpeed's own config for the job `cfg`, equivalent to the FSDP2 job of the same flags."""
     bf16 = cfg.param_dtype == "bfloat16"
     return {
         "train_batch_size": cfg.global_batch,
@@ -73,23 +72,13 @@ def ds_config(cfg: TrainConfig, world_size: int) -> dict:
     }
 
 
-def run_deepspeed(cfg: TrainConfig, info: DistInfo) -> tuple[dict, dict[str, torch.Tensor] | None]:
+def run_deepspeed(
+    cfg: DeepSpeedConfig, info: DistInfo
+) -> tuple[dict, dict[str, torch.Tensor] | None]:
     """Train cfg.total_steps() steps with ZeRO-3; return (result, full params or None)."""
     import deepspeed
 
     cfg.validate(info.world_size)
-    if cfg.compile or cfg.activation_checkpointing or cfg.attention != "sdpa":
-        raise ValueError(
-            "the DeepSpeed path runs eager with SDPA: use --no-compile, "
-            "--no-activation-checkpointing and --attention sdpa"
-        )
-    if cfg.profile:
-        raise ValueError("profiling is implemented for the FSDP path only: drop --profile")
-    if cfg.param_dtype == "float64":
-        raise ValueError(
-            "param_dtype 'float64' is for the FSDP path only (DeepSpeed trains in half or "
-            "float32): use --param-dtype float32"
-        )
     device = info.device.type
     args = cfg.model_args()
     seq_len = cfg.resolved_seq_len()
@@ -103,9 +92,12 @@ def run_deepspeed(cfg: TrainConfig, info: DistInfo) -> tuple[dict, dict[str, tor
     n_params = model.num_params()
     kind = {"fused": True} if device == "cuda" else {"foreach": True}
     opt = torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+        param_groups(model, cfg.weight_decay),
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=1e-8,
         **kind,
-    )  # fmt: skip
+    )
     engine, _, _, sched = deepspeed.initialize(
         model=model,
         optimizer=opt,
@@ -206,9 +198,9 @@ def run_deepspeed(cfg: TrainConfig, info: DistInfo) -> tuple[dict, dict[str, tor
     return result, final
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_cli(TrainConfig, argv, prog="python -m project02_fsdp_scaling.deepspeed_zero3")
+def run(cfg: DeepSpeedConfig) -> int:
+    """`deepspeed`: validate, train on this rank, and on rank 0 write the JSON record (--out) and
+    the final parameters (--save-params)."""
     cfg.validate(env_world_size())
     cfg.check_outputs()
     ok, why = deepspeed_available()
@@ -223,9 +215,13 @@ def main(argv: list[str] | None = None) -> int:
             log.info(
                 "DeepSpeed ZeRO-3, world %d: step %.3f s (median of %d), %.0f tokens/s, "
                 "peak memory %.2f GiB (%s)",
-                info.world_size, s["median"], s["n"], result["tokens_per_s"],
-                result["peak_memory_gib"], result["memory_kind"],
-            )  # fmt: skip
+                info.world_size,
+                s["median"],
+                s["n"],
+                result["tokens_per_s"],
+                result["peak_memory_gib"],
+                result["memory_kind"],
+            )
             if cfg.out:
                 write_json(cfg.out, result)
             if final is not None:
@@ -235,5 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project02_fsdp_scaling.__main__ import main
+
+    sys.exit(main(["deepspeed", *sys.argv[1:]]))

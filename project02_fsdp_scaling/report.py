@@ -1,6 +1,7 @@
 """Charts, Markdown and the project README, regenerated from the JSON result records.
 
-    python -m project02_fsdp_scaling.report     # re-render everything under reports/project02_fsdp_scaling/
+    python -m project02_fsdp_scaling report     # everything under reports/project02_fsdp_scaling/
+    python -m project02_fsdp_scaling report --reports-dir runs/<time> --no-readme
 
 Nothing here measures: every number comes from a JSON record written by `scaling`, `sweep` or
 `compare`, which carry their environment (GPU, driver, torch, CUDA, date, commit).
@@ -9,10 +10,9 @@ Nothing here measures: every number comes from a JSON record written by `scaling
 from __future__ import annotations
 
 import os
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from shared.cli import main_guard
 from shared.results import (
     REPORTS_DIR,
     atomic_write_text,
@@ -25,8 +25,10 @@ from shared.results import (
 PROJECT = "project02_fsdp_scaling"
 _HERE = Path(__file__).resolve().parent
 # The project's README; in a standalone fork it is the repository's README, one level up.
-README = next((p for p in (_HERE / "README.md", _HERE.parent / "README.md") if p.is_file()),
-              _HERE / "README.md")  # fmt: skip
+README = next(
+    (p for p in (_HERE / "README.md", _HERE.parent / "README.md") if p.is_file()),
+    _HERE / "README.md",
+)
 
 
 def _pct(x):
@@ -182,7 +184,7 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
             "MFU against the dense bf16 peak of `shared.hardware`."
             if tier == "gpu"
             else "MFU: n/a on CPU (no peak in the GPU table)."
-        ),  # fmt: skip
+        ),
     ]
     load = res.get("host_load_average_1min") or {}
     if tier == "cpu" and load.get("before") is not None:
@@ -481,13 +483,13 @@ def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> 
             "scaling_gpu",
             lambda r, heading: scaling_markdown(r, name="scaling_gpu", heading=heading),
             "_Not run yet._",
-        ),  # fmt: skip
+        ),
         "cpu-scaling": _section(
             out_dir,
             "scaling_cpu",
             lambda r, heading: scaling_markdown(r, name="scaling_cpu", heading=heading),
             "_Not run yet._",
-        ),  # fmt: skip
+        ),
         "compare": "\n".join(
             _section(out_dir, stem, compare_markdown, "") for stem in ("compare_gpu", "compare_cpu")
         ).strip()
@@ -515,13 +517,17 @@ def summary_markdown(out_dir: Path) -> str:
         rec = load_result(path)
         res = rec["results"]
         rows = [
-            {"world size": r["world_size"], "tokens/s": _round(r.get("tokens_per_s")),
-             "tokens/s per device": _round(r.get("tokens_per_s_per_device")),
-             "MFU %": 100 * r["mfu"] if r.get("mfu") is not None else None,
-             "efficiency %": 100 * r["efficiency"] if r.get("efficiency") is not None else None,
-             "peak GiB": r.get("peak_memory_gib")}
-            for r in res["runs"] if r.get("status") == "ok"
-        ]  # fmt: skip
+            {
+                "world size": r["world_size"],
+                "tokens/s": _round(r.get("tokens_per_s")),
+                "tokens/s per device": _round(r.get("tokens_per_s_per_device")),
+                "MFU %": 100 * r["mfu"] if r.get("mfu") is not None else None,
+                "efficiency %": 100 * r["efficiency"] if r.get("efficiency") is not None else None,
+                "peak GiB": r.get("peak_memory_gib"),
+            }
+            for r in res["runs"]
+            if r.get("status") == "ok"
+        ]
         parts += [
             f"**Strong scaling, {res['preset']} on {what}** (global batch {res['global_batch']} x "
             f"{res['seq_len']} tokens; {environment_line(rec['environment'])}):",
@@ -532,11 +538,14 @@ def summary_markdown(out_dir: Path) -> str:
         lines = res.get("cost", {}).get("lines", [])
         if lines and stem == "scaling_gpu":
             cost_rows = [
-                {"configuration": c["config"], "basis": "measured" if c["measured"] else
-                 "PROJECTED", "USD / M tokens on-demand": c["usd_per_m_tokens_on_demand"],
-                 "USD / M tokens spot": c["usd_per_m_tokens_spot"]}
+                {
+                    "configuration": c["config"],
+                    "basis": "measured" if c["measured"] else "PROJECTED",
+                    "USD / M tokens on-demand": c["usd_per_m_tokens_on_demand"],
+                    "USD / M tokens spot": c["usd_per_m_tokens_spot"],
+                }
                 for c in lines
-            ]  # fmt: skip
+            ]
             parts += [markdown_table(cost_rows, floatfmt=".4f"), ""]
     if not parts:
         return "_No measurements yet: run `make project02`._\n"
@@ -545,35 +554,52 @@ def summary_markdown(out_dir: Path) -> str:
 
 
 def render_all(out_dir: Path) -> None:
-    for stem in ("scaling_gpu", "scaling_cpu"):
-        if (out_dir / f"{stem}.json").is_file():
-            render_scaling(out_dir / f"{stem}.json")
-    for stem, fn in (("sweep_gpu", sweep_markdown), ("compare_gpu", compare_markdown),
-                     ("compare_cpu", compare_markdown)):  # fmt: skip
-        if (out_dir / f"{stem}.json").is_file():
-            atomic_write_text(out_dir / f"{stem}.md", fn(load_result(out_dir / f"{stem}.json")))
-            if stem.startswith("compare"):
-                compare_chart(load_result(out_dir / f"{stem}.json"), out_dir, stem)
+    """Every chart and Markdown file of the records in out_dir: scaling_* (not the per-world-size
+    records beside them), sweep_* and compare_*."""
+    import re
+
+    for path in sorted(out_dir.glob("scaling_*.json")):
+        if not re.search(r"_ws\d+$", path.stem):
+            render_scaling(path)
+    for kind, fn in (("sweep", sweep_markdown), ("compare", compare_markdown)):
+        for path in sorted(out_dir.glob(f"{kind}_*.json")):
+            rec = load_result(path)
+            atomic_write_text(path.with_suffix(".md"), fn(rec))
+            if kind == "compare":
+                compare_chart(rec, out_dir, path.stem)
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    from shared.cli import ArgumentParser, input_dir
+@dataclass
+class ReportConfig:
+    """Re-render charts, Markdown and the project README from the JSON records."""
 
-    p = ArgumentParser(
-        prog=f"python -m {PROJECT}.report",
-        description="Re-render charts, Markdown and the project README from the JSON records.",
-    )
-    p.add_argument("--dir", default=str(Path(REPORTS_DIR) / PROJECT), help="reports folder")
-    p.add_argument("--no-readme", action="store_true", help="leave README.md alone")
-    a = p.parse_args(argv)
-    out_dir = input_dir("--dir", a.dir)
+    reports_dir: str | None = None
+    """records are read from <reports-dir>/project02_fsdp_scaling/ (None: the repository's
+    reports/)"""
+    readme: bool = True
+    """refresh the project README's generated sections (--no-readme: the folder only)"""
+    readme_file: str | None = None
+    """the README to refresh (None: the project's own)"""
+
+
+def run(cfg: ReportConfig) -> Path:
+    """`report`: every chart and Markdown file of the folder, its summary.md and (unless
+    --no-readme) the README. Returns the folder."""
+    from shared.cli import input_dir, input_file
+
+    readme = input_file("--readme-file", cfg.readme_file) if cfg.readme_file is not None else README
+    root = input_dir("--reports-dir", cfg.reports_dir) if cfg.reports_dir is not None else None
+    out_dir = input_dir("--reports-dir", (root or Path(REPORTS_DIR)) / PROJECT)
     render_all(out_dir)
     atomic_write_text(out_dir / "summary.md", summary_markdown(out_dir))
-    if not a.no_readme:
-        print(f"wrote {refresh_readme(out_dir)}")
-    return 0
+    if cfg.readme:
+        print(f"wrote {refresh_readme(out_dir, readme)}")
+    return out_dir
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project02_fsdp_scaling.__main__ import main
+
+    sys.exit(main(["report", *sys.argv[1:]]))

@@ -1,20 +1,20 @@
 """Strong-scaling benchmark: the same global batch on 1, 2, 4, ... devices.
 
-    python -m project02_fsdp_scaling.scaling --gpus 1,2,4,8 --preset 1b
-    python -m project02_fsdp_scaling.scaling            # CPU: tiny model, 1 and 2 gloo processes
+    python -m project02_fsdp_scaling scaling --gpus 1,2,4,8 --preset 1b
+    python -m project02_fsdp_scaling scaling            # CPU: tiny model, 1 and 2 gloo processes
 
-Each world size is a fresh `torchrun --standalone` job of `project02_fsdp_scaling.train` with the
+Each world size is a fresh `torchrun --standalone` job of `project02_fsdp_scaling train` with the
 same configuration and number of steps: warm-up steps, timed steps, then profiled steps whose
 torch.profiler trace is analysed (compute vs collective vs exposed communication). World sizes
 larger than the machine are skipped with a note. The one-device run of the same job is the
 baseline: speed-up and efficiency (throughput / (N x one-device throughput)) are against it.
 
 On a GPU the one-GPU variants (eager / compiled, with and without activation checkpointing,
-attention backends) are swept first (`project02_fsdp_scaling.sweep`) and the best by MFU is the
+attention backends) are swept first (`project02_fsdp_scaling sweep`) and the best by MFU is the
 configuration every world size runs, unless --no-sweep.
 
-Results: reports/project02_fsdp_scaling/<name>.json (with the environment), one JSON and one
-trace per world size, charts and <name>.md (`project02_fsdp_scaling.report` renders them).
+Results: <reports-dir>/project02_fsdp_scaling/<name>.json (with the environment), one JSON and
+one trace per world size, charts and <name>.md (`project02_fsdp_scaling report` renders them).
 """
 
 from __future__ import annotations
@@ -24,21 +24,22 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from project02_fsdp_scaling.config import (
-    AttentionName,
+    Train,
     TrainConfig,
     check_name,
     check_preset,
+    check_reports_dir,
     cli_flags,
-    parse_cli,
     portable,
+    set_by_harness,
 )
-from shared.cli import main_guard, writable_dir
+from shared.cli import writable_dir
 
 PROJECT = "project02_fsdp_scaling"
 
@@ -58,73 +59,67 @@ def assumed_efficiency(n: int) -> float:
     return 0.85
 
 
+# The harness's own training defaults: "auto" and 0 take the tier's value (see ScalingConfig).
+SCALING_TRAIN = TrainConfig(preset="auto", global_batch=0, steps=0, compile=True, profile=True)
+
+
 @dataclass
 class ScalingConfig:
     """Strong scaling of FSDP2 training at a fixed global batch, with a profiler timeline per
-    world size and cost per million tokens."""
+    world size and cost per million tokens. Training flags left at auto or 0 take the tier's
+    value: preset 1b on GPUs and tiny on CPU; global batch 64 and 8; micro-batch min(8, local
+    batch) on GPUs and the local batch on CPU; steps 5 and 30 (short, noisy steps on CPU).
+    torch.compile runs on GPUs only; the device and each job's output files are the harness's."""
 
     gpus: str = "auto"
     """comma-separated world sizes; auto = 1,2,4,8 on GPUs, 1,2 CPU processes without a GPU"""
-    preset: str = "auto"
-    """model preset; auto = 1b on GPUs, tiny on CPU"""
-    global_batch: int = 0
-    """sequences per optimizer step (fixed for every world size); 0 = 64 on GPUs, 8 on CPU"""
-    micro_batch: int = 0
-    """sequences per forward on one rank; 0 = min(8, local batch) on GPUs, the local batch on CPU"""
-    seq_len: int = 0
-    """tokens per sequence; 0 = the preset's max_seq_len"""
-    steps: int = 0
-    """timed optimizer steps per world size (after warm-up); 0 = 5 on GPUs, 30 on CPU (short,
-    noisy steps there)"""
-    warmup_steps: int = 2
-    """untimed steps first (compilation, allocator)"""
-    compile: bool = True
-    """torch.compile per block (GPU only; the CPU tier runs eager)"""
-    activation_checkpointing: bool = False
-    attention: AttentionName = "sdpa"
     sweep: bool = True
     """on a GPU, first sweep the one-GPU variants and run the scaling with the best by MFU"""
     sweep_variants: str = "eager,eager+ac,compile,compile+ac,compile+cudnn"
-    """variants the one-GPU sweep tries (see project02_fsdp_scaling.sweep)"""
+    """variants the one-GPU sweep tries (see the sweep command)"""
     sweep_global_batch: int = 32
     """global batch of the one-GPU sweep (micro-batch as below)"""
     sweep_steps: int = 3
     """timed steps per sweep variant"""
     sweep_max_seconds: int = 0
     """start no new sweep variant after this many seconds (0: no limit)"""
-    profile: bool = True
-    """record and analyse a torch.profiler trace per world size"""
     cost_configs: str = DEFAULT_COST_CONFIGS
     """GPU configurations priced per million tokens: key:count,... (keys of shared.hardware)"""
-    reports_root: str = ""
-    """reports folder (results go to <root>/project02_fsdp_scaling/); default the repo's reports/"""
+    reports_dir: str | None = None
+    """results go to <reports-dir>/project02_fsdp_scaling/ (None: the repository's reports/)"""
     name: str = ""
     """result file stem; default scaling_gpu or scaling_cpu"""
     timeout_s: int = 1800
     """wall-clock limit of one world size's job"""
     readme: bool = True
-    """regenerate project02_fsdp_scaling/README.md when writing to the repo's reports/"""
+    """regenerate project02_fsdp_scaling/README.md when writing to the repository's reports/"""
+    train: Train = field(default_factory=lambda: replace(SCALING_TRAIN))
 
     def validate(self) -> ScalingConfig:
         parse_world_sizes(self.gpus) if self.gpus != "auto" else None
         parse_cost_configs(self.cost_configs)
-        check_preset(self.preset, allow_auto=True)
+        check_preset(self.train.preset, allow_auto=True)
         check_name(self.name)
-        for name in ("global_batch", "micro_batch", "seq_len", "sweep_max_seconds"):
-            if getattr(self, name) < 0:
+        for name in ("global_batch", "micro_batch", "seq_len", "steps"):
+            if getattr(self.train, name) < 0:
                 raise ValueError(
-                    f"{name} must be >= 0 (0 = the tier's default), got {getattr(self, name)}"
+                    f"{name} must be >= 0 (0 = the tier's default), got {getattr(self.train, name)}"
                 )
-        if self.reports_root:
-            writable_dir("--reports-root", self.reports_root)
+        if self.sweep_max_seconds < 0:
+            raise ValueError(f"sweep_max_seconds must be >= 0, got {self.sweep_max_seconds}")
+        set_by_harness(
+            self.train,
+            "scaling",
+            ("device", "out", "save_params", "trace_dir"),
+            "GPUs when visible, else CPU; records and traces in the reports folder",
+        )
+        check_reports_dir(self.reports_dir)
         parse_variants(self.sweep_variants)
-        if self.steps < 0:
-            raise ValueError(f"steps must be >= 0 (0 = the tier's default), got {self.steps}")
         for name in ("sweep_steps", "timeout_s", "sweep_global_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.train.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.train.warmup_steps}")
         return self
 
 
@@ -188,28 +183,27 @@ def make_plan(cfg: ScalingConfig) -> Plan:
     on_gpu = torch.cuda.is_available()
     available = torch.cuda.device_count() if on_gpu else (os.cpu_count() or 1)
     sizes = parse_world_sizes(cfg.gpus if cfg.gpus != "auto" else ("1,2,4,8" if on_gpu else "1,2"))
-    preset = cfg.preset if cfg.preset != "auto" else ("1b" if on_gpu else "tiny")
-    global_batch = cfg.global_batch or (64 if on_gpu else 8)
-    train = TrainConfig(
-        preset=preset,
-        seq_len=cfg.seq_len,
-        global_batch=global_batch,
-        micro_batch=cfg.micro_batch,
-        steps=cfg.steps or (5 if on_gpu else 30),
-        warmup_steps=cfg.warmup_steps,
-        compile=cfg.compile and on_gpu,
-        activation_checkpointing=cfg.activation_checkpointing,
-        attention=cfg.attention,
+    given = cfg.train
+    train = replace(
+        given,
+        preset=given.preset if given.preset != "auto" else ("1b" if on_gpu else "tiny"),
+        global_batch=given.global_batch or (64 if on_gpu else 8),
+        steps=given.steps or (5 if on_gpu else 30),
+        compile=given.compile and on_gpu,
         device="cuda" if on_gpu else "cpu",
-        profile=cfg.profile,
     )
     for ws in sizes:  # every error before the first launch
-        micro = cfg.micro_batch or (min(8, global_batch // ws) if on_gpu else 0)
-        TrainConfig(**{**asdict(train), "micro_batch": micro}).validate(ws)
-    root = Path(cfg.reports_root) if cfg.reports_root else _default_reports_root()
-    writable_dir("--reports-root", root / PROJECT)  # before the first launch, not after it
+        replace(train, micro_batch=_micro_batch(cfg, train, ws, on_gpu)).validate(ws)
+    root = Path(cfg.reports_dir) if cfg.reports_dir is not None else _default_reports_root()
+    writable_dir("--reports-dir", root / PROJECT)  # before the first launch, not after it
     name = cfg.name or ("scaling_gpu" if on_gpu else "scaling_cpu")
     return Plan(on_gpu, available, sizes, train, root / PROJECT, name)
+
+
+def _micro_batch(cfg: ScalingConfig, train: TrainConfig, ws: int, on_gpu: bool) -> int:
+    """The micro-batch of world size `ws`: as given, else min(8, local batch) on GPUs and the
+    whole local batch (0) on CPU."""
+    return cfg.train.micro_batch or (min(8, train.global_batch // ws) if on_gpu else 0)
 
 
 def _default_reports_root() -> Path:
@@ -219,12 +213,13 @@ def _default_reports_root() -> Path:
 
 
 def launch(
-    ws: int, module: str, flags: list[str], *, on_gpu: bool, timeout_s: int
+    ws: int, command: str, flags: list[str], *, on_gpu: bool, timeout_s: int
 ) -> tuple[int, str]:
-    """One `torchrun --standalone` job of `ws` processes running `python -m module flags`; its
-    output streams through, prefixed. Returns (exit code, last lines of output)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(ws), "-m", module, *flags]  # fmt: skip
+    """One `torchrun --standalone` job of `ws` processes running `python -m
+    project02_fsdp_scaling <command> <flags>`; its output streams through, prefixed. Returns
+    (exit code, last lines of output)."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [*torchrun, "--nproc-per-node", str(ws), "-m", PROJECT, command, *flags]
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if not on_gpu:
@@ -236,8 +231,14 @@ def launch(
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     print(f"\n=== world size {ws}: {' '.join(cmd[1:])}", flush=True)
     tail: list[str] = []
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -255,9 +256,9 @@ def launch(
     return rc, "".join(tail)
 
 
-def run_scaling(cfg: ScalingConfig) -> Path:
-    """Run every world size; write the JSON record; render charts and Markdown. Returns the
-    JSON path."""
+def run(cfg: ScalingConfig) -> Path:
+    """`scaling`: run every world size; write the JSON record; render charts and Markdown from
+    it. Returns the JSON path."""
     from project02_fsdp_scaling import report
     from shared.results import environment, load_result, save_result
 
@@ -269,7 +270,7 @@ def run_scaling(cfg: ScalingConfig) -> Path:
         sweep_info = _run_sweep(cfg, plan)
         if sweep_info.get("best"):
             best = sweep_info["best"]["overrides"]
-            train = TrainConfig(**{**asdict(train), **best})
+            train = replace(train, **best)
             print(f"one-GPU sweep: best variant {sweep_info['best']['variant']!r} -> {best}")
 
     load_before = _load_average()
@@ -281,19 +282,16 @@ def run_scaling(cfg: ScalingConfig) -> Path:
             print(note, flush=True)
             runs.append({"world_size": ws, "status": "skipped", "note": note})
             continue
-        micro = cfg.micro_batch or (min(8, train.global_batch // ws) if plan.on_gpu else 0)
         run_json = plan.out_dir / f"{plan.name}_ws{ws}.json"
-        run_cfg = TrainConfig(
-            **{
-                **asdict(train),
-                "micro_batch": micro,
-                "out": str(run_json),
-                "trace_dir": str(plan.out_dir),
-            }  # fmt: skip
+        run_cfg = replace(
+            train,
+            micro_batch=_micro_batch(cfg, train, ws, plan.on_gpu),
+            out=str(run_json),
+            trace_dir=str(plan.out_dir),
         )
         run_json.unlink(missing_ok=True)
         rc, tail = launch(
-            ws, f"{PROJECT}.train", cli_flags(run_cfg), on_gpu=plan.on_gpu, timeout_s=cfg.timeout_s
+            ws, "train", cli_flags(run_cfg), on_gpu=plan.on_gpu, timeout_s=cfg.timeout_s
         )
         if rc != 0 or not run_json.is_file():
             runs.append({"world_size": ws, "status": "failed", "returncode": rc, "log_tail": tail})
@@ -324,22 +322,24 @@ def run_scaling(cfg: ScalingConfig) -> Path:
 
 
 def _run_sweep(cfg: ScalingConfig, plan: Plan) -> dict:
-    from project02_fsdp_scaling.sweep import SweepConfig
+    from project02_fsdp_scaling.sweep import SWEPT, SweepConfig
 
     sweep_cfg = SweepConfig(
-        preset=plan.train.preset,
         variants=cfg.sweep_variants,
-        global_batch=cfg.sweep_global_batch,
-        micro_batch=cfg.micro_batch or 8,
-        seq_len=cfg.seq_len,
-        steps=cfg.sweep_steps,
-        warmup_steps=cfg.warmup_steps,
-        reports_root=str(plan.out_dir.parent),
+        reports_dir=str(plan.out_dir.parent),
         max_seconds=cfg.sweep_max_seconds,
         name="sweep_gpu" if plan.on_gpu else "sweep_cpu",
+        train=replace(
+            plan.train,
+            global_batch=cfg.sweep_global_batch,
+            micro_batch=cfg.train.micro_batch or 8,
+            steps=cfg.sweep_steps,
+            # each variant sets these; the sweep times without the profiler, on the tier's device
+            **{k: getattr(TrainConfig(), k) for k in (*SWEPT, "profile", "device")},
+        ),
     )
     # In a child process: the sweep's CUDA memory and compile caches leave with it.
-    cmd = [sys.executable, "-m", f"{PROJECT}.sweep", *cli_flags(sweep_cfg)]
+    cmd = [sys.executable, "-m", PROJECT, "sweep", *cli_flags(sweep_cfg)]
     print(f"\n=== one-GPU sweep: {' '.join(cmd[1:])}", flush=True)
     path = plan.out_dir / f"{sweep_cfg.name}.json"
     path.unlink(missing_ok=True)
@@ -412,7 +412,7 @@ def build_results(runs, plan: Plan, cfg: ScalingConfig, train: TrainConfig, swee
                 "what": "one-device run of the same job in this harness run",
             }
             if base
-            else None  # fmt: skip
+            else None
         ),
         "cost": cost_table(ok, plan, cfg),
         "sweep": sweep_info,
@@ -455,12 +455,9 @@ def cost_table(ok: dict, plan: Plan, cfg: ScalingConfig) -> dict:
     return {"lines": lines, "note": None}
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_cli(ScalingConfig, argv, prog=f"python -m {PROJECT}.scaling")
-    run_scaling(cfg)
-    return 0
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
 
+    from project02_fsdp_scaling.__main__ import main
 
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["scaling", *sys.argv[1:]]))

@@ -1,34 +1,35 @@
 """One-GPU sweep: which training configuration gives the highest MFU on this GPU.
 
-    python -m project02_fsdp_scaling.sweep --preset 1b --variants eager,compile,compile+ac
+    python -m project02_fsdp_scaling sweep --preset 1b --variants eager,compile,compile+ac
 
 Every variant is the same FSDP2 job in a world of one (bf16 parameters, fp32 reduction, fused
 AdamW, clipping), differing only in how it runs: eager or `torch.compile` per block, with or
 without activation checkpointing (`+ac`), with SDPA's backend forced (`+cudnn`, `+flash`), with
 parameters kept gathered between forward and backward (`+noreshard`). One process runs them all
 from one initialised model (compile caches are reset between variants); the eager variant is the
-baseline. Writes reports/project02_fsdp_scaling/sweep_<tier>.json and .md.
+baseline. Writes <reports-dir>/project02_fsdp_scaling/sweep_<tier>.json and .md.
 """
 
 from __future__ import annotations
 
 import gc
-import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from project02_fsdp_scaling.config import (
+    Train,
     TrainConfig,
     check_name,
     check_preset,
-    parse_cli,
+    check_reports_dir,
     portable,
+    set_by_harness,
 )
-from shared.cli import main_guard, writable_dir
+from shared.cli import writable_dir
 from shared.progress import human_seconds
 from shared.results import REPORTS_DIR
 
@@ -41,6 +42,8 @@ _MODIFIERS = {
     "noreshard": {"reshard_after_forward": False},
     "fp32": {"param_dtype": "float32"},  # no mixed precision: the bf16 speed-up's baseline
 }
+# The TrainConfig fields a variant sets (see parse_variant).
+SWEPT = ("compile", "activation_checkpointing", "attention", "reshard_after_forward", "param_dtype")
 
 
 def parse_variant(name: str) -> dict:
@@ -48,9 +51,13 @@ def parse_variant(name: str) -> dict:
     parts = [p.strip() for p in str(name).split("+")]
     if parts[0] not in ("eager", "compile"):
         raise ValueError(f"variant {name!r} must start with 'eager' or 'compile'")
-    out = {"compile": parts[0] == "compile", "activation_checkpointing": False,
-           "attention": "sdpa", "reshard_after_forward": True,
-           "param_dtype": "bfloat16"}  # fmt: skip
+    out = {
+        "compile": parts[0] == "compile",
+        "activation_checkpointing": False,
+        "attention": "sdpa",
+        "reshard_after_forward": True,
+        "param_dtype": "bfloat16",
+    }
     for p in parts[1:]:
         if p not in _MODIFIERS:
             raise ValueError(
@@ -62,35 +69,42 @@ def parse_variant(name: str) -> dict:
 
 @dataclass
 class SweepConfig:
-    """Sweep one-GPU training variants of FSDP2 (world of one) and pick the best by MFU."""
+    """Sweep one-GPU training variants of FSDP2 (world of one) and pick the best by MFU. Each
+    variant sets compile, activation checkpointing, the attention backend, resharding and the
+    parameter dtype; the other training flags are the same for all."""
 
-    preset: str = "1b"
     variants: str = "eager,eager+ac,compile,compile+ac,compile+cudnn"
     """comma-separated: eager|compile, then +ac, +cudnn, +flash, +noreshard, +fp32"""
-    global_batch: int = 32
-    micro_batch: int = 8
-    seq_len: int = 0
-    steps: int = 3
-    """timed steps per variant"""
-    warmup_steps: int = 2
-    reports_root: str = ""
-    """reports folder (results go to <root>/project02_fsdp_scaling/); default the repo's reports/"""
+    reports_dir: str | None = None
+    """results go to <reports-dir>/project02_fsdp_scaling/ (None: the repository's reports/)"""
     name: str = ""
     """result file stem; default sweep_gpu or sweep_cpu"""
     max_seconds: int = 0
     """start no new variant after this many seconds (0: no limit); the rest are marked not run"""
+    train: Train = field(
+        default_factory=lambda: TrainConfig(preset="1b", global_batch=32, micro_batch=8, steps=3)
+    )
 
     def validate(self) -> SweepConfig:
-        check_preset(self.preset)
+        check_preset(self.train.preset)
         check_name(self.name)
         for name in ("global_batch", "micro_batch", "steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("seq_len", "warmup_steps", "max_seconds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.reports_root:
-            writable_dir("--reports-root", self.reports_root)
+            if getattr(self.train, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self.train, name)}")
+        for name in ("seq_len", "warmup_steps"):
+            if getattr(self.train, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self.train, name)}")
+        if self.max_seconds < 0:
+            raise ValueError(f"max_seconds must be >= 0, got {self.max_seconds}")
+        set_by_harness(
+            self.train,
+            "the sweep",
+            (*SWEPT, "profile", "device", "out", "save_params", "trace_dir"),
+            "the variants set compile, activation checkpointing, attention, resharding and the "
+            "parameter dtype; steps are timed without the profiler, on the GPU when visible, "
+            "into the sweep's own record",
+        )
+        check_reports_dir(self.reports_dir)
         self.variant_list()
         return self
 
@@ -135,26 +149,18 @@ def _variant_summary(variant: str, r: dict) -> dict:
     }
 
 
-def run_sweep(cfg: SweepConfig) -> Path:
-    """Run every variant in this process; the record is rewritten after each variant, so a run
-    cut short still leaves what it measured. Returns the JSON path."""
+def run(cfg: SweepConfig) -> Path:
+    """`sweep`: run every variant in this process; the record is rewritten after each variant,
+    so a run cut short still leaves what it measured. Returns the JSON path."""
     from project02_fsdp_scaling.train import build_cpu_model, log, run_training
     from shared.distributed import cleanup, init_distributed
 
     names = cfg.validate().variant_list()
     on_gpu = torch.cuda.is_available()
-    base = TrainConfig(
-        preset=cfg.preset,
-        seq_len=cfg.seq_len,
-        global_batch=cfg.global_batch,
-        micro_batch=cfg.micro_batch,
-        steps=cfg.steps,
-        warmup_steps=cfg.warmup_steps,
-        device="cuda" if on_gpu else "cpu",
-    )
+    base = replace(cfg.train, device="cuda" if on_gpu else "cpu")
     for v in names:
-        TrainConfig(**{**asdict(base), **parse_variant(v)}).validate(1)
-    writable_dir("--reports-root", Path(cfg.reports_root or REPORTS_DIR) / PROJECT)
+        replace(base, **parse_variant(v)).validate(1)
+    writable_dir("--reports-dir", Path(cfg.reports_dir or REPORTS_DIR) / PROJECT)
     info = init_distributed(device=base.device)
     if info.world_size != 1:
         raise ValueError(f"the sweep runs in a world of one; got WORLD_SIZE={info.world_size}")
@@ -168,12 +174,18 @@ def run_sweep(cfg: SweepConfig) -> Path:
             elapsed = time.monotonic() - t_start
             if cfg.max_seconds and elapsed > cfg.max_seconds:
                 log.warning("variant %s not run: time budget of %d s spent", v, cfg.max_seconds)
-                variants.append({"variant": v, "status": "not run",
-                                 "error": f"time budget of {cfg.max_seconds} s spent"})  # fmt: skip
+                variants.append(
+                    {
+                        "variant": v,
+                        "status": "not run",
+                        "error": f"time budget of {cfg.max_seconds} s spent",
+                    }
+                )
                 continue
-            log.info("=== variant %s (%d of %d, %s so far)", v, i, len(names),
-                     human_seconds(elapsed))  # fmt: skip
-            tc = TrainConfig(**{**asdict(base), **parse_variant(v)})
+            log.info(
+                "=== variant %s (%d of %d, %s so far)", v, i, len(names), human_seconds(elapsed)
+            )
+            tc = replace(base, **parse_variant(v))
             try:
                 result, _ = run_training(tc, info, template=template)
                 variants.append(_variant_summary(v, result))
@@ -183,8 +195,14 @@ def run_sweep(cfg: SweepConfig) -> Path:
                 }
             except Exception as e:  # one failing variant (OOM, backend) must not end the sweep
                 log.warning("variant %s failed: %s", v, e)
-                variants.append({"variant": v, "status": "failed", "error": repr(e)[:500],
-                                 "traceback": traceback.format_exc()[-2000:]})  # fmt: skip
+                variants.append(
+                    {
+                        "variant": v,
+                        "status": "failed",
+                        "error": repr(e)[:500],
+                        "traceback": traceback.format_exc()[-2000:],
+                    }
+                )
             torch._dynamo.reset()
             gc.collect()
             if on_gpu:
@@ -209,12 +227,12 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
     best = pick_best(ok)
     results = {
         "tier": "gpu" if on_gpu else "cpu",
-        "preset": cfg.preset,
+        "preset": base.preset,
         "world_size": 1,
-        "global_batch": cfg.global_batch,
-        "micro_batch": cfg.micro_batch,
-        "steps": cfg.steps,
-        "warmup_steps": cfg.warmup_steps,
+        "global_batch": base.global_batch,
+        "micro_batch": base.micro_batch,
+        "steps": base.steps,
+        "warmup_steps": base.warmup_steps,
         "grad_clip": base.grad_clip,
         **meta,
         "variants": variants,
@@ -222,7 +240,7 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
         if best
         else None,
     }
-    root = Path(cfg.reports_root) if cfg.reports_root else Path(REPORTS_DIR)
+    root = Path(cfg.reports_dir) if cfg.reports_dir is not None else Path(REPORTS_DIR)
     name = cfg.name or ("sweep_gpu" if on_gpu else "sweep_cpu")
     path = save_result(
         PROJECT,
@@ -237,12 +255,9 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
     return path
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_cli(SweepConfig, argv, prog=f"python -m {PROJECT}.sweep")
-    run_sweep(cfg)
-    return 0
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
 
+    from project02_fsdp_scaling.__main__ import main
 
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["sweep", *sys.argv[1:]]))

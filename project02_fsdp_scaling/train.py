@@ -1,7 +1,7 @@
 """FSDP2 training of the shared transformer: the torchrun entry point.
 
-    torchrun --nproc-per-node 8 -m project02_fsdp_scaling.train --preset 1b --global-batch 64 \
-        --micro-batch 8 --compile --out reports/project02_fsdp_scaling/train_1b.json
+    torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --global-batch 64 \
+        --micro-batch 8 --compile --out runs/train_1b.json
 
 One process per GPU (NCCL) or per CPU worker (gloo); a plain `python -m` is a world of one.
 Parallelism is applied from outside the model with `shared.parallelize` (activation
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import resource
-import sys
 import time
 from pathlib import Path
 
@@ -28,10 +27,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from project02_fsdp_scaling.config import TrainConfig, env_world_size, parse_cli
-from shared.cli import main_guard
+from project02_fsdp_scaling.config import TrainConfig, env_world_size
 from shared.data import SyntheticTokens
 from shared.distributed import DistInfo, cleanup, get_logger, init_distributed, seed_everything
+from shared.flops import transformer_train_flops_per_token
 from shared.model import ModelArgs, Transformer
 from shared.parallelize import ParallelConfig, parallelize
 from shared.progress import human_count, progress
@@ -50,11 +49,6 @@ def matmul_params(args: ModelArgs) -> int:
 def train_flops_per_token(args: ModelArgs, seq_len: int, *, causal: bool = True) -> float:
     """Training FLOPs per token (forward + backward): 6 per matmul parameter plus attention
     scores and values, 12·L·d·S, halved when causal (`shared.flops`, PaLM appendix B)."""
-    try:
-        from shared.flops import transformer_train_flops_per_token
-    except ImportError:  # pragma: no cover - shared.flops is part of the shared library
-        attn = 12 * args.n_layers * args.dim * seq_len * (0.5 if causal else 1.0)
-        return 6.0 * matmul_params(args) + attn
     return float(
         transformer_train_flops_per_token(
             matmul_params(args), args.n_layers, args.dim, seq_len, causal=causal
@@ -81,8 +75,12 @@ def attention_backend(name: str, device: str):
     if device != "cuda":
         raise ValueError(f"attention={name!r} needs a CUDA GPU; use attention='sdpa' on CPU")
     b = torch.backends.cuda
-    saved = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(),
-             b.cudnn_sdp_enabled())  # fmt: skip
+    saved = (
+        b.flash_sdp_enabled(),
+        b.mem_efficient_sdp_enabled(),
+        b.math_sdp_enabled(),
+        b.cudnn_sdp_enabled(),
+    )
     b.enable_flash_sdp(name == "flash")
     b.enable_cudnn_sdp(name == "cudnn")
     b.enable_mem_efficient_sdp(False)
@@ -156,8 +154,9 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean token loss in float32 (float64 for float64 logits) whatever the logits' dtype.
     logits (B, S, V), targets (B, S)."""
     logits = logits.flatten(0, 1)
-    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
-                           targets.flatten(0, 1))  # fmt: skip
+    return F.cross_entropy(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)), targets.flatten(0, 1)
+    )
 
 
 def canonical_name(name: str) -> str:
@@ -264,9 +263,16 @@ def run_training(
     log.info(
         "model %s: %s parameters; world %d (%s); global batch %d x %d tokens, "
         "micro-batch %d, %d accumulation steps; build %.1f s",
-        cfg.preset, human_count(n_params), info.world_size, info.backend, cfg.global_batch,
-        seq_len, micro, accum, time.perf_counter() - t0,
-    )  # fmt: skip
+        cfg.preset,
+        human_count(n_params),
+        info.world_size,
+        info.backend,
+        cfg.global_batch,
+        seq_len,
+        micro,
+        accum,
+        time.perf_counter() - t0,
+    )
 
     # The whole stream up front (this rank's slice): data generation never lands in step time.
     data = SyntheticTokens(
@@ -308,10 +314,16 @@ def run_training(
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     tokens_per_step = cfg.global_batch * seq_len
-    with attention_backend(cfg.attention, device), progress(
-        n_timed_end, "train", unit="step", every=cfg.log_every or 1,
-        enabled=info.is_main and cfg.log_every > 0,
-    ) as bar:  # fmt: skip
+    with (
+        attention_backend(cfg.attention, device),
+        progress(
+            n_timed_end,
+            "train",
+            unit="step",
+            every=cfg.log_every or 1,
+            enabled=info.is_main and cfg.log_every > 0,
+        ) as bar,
+    ):
         for step in range(n_timed_end):
             sync()
             t = time.perf_counter()
@@ -323,8 +335,10 @@ def run_training(
             if step >= cfg.warmup_steps:
                 times.append(dt)
             tag = "warm-up" if step < cfg.warmup_steps else "timed"
-            bar.advance(status=f"{tag}: loss {loss:.4f}, grad-norm {norm:.3f}, {dt:.3f} s/step, "
-                        f"{tokens_per_step / dt:,.0f} tokens/s")  # fmt: skip
+            bar.advance(
+                status=f"{tag}: loss {loss:.4f}, grad-norm {norm:.3f}, {dt:.3f} s/step, "
+                f"{tokens_per_step / dt:,.0f} tokens/s"
+            )
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss} at step {step}: training diverged")
         profile = None
@@ -443,26 +457,17 @@ def save_tensors(path: str | Path, tensors: dict) -> None:
 
 
 def write_json(path: str | Path, obj: dict) -> None:
-    try:
-        from shared.results import atomic_write_json, environment
-    except ImportError:  # pragma: no cover - shared.results is part of the shared library
-        import json
-        import os
+    """The result record with the environment it was measured in, written atomically."""
+    from shared.results import atomic_write_json, environment
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=2))
-        os.replace(tmp, path)
-        return
     obj = {**obj, "environment": environment()}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, obj)
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_cli(TrainConfig, argv, prog="python -m project02_fsdp_scaling.train")
+def run(cfg: TrainConfig) -> int:
+    """`train`: validate, train on this rank, and on rank 0 write the JSON record (--out) and
+    the final parameters (--save-params)."""
     cfg.validate(env_world_size())  # a clear error before any process group exists
     cfg.check_outputs()  # and before any training: the output paths can be written
     device = resolve_device(cfg)
@@ -477,10 +482,18 @@ def main(argv: list[str] | None = None) -> int:
             log.info(
                 "world %d: step %.3f s (median of %d; p20 %.3f, p80 %.3f), %.0f tokens/s, "
                 "%.0f tokens/s/device, MFU %s, peak memory %.2f GiB (%s), compute dtype %s",
-                info.world_size, s["median"], s["n"], s["p20"], s["p80"], result["tokens_per_s"],
-                result["tokens_per_s_per_device"], mfu, result["peak_memory_gib"],
-                result["memory_kind"], result["compute_dtype"],
-            )  # fmt: skip
+                info.world_size,
+                s["median"],
+                s["n"],
+                s["p20"],
+                s["p80"],
+                result["tokens_per_s"],
+                result["tokens_per_s_per_device"],
+                mfu,
+                result["peak_memory_gib"],
+                result["memory_kind"],
+                result["compute_dtype"],
+            )
             if cfg.out:
                 write_json(cfg.out, result)
                 log.info("wrote %s", cfg.out)
@@ -491,5 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project02_fsdp_scaling.__main__ import main
+
+    sys.exit(main(["train", *sys.argv[1:]]))

@@ -113,7 +113,7 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
             Step(
                 "project01",
                 "compile every CUDA source for sm_90a (no GPU needed)",
-                _py("-m", "project01_cuda_kernel.compile_check", "--reports-dir", out),
+                _py("-m", "project01_cuda_kernel", "compile-check", "--reports-dir", out),
                 skip_reason=None if hw.nvcc else "nvcc not found (install the CUDA toolkit)",
                 module="project01_cuda_kernel.compile_check",
             )  # fmt: skip
@@ -121,7 +121,7 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
         steps.append(Step("project01", "kernels, benchmarks and ncu profile", skip_reason=no_gpu))
 
     # project02: FSDP strong scaling (the harness sizes itself: 1b on GPUs, tiny over gloo on CPU)
-    argv = _py("-m", "project02_fsdp_scaling.scaling", "--reports-root", out)
+    argv = _py("-m", "project02_fsdp_scaling", "scaling", "--reports-dir", out)
     if gpu:
         argv += ["--gpus", ",".join(str(n) for n in (1, 2, 4, 8) if n <= hw.gpus)]
     where = f"{hw.gpus} GPU(s)" if gpu else "CPU, 2 gloo processes"
@@ -130,13 +130,12 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
         Step("project02", f"strong scaling ({where})", argv,
              module="project02_fsdp_scaling.scaling"),
         Step("project02", "FSDP2 vs DeepSpeed ZeRO-3, same model and data",
-             _py("-m", "project02_fsdp_scaling.compare", "--reports-root", out),
+             _py("-m", "project02_fsdp_scaling", "compare", "--reports-dir", out),
              module="project02_fsdp_scaling.compare",
              skip_reason="deepspeed is not installed (pip install -e '.[deepspeed]')"
              if ds_missing else (None if hw.gpus != 1 else "needs 2 GPUs (or none: CPU)")),
         Step("project02", "report: charts and Markdown",
-             _py("-m", "project02_fsdp_scaling.report",
-                 "--dir", f"{out}/project02_fsdp_scaling", "--no-readme"),
+             _py("-m", "project02_fsdp_scaling", "report", "--reports-dir", out, "--no-readme"),
              module="project02_fsdp_scaling.report"),
     ]  # fmt: skip
 

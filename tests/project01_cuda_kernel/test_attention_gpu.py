@@ -72,16 +72,16 @@ def check_against_reference(b, h, sq, sk, d, dtype, causal, softmax_scale):
     scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(d)
     ours = run_with_grads(
         lambda q, k, v: flash_attention(q, k, v, causal=causal, softmax_scale=softmax_scale),
-        q, k, v, do,
-    )  # fmt: skip
+        *(q, k, v, do),
+    )
     sdpa = run_with_grads(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
-        q, k, v, do,
-    )  # fmt: skip
+        *(q, k, v, do),
+    )
     ref = run_with_grads(
         lambda q, k, v: reference(q, k, v, causal, scale),
-        q.float(), k.float(), v.float(), do.float(),
-    )  # fmt: skip
+        *(t.float() for t in (q, k, v, do)),
+    )
     for name, x, y, r in zip(("out", "dq", "dk", "dv"), ours, sdpa, ref):
         assert x.dtype == dtype and x.shape == y.shape, name
         assert torch.isfinite(x).all(), f"{name} has NaN/inf"
@@ -245,10 +245,11 @@ FWD_VARIANTS = [  # (kernel, m_tiles_per_warp)
     ("fa2", 1),
     ("fa2", 2),
     pytest.param(
-        "hopper", 2,
+        "hopper",
+        2,
         marks=pytest.mark.skipif(not _on_hopper(), reason="the Hopper kernel needs CC 9.0"),
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("kernel,m_tiles_per_warp", FWD_VARIANTS, ids=str)
@@ -289,12 +290,12 @@ def test_backward_variants_match_reference(warps, d, sq, sk, causal):
     grads = flash_backward(do, q, k, v, out, lse, causal, scale, warps=warps)
     sdpa = run_with_grads(
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
-        q, k, v, do,
-    )[1:]  # fmt: skip
+        *(q, k, v, do),
+    )[1:]
     ref = run_with_grads(
         lambda q, k, v: reference(q, k, v, causal, scale),
-        q.float(), k.float(), v.float(), do.float(),
-    )[1:]  # fmt: skip
+        *(t.float() for t in (q, k, v, do)),
+    )[1:]
     for name, x, y, r in zip(("dq", "dk", "dv"), grads, sdpa, ref):
         assert torch.isfinite(x).all(), f"{name} has NaN/inf"
         err, err_sdpa = max_err(x, r), max_err(y, r)

@@ -16,6 +16,7 @@ import sys
 from torch.distributed.fsdp import FSDPModule
 
 import project02_fsdp_scaling.train as train
+from project02_fsdp_scaling.__main__ import main as package_main
 from shared.data import SyntheticTokens
 from shared.parallelize import parallelize
 
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
         train.SyntheticTokens = _same_data
     else:
         train.parallelize = _sum_grads
-    return train.main(argv[1:])
+    return package_main(["train", *argv[1:]])
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
-from project02_fsdp_scaling.config import TrainConfig, _argparse_cli, cli_flags, parse_cli
+from project02_fsdp_scaling.compare import CompareConfig
+from project02_fsdp_scaling.config import DeepSpeedConfig, TrainConfig, cli_flags
 from project02_fsdp_scaling.scaling import ScalingConfig, make_plan, parse_cost_configs
-from project02_fsdp_scaling.sweep import parse_variant
+from project02_fsdp_scaling.sweep import SweepConfig, parse_variant
+from shared.cli import parse_dataclass
 
 from .conftest import REPO
 
@@ -58,11 +60,11 @@ def test_bad_world_size():
 def test_scaling_checks_every_world_size_before_launching(tmp_path):
     # 8 sequences cannot be split over 3 processes: refused before any job starts.
     with pytest.raises(ValueError, match=r"divisible by the world size \(3\)"):
-        make_plan(ScalingConfig(gpus="1,3", reports_root=str(tmp_path)))
+        make_plan(ScalingConfig(gpus="1,3", reports_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="unknown preset"):
-        make_plan(ScalingConfig(preset="huge", reports_root=str(tmp_path)))
+        make_plan(ScalingConfig(train=TrainConfig(preset="huge"), reports_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="comma-separated positive integers"):
-        make_plan(ScalingConfig(gpus="1,two", reports_root=str(tmp_path)))
+        make_plan(ScalingConfig(gpus="1,two", reports_dir=str(tmp_path)))
     assert not any(tmp_path.iterdir())
 
 
@@ -76,9 +78,12 @@ def test_cost_config_errors():
 
 def test_sweep_variants():
     assert parse_variant("compile+ac+cudnn") == {
-        "compile": True, "activation_checkpointing": True, "attention": "cudnn",
-        "reshard_after_forward": True, "param_dtype": "bfloat16",
-    }  # fmt: skip
+        "compile": True,
+        "activation_checkpointing": True,
+        "attention": "cudnn",
+        "reshard_after_forward": True,
+        "param_dtype": "bfloat16",
+    }
     assert parse_variant("compile+cudnn+fp32")["param_dtype"] == "float32"
     with pytest.raises(ValueError, match="must start with 'eager' or 'compile'"):
         parse_variant("fast")
@@ -86,19 +91,62 @@ def test_sweep_variants():
         parse_variant("compile+fp8")
 
 
-def test_cli_round_trip_with_and_without_tyro():
+def test_cli_flags_round_trip_through_tyro():
     cfg = TrainConfig(preset="tiny", global_batch=4, compile=True, attention="cudnn", out="x.json")
     flags = cli_flags(cfg)
     assert "--compile" in flags and "--no-activation-checkpointing" in flags
-    assert parse_cli(TrainConfig, flags) == cfg
-    assert _argparse_cli(TrainConfig, flags) == cfg  # the fallback used where tyro is missing
+    assert parse_dataclass(TrainConfig, flags) == cfg
+
+
+def test_harness_configs_nest_a_train_config_under_its_own_flag_names():
+    """scaling, sweep and compare hold a TrainConfig whose flags keep their names (--preset,
+    not --train.preset): what a harness is given is what its child jobs are given."""
+    sweep = SweepConfig(variants="eager", name="s", train=TrainConfig(preset="tiny", steps=2))
+    flags = cli_flags(sweep)
+    assert "--preset" in flags and not any(f.startswith("--train.") for f in flags)
+    assert parse_dataclass(SweepConfig, flags) == sweep
+    scaling = parse_dataclass(ScalingConfig, ["--gpus", "1,2", "--preset", "tiny", "--lr", "1e-3"])
+    assert (scaling.gpus, scaling.train.preset, scaling.train.lr) == ("1,2", "tiny", 1e-3)
+    # each harness keeps its own defaults for the training flags
+    assert (scaling.train.compile, scaling.train.profile, scaling.train.steps) == (True, True, 0)
+    assert CompareConfig().train.param_dtype == "float32"
+    assert SweepConfig().train.preset == "1b"
+
+
+def test_deepspeed_config_is_the_shared_part_of_the_fsdp_job():
+    train = TrainConfig(preset="tiny", global_batch=4, lr=1e-3, param_dtype="float32", out="o")
+    ds = DeepSpeedConfig.from_train(train)
+    assert (ds.preset, ds.global_batch, ds.lr, ds.param_dtype, ds.out) == (
+        "tiny",
+        4,
+        1e-3,
+        "float32",
+        "o",
+    )
+    assert not hasattr(ds, "compile") and not hasattr(ds, "profile")
+    for fsdp_only in (
+        {"compile": True},
+        {"attention": "cudnn"},
+        {"profile": True},
+        {"activation_checkpointing": True},
+    ):
+        with pytest.raises(ValueError, match="FSDP path only|eager with SDPA"):
+            DeepSpeedConfig.from_train(TrainConfig(**fsdp_only))
+    with pytest.raises(ValueError, match="param_dtype 'float64' is for the FSDP path only"):
+        DeepSpeedConfig.from_train(TrainConfig(param_dtype="float64"))
+    with pytest.raises(ValueError, match="param_dtype 'float64' is for the FSDP path only"):
+        DeepSpeedConfig(param_dtype="float64").validate()
 
 
 def test_train_entry_point_rejects_bad_batch_before_starting():
     env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE="2", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
-        [sys.executable, "-m", "project02_fsdp_scaling.train", "--global-batch", "3"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "project02_fsdp_scaling", "train", "--global-batch", "3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "global_batch (3) must be divisible by the world size (2)" in proc.stderr

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from project02_fsdp_scaling.config import TrainConfig
+from project02_fsdp_scaling.config import DeepSpeedConfig
 from project02_fsdp_scaling.deepspeed_zero3 import deepspeed_available
 from shared.distributed import DistInfo
 from shared.model import build_model
@@ -21,10 +21,13 @@ pytestmark = pytest.mark.slow
 
 # 5 AdamW steps (1 warm-up + 4) at a learning rate large enough to move every weight.
 LR = 3e-3
-COMMON = ["--preset", "tiny", "--global-batch", "8", "--steps", "4", "--warmup-steps", "1",
-          "--lr", str(LR), "--grad-clip", "1.0", "--log-every", "0"]  # fmt: skip
+COMMON = f"--preset tiny --global-batch 8 --steps 4 --warmup-steps 1 --lr {LR}".split()
+COMMON += ["--grad-clip", "1.0", "--log-every", "0"]
 FP64 = ["--param-dtype", "float64"]
-PLANTED = "tests.project02_fsdp_scaling._planted_bug"
+# What torchrun runs: (module, arguments before the flags)
+TRAIN = ("project02_fsdp_scaling", "train")
+DEEPSPEED = ("project02_fsdp_scaling", "deepspeed")
+PLANTED = ("tests.project02_fsdp_scaling._planted_bug",)
 
 # Why the tolerances hold on any CPU. The runs compute the same arithmetic except for the order
 # of sums: one process sums the step's 8 x 64 = 512 tokens at once, two ranks sum 2 micro-batches
@@ -91,12 +94,10 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def _two_ranks(tmp_path, *, module="project02_fsdp_scaling.train", dtype=FP64, bug=()) -> tuple:
+def _two_ranks(tmp_path, *, entry=TRAIN, dtype=FP64, bug=()) -> tuple:
     """Two gloo ranks of local batch 4 in micro-batches of 2 (also checks accumulation)."""
-    run_torchrun(
-        2, module, *bug, *COMMON, *dtype, "--micro-batch", "2",
-        "--save-params", str(tmp_path / "p.pt"), "--out", str(tmp_path / "r.json"),
-    )  # fmt: skip
+    outputs = ["--save-params", str(tmp_path / "p.pt"), "--out", str(tmp_path / "r.json")]
+    run_torchrun(2, *entry, *bug, *COMMON, *dtype, "--micro-batch", "2", *outputs)
     rec = json.loads((tmp_path / "r.json").read_text())
     assert rec["world_size"] == 2 and rec["backend"] == "gloo"
     return _params(tmp_path / "p.pt"), _curves(tmp_path / "r.json"), rec
@@ -107,9 +108,8 @@ def reference(tmp_path_factory):
     """One process, full batch of 8 sequences, no accumulation, float64."""
     d = tmp_path_factory.mktemp("ref")
     run_torchrun(
-        1, "project02_fsdp_scaling.train", *COMMON, *FP64, "--save-params", str(d / "p.pt"),
-        "--out", str(d / "r.json"),
-    )  # fmt: skip
+        1, *TRAIN, *COMMON, *FP64, "--save-params", str(d / "p.pt"), "--out", str(d / "r.json")
+    )
     return _params(d / "p.pt"), _curves(d / "r.json")
 
 
@@ -134,7 +134,7 @@ def test_fsdp_two_processes_match_one_process(reference, tmp_path):
 
 @pytest.mark.parametrize("bug", ["same_data", "sum_grads"])
 def test_the_comparison_catches_a_sharding_bug(reference, tmp_path, bug):
-    params, curves, _ = _two_ranks(tmp_path, module=PLANTED, bug=(bug,))
+    params, curves, _ = _two_ranks(tmp_path, entry=PLANTED, bug=(bug,))
     loss_gap, norm_gap = _curve_gaps(curves, reference[1])
     # Far outside the float64 tolerance, and outside the float32 ones used for DeepSpeed.
     assert loss_gap > 1e3 * REL_F64, f"planted {bug} moved the loss by only {loss_gap:.2e}"
@@ -154,7 +154,7 @@ def test_deepspeed_two_processes_match_fsdp_one_process(reference, tmp_path):
     # near-zero gradient into up to 2 x LR per step, as large as a bug's (see the bound above).
     params, curves, rec = _two_ranks(
         tmp_path,
-        module="project02_fsdp_scaling.deepspeed_zero3",
+        entry=DEEPSPEED,
         dtype=["--param-dtype", "float32"],
     )
     assert rec["grad_accum_steps"] == 2 and rec["compute_dtype"] == "float32"
@@ -171,4 +171,4 @@ def test_deepspeed_refuses_float64():
 
     info = DistInfo(0, 0, 1, "gloo", torch.device("cpu"))
     with pytest.raises(ValueError, match="param_dtype 'float64' is for the FSDP path only"):
-        run_deepspeed(TrainConfig(param_dtype="float64"), info)
+        run_deepspeed(DeepSpeedConfig(param_dtype="float64"), info)

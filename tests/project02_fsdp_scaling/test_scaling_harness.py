@@ -8,6 +8,7 @@ import json
 import pytest
 
 from project02_fsdp_scaling import report, scaling
+from project02_fsdp_scaling.config import TrainConfig
 from project02_fsdp_scaling.report import README
 
 pytestmark = pytest.mark.slow
@@ -20,9 +21,8 @@ def record(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setattr(scaling.os, "cpu_count", lambda: 2)  # a 2-core machine whatever runs the test
     try:
-        path = scaling.run_scaling(
-            scaling.ScalingConfig(gpus="1,2,4", steps=2, warmup_steps=1, reports_root=str(root))
-        )
+        train = TrainConfig(preset="auto", global_batch=0, steps=2, warmup_steps=1, profile=True)
+        path = scaling.run(scaling.ScalingConfig(gpus="1,2,4", reports_dir=str(root), train=train))
     finally:
         mp.undo()
     assert (README.read_text() if README.exists() else None) == readme_before
@@ -35,8 +35,10 @@ def test_record_has_every_world_size(record):
     assert rec["environment"]["torch"]
     res = rec["results"]
     assert [(r["world_size"], r["status"]) for r in res["runs"]] == [
-        (1, "ok"), (2, "ok"), (4, "skipped"),
-    ]  # fmt: skip
+        (1, "ok"),
+        (2, "ok"),
+        (4, "skipped"),
+    ]
     assert "world size 4 needs 4 CPU cores, this machine has 2" in res["runs"][2]["note"]
     one, two = res["runs"][0], res["runs"][1]
     assert res["baseline"]["tokens_per_s"] == one["tokens_per_s"]

@@ -87,12 +87,12 @@ def test_the_smoke_selection_covers_each_kernel_attention_fsdp_checkpoints_and_g
 
     p01 = "tests/project01_cuda_kernel/"
     for kernel in GEMM_KERNELS:  # every ladder kernel exactly once, on an odd shape
-        hits = [t for t in tests if t.startswith(p01 + "test_gemm.py") and f"[{kernel}]" in t]
+        hits = [t for t in tests if t.startswith(p01 + "test_gemm_gpu.py") and f"[{kernel}]" in t]
         assert len(hits) == 1, (kernel, hits)
     assert any(t.startswith(p01 + "test_attention_gpu.py::test_softmax_scale") for t in tests)
     p04 = "tests/project04_llm_inference/"
     for needed in (
-        "tests/project02_fsdp_scaling/test_gpu.py::test_compiled_bf16_run_on_one_gpu",
+        "tests/project02_fsdp_scaling/test_train_gpu.py::test_compiled_bf16_run_on_one_gpu",
         "tests/project03_capstone_infra/test_gpu_trainer.py::test_gpu_preempt_and_resume",
         p04 + "test_engine_gpu.py::test_llama_3_2_1b_shape_smoke",  # a generation
         p04 + "test_engine_gpu.py::test_norm_and_activation_kernels",

@@ -9,23 +9,22 @@ FlashAttention-2 kernels in PyTorch), CUDNN, EFFICIENT and MATH backends (MATH o
 causal), 2.5x that backward. Also the peak memory of one forward+backward and our output's
 error against SDPA FLASH at every shape (the run fails if it is out of line).
 
-Writes reports/project01_cuda_kernel/attention.json (with the environment) and charts
-attention_{fwd,bwd,fwd_bwd}.png, attention_memory.png. Run: python -m project01_cuda_kernel.bench
-attention [--quick].
+Writes <reports-dir>/project01_cuda_kernel/attention.json (with the environment); the charts
+attention_{fwd,bwd,fwd_bwd}.png and attention_memory.png are drawn from it (report.attention).
+
+    python -m project01_cuda_kernel bench-attention [--quick]
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-
-from shared.cli import main_guard
 
 PROJECT = "project01_cuda_kernel"
 PROVIDERS = ("ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math")
@@ -34,49 +33,44 @@ PROVIDERS = ("ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "effi
 # keys a CTA (its kernels called directly, after one forward).
 VARIANT_MODE = {"ours_fa2": "fwd", "ours_r16": "fwd", "ours_k64": "bwd"}
 MODES = ("fwd", "bwd", "fwd_bwd")
-PROVIDER_LABELS = {
-    "ours": "ours (forward: wgmma/TMA on Hopper, else FA2; backward: FA2)",
-    "ours_fa2": "ours, FA2 forward (mma.sync, 32 rows/warp)",
-    "ours_r16": "ours, FA2 forward variant: 16 rows/warp, Q in registers",
-    "ours_k64": "ours, backward variant: 64 keys/CTA (4 warps)",
-    "flash": "SDPA FLASH (FlashAttention-2)",
-    "cudnn": "SDPA cuDNN",
-    "efficient": "SDPA EFFICIENT (xFormers)",
-    "math": "SDPA MATH",
-}
-
-
-PROVIDER_MARKERS = dict(zip(PROVIDERS, ("o", "s", "^", "v", "D", "P", "X", "*")))
-PROVIDER_COLORS = {  # one colour per provider in every chart
-    "ours": "#1f77b4",
-    "ours_fa2": "#ff7f0e",
-    "ours_r16": "#17becf",
-    "ours_k64": "#17becf",
-    "flash": "#2ca02c",
-    "cudnn": "#d62728",
-    "efficient": "#9467bd",
-    "math": "#8c564b",
-}
+Provider = Literal[
+    "ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math"
+]
 
 
 @dataclass
-class BenchConfig:
-    """Attention benchmark settings (defaults: the FlashAttention-2 paper's sweep)."""
+class AttentionBenchConfig:
+    """Benchmark our FlashAttention forward and backward against SDPA's backends in one process
+    (defaults: the FlashAttention-2 paper's sweep)."""
 
     head_dims: tuple[int, ...] = (64, 128)
+    """head dimensions (each divides --hidden)"""
     seq_lens: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+    """sequence lengths (each divides --total-tokens)"""
     causal: tuple[bool, ...] = (False, True)
-    total_tokens: int = 16384  # batch = total_tokens // seq_len
-    hidden: int = 2048  # heads = hidden // head_dim
-    dtype: str = "bfloat16"
-    providers: tuple[str, ...] = PROVIDERS
-    math_max_seq: int = 1024  # MATH materialises (B, H, S, S) float32 scores
+    """masks measured: non-causal, causal or both"""
+    total_tokens: int = 16384
+    """tokens per batch: batch = total_tokens // seq_len"""
+    hidden: int = 2048
+    """model width: heads = hidden // head_dim"""
+    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    """input dtype"""
+    providers: tuple[Provider, ...] = PROVIDERS
+    """ours and its variants, and SDPA's backends pinned one at a time"""
+    math_max_seq: int = 1024
+    """longest sequence for SDPA's MATH backend (it materialises (B, H, S, S) float32 scores)"""
     warmup_ms: float = 10.0
+    """warm-up time before each measurement, ms"""
     rep_ms: float = 50.0
-    quick: bool = False  # head dim 128, seq 1k and 4k only
-    reports_dir: str | None = None  # default: the repository's reports/
+    """time spent on the timed repetitions of each measurement, ms"""
+    quick: bool = False
+    """head dim 128, sequences 1k and 4k only (a smoke run)"""
+    reports_dir: str | None = None
+    """results go to <reports-dir>/project01_cuda_kernel/ (None: the repository's reports/)"""
     name: str = "attention"
+    """result file stem"""
     charts: bool = True
+    """draw the charts from the record once it is written"""
 
     def __post_init__(self) -> None:
         if self.quick:
@@ -184,12 +178,13 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def run(cfg: BenchConfig) -> dict:
+def measure(cfg: AttentionBenchConfig) -> dict:
+    """Every provider at every shape of `cfg`, on this GPU: the record's results."""
     from shared.flops import attention_flops
     from shared.progress import progress
     from shared.timing import benchmark
 
-    from ._build import require_cuda
+    from .._build import require_cuda
 
     require_cuda()
     dtype = getattr(torch, cfg.dtype)
@@ -274,97 +269,10 @@ def ratios(rows: list[dict], base: str = "flash") -> list[dict]:
             continue
         b = by.get((tuple(r[k] for k in key), base))
         if b:
-            out.append({**{k: r[k] for k in key}, "ours": r["tflops"], base: b,
-                        "ratio": r["tflops"] / b})  # fmt: skip
+            out.append(
+                {**{k: r[k] for k in key}, "ours": r["tflops"], base: b, "ratio": r["tflops"] / b}
+            )
     return out
-
-
-def hardware_peak(env: dict, dtype: str = "bfloat16") -> tuple[float, str] | None:
-    """(TFLOP/s, label) of the dense peak of the record's GPU in `dtype` (shared.hardware's
-    datasheet table); None when the GPU is not in the table."""
-    from shared.hardware import dtype_key, match_gpu_name
-
-    spec = match_gpu_name(env.get("gpu") or "")
-    key = dtype_key(dtype)
-    if spec is None or key not in spec.peak_tflops:
-        return None
-    peak = spec.peak_tflops[key].value
-    return peak, f"dense {key} peak of {spec.name} (datasheet): {peak:.0f} TFLOP/s"
-
-
-def make_charts(result: dict, out_dir: Path, env_line: str,
-                peak: tuple[float, str] | None = None) -> list[Path]:  # fmt: skip
-    """One PNG per mode: TFLOP/s vs sequence length, a 2x2 grid of panels (rows: head dim,
-    columns: non-causal / causal), the GPU's dense peak (`peak`: TFLOP/s, label) drawn across."""
-    from shared.charts import _finish, hline, integer_xticks, plt, save_figure
-
-    rows = result["rows"]
-    dims = sorted({r["head_dim"] for r in rows})
-    causals = sorted({r["causal"] for r in rows})
-    paths = []
-    for mode in MODES:
-        fig, axes = plt.subplots(len(dims), len(causals), squeeze=False, sharey=True,
-                                 figsize=(5.2 * len(causals), 3.3 * len(dims) + 1.3))  # fmt: skip
-        top = peak[0] if peak else 0.0
-        for (i, d), (j, causal) in ((a, b) for a in enumerate(dims) for b in enumerate(causals)):
-            ax = axes[i][j]
-            seqs = []
-            for provider in PROVIDERS:
-                pts = sorted(
-                    (r["seq_len"], r["tflops"])
-                    for r in rows
-                    if r["provider"] == provider and r["mode"] == mode
-                    and r["head_dim"] == d and r["causal"] == causal
-                )  # fmt: skip
-                if pts:
-                    xs, ys = zip(*pts)
-                    seqs += xs
-                    top = max(top, *ys)
-                    ax.plot(xs, ys, marker=PROVIDER_MARKERS[provider],
-                            lw=2.2 if provider == "ours" else 1.2, ms=5,
-                            color=PROVIDER_COLORS[provider], label=PROVIDER_LABELS[provider],
-                            ls="--" if provider in VARIANT_MODE else "-",
-                            zorder=3 if provider == "ours" else 2)  # fmt: skip
-            if peak:
-                hline(ax, peak[0], peak[1], color="0.2", ls=":", text=(i, j) == (0, 0))
-            ax.set_xscale("log", base=2)
-            integer_xticks(ax, seqs, log=True)
-            ax.set_title(f"head dim {d}, {'causal' if causal else 'non-causal'}", fontsize=10)
-            if i == len(dims) - 1:
-                ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
-            if j == 0:
-                ax.set_ylabel(f"{mode.replace('_', '+')} TFLOP/s")
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylim(0, top * 1.08 if top else 1.0)  # shared: every panel from 0
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.suptitle(f"Attention {mode.replace('_', '+')} throughput, bf16, hidden 2048")
-        fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.035),
-                   ncol=2, fontsize=8)  # fmt: skip
-        _finish(fig, env_line)
-        legend_h = (0.2 * math.ceil(len(labels) / 2) + 0.35) / fig.get_figheight()
-        fig.tight_layout(rect=(0, legend_h + 0.03, 1, 1))
-        paths.append(save_figure(fig, out_dir / f"attention_{mode}.png"))
-    mem = [m for m in result["memory"] if m["head_dim"] == max(r["head_dim"] for r in rows)
-           and not m["causal"]]  # fmt: skip
-    if mem:
-        fig, ax = plt.subplots(figsize=(6.8, 4.4))
-        for provider in PROVIDERS:
-            pts = sorted((m["seq_len"], m["peak_mib"]) for m in mem if m["provider"] == provider)
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker=PROVIDER_MARKERS[provider], color=PROVIDER_COLORS[provider],
-                        label=PROVIDER_LABELS[provider], ms=8 if provider == "ours" else 5,
-                        lw=2.5 if provider == "ours" else 1.5)  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        integer_xticks(ax, [m["seq_len"] for m in mem], log=True)
-        ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
-        ax.set_ylabel("peak extra memory, fwd+bwd (MiB)")
-        ax.set_title(f"Attention memory, head dim {mem[0]['head_dim']}, non-causal, bf16")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        paths.append(save_figure(_finish(fig, env_line), out_dir / "attention_memory.png"))
-    return paths
 
 
 def print_summary(result: dict) -> None:
@@ -385,47 +293,44 @@ def print_summary(result: dict) -> None:
     print(markdown_table(table, floatfmt=".3g"))
 
 
-def redraw_charts(json_path: str | Path) -> list[Path]:
-    """Charts again from a saved result (e.g. after a change of chart style), no GPU needed."""
-    from shared.results import environment_line, load_result
+def run(cfg: AttentionBenchConfig) -> Path:
+    """Measure and write <reports-dir>/project01_cuda_kernel/<name>.json (with the environment);
+    returns its path."""
+    from shared.cli import writable_dir
+    from shared.results import REPORTS_DIR, save_result
 
-    record = load_result(json_path)
-    env = record["environment"]
-    dtype = (record.get("config") or {}).get("dtype", "bfloat16")
-    return make_charts(record["results"], Path(json_path).parent, environment_line(env),
-                       peak=hardware_peak(env, dtype))  # fmt: skip
-
-
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    from shared.cli import parse_dataclass, writable_dir
-    from shared.results import REPORTS_DIR, environment, environment_line, save_result
-
-    cfg = parse_dataclass(BenchConfig, sys.argv[1:] if argv is None else argv,
-                          prog="python -m project01_cuda_kernel.bench attention")  # fmt: skip
     reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
     writable_dir("--reports-dir", reports_dir / PROJECT)  # before the GPU work, not after
-    result = run(cfg)
-    env = environment()
-    config = {k: v for k, v in asdict(cfg).items() if k != "reports_dir"}
+    result = measure(cfg)
     result["ratios_vs_flash"] = ratios(result["rows"])
-    path = save_result(
+    return save_result(
         PROJECT,
         cfg.name,
         result,
         baseline="SDPA backends (FLASH, CUDNN, EFFICIENT, MATH) measured in the same process",
-        config=config,
+        config={k: v for k, v in asdict(cfg).items() if k != "reports_dir"},
         reports_dir=reports_dir,
-        env=env,
     )
+
+
+def main(cfg: AttentionBenchConfig) -> int:
+    """`bench-attention`: run, then the charts from the record, and a summary table."""
+    from shared.results import load_result
+
+    from ..report.attention import render_charts
+
+    path = run(cfg)
     print(f"wrote {path}")
     if cfg.charts:
-        for p in make_charts(result, path.parent, environment_line(env),
-                             peak=hardware_peak(env, cfg.dtype)):  # fmt: skip
+        for p in render_charts(path):
             print(f"wrote {p}")
-    print_summary(result)
+    print_summary(load_result(path)["results"])
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project01_cuda_kernel.__main__ import main
+
+    sys.exit(main(["bench-attention", *sys.argv[1:]]))

@@ -70,7 +70,7 @@ def test_a_compile_error_fails(tmp_path):
 @NEEDS_NVCC
 @pytest.mark.slow
 def test_every_source_compiles_for_sm90a_without_spills_in_top_kernels(tmp_path):
-    rc = cc.main(["--reports-dir", str(tmp_path)])
+    rc = cc.main(cc.CompileCheckConfig(reports_dir=str(tmp_path)))
     record = json.loads((tmp_path / "project01_cuda_kernel" / "compile.json").read_text())
     files = {r["file"]: r for r in record["results"]}
     assert rc == 0, [r["errors"] or r["kernels"] for r in record["results"] if not r["ok"]]

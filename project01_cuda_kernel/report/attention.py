@@ -1,16 +1,20 @@
-"""The attention section of the project01 README, generated from the measured JSON.
+"""FlashAttention's README section and charts, rendered from its JSON records alone (no GPU).
 
 `render_markdown(reports_dir)` reads <reports_dir>/project01_cuda_kernel/attention.json (from
-bench_attention) and attention_ncu.json (from profile_attention) when present, and returns
+`bench-attention`) and attention_ncu.json (from `profile-attention`) when present, and returns
 Markdown: throughput tables against SDPA's backends, the targets with the gaps stated, memory,
-Nsight Compute figures and the charts.
+Nsight Compute figures and the charts. `render_charts(json_path)` draws the charts of a record:
+throughput against sequence length per mode, and memory.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
+
+from ..bench.attention import MODES, PROVIDERS, VARIANT_MODE
 
 PROJECT = "project01_cuda_kernel"
 TARGET_FWD = 0.90  # FlashAttention-2-style forward / SDPA FLASH, head dim 128, seq >= 2k
@@ -21,9 +25,38 @@ VARIANT_LABELS = {
     "ours_r16": "ours, FA2 (16 rows/warp)",
     "ours_k64": "ours, 64 keys/CTA",
 }
+PROVIDER_LABELS = {
+    "ours": "ours (forward: wgmma/TMA on Hopper, else FA2; backward: FA2)",
+    "ours_fa2": "ours, FA2 forward (mma.sync, 32 rows/warp)",
+    "ours_r16": "ours, FA2 forward variant: 16 rows/warp, Q in registers",
+    "ours_k64": "ours, backward variant: 64 keys/CTA (4 warps)",
+    "flash": "SDPA FLASH (FlashAttention-2)",
+    "cudnn": "SDPA cuDNN",
+    "efficient": "SDPA EFFICIENT (xFormers)",
+    "math": "SDPA MATH",
+}
+
+
+PROVIDER_MARKERS = dict(zip(PROVIDERS, ("o", "s", "^", "v", "D", "P", "X", "*")))
+PROVIDER_COLORS = {  # one colour per provider in every chart
+    "ours": "#1f77b4",
+    "ours_fa2": "#ff7f0e",
+    "ours_r16": "#17becf",
+    "ours_k64": "#17becf",
+    "flash": "#2ca02c",
+    "cudnn": "#d62728",
+    "efficient": "#9467bd",
+    "math": "#8c564b",
+}
+
+
 MODE_VARIANTS = {"fwd": ("ours_fa2", "ours_r16"), "bwd": ("ours_k64",)}
-SDPA_COLUMNS = (("flash", "FLASH"), ("cudnn", "cuDNN"), ("efficient", "EFFICIENT"),
-                ("math", "MATH"))  # fmt: skip
+SDPA_COLUMNS = (
+    ("flash", "FLASH"),
+    ("cudnn", "cuDNN"),
+    ("efficient", "EFFICIENT"),
+    ("math", "MATH"),
+)
 
 
 def _load(path: Path) -> dict | None:
@@ -132,8 +165,11 @@ def _memory_table(memory: list[dict]) -> str:
     d = max(m["head_dim"] for m in memory)
     sel = [m for m in memory if m["head_dim"] == d and not m["causal"]]
     seqs = sorted({m["seq_len"] for m in sel})
-    provs = [p for p in ("ours", "flash", "cudnn", "efficient", "math")
-             if any(m["provider"] == p for m in sel)]  # fmt: skip
+    provs = [
+        p
+        for p in ("ours", "flash", "cudnn", "efficient", "math")
+        if any(m["provider"] == p for m in sel)
+    ]
     val = {(m["seq_len"], m["provider"]): m["peak_mib"] for m in sel}
     lines = [
         f"Peak extra device memory of one forward+backward, head dim {d}, non-causal (MiB; "
@@ -151,7 +187,7 @@ def _ncu_table(ncu: dict | None) -> str:
     if not ncu:
         return (
             "Nsight Compute figures: not measured yet "
-            "(`python -m project01_cuda_kernel.profile_attention`)."
+            "(`python -m project01_cuda_kernel profile-attention`)."
         )
     res = ncu["results"]
     shape = res["shape"]
@@ -187,7 +223,7 @@ def render_markdown(
     parts = ["### FlashAttention forward and backward vs SDPA", ""]
     if bench is None:
         parts.append(
-            "No attention measurements yet: run `python -m project01_cuda_kernel.bench attention` "
+            "No attention measurements yet: run `python -m project01_cuda_kernel bench-attention` "
             "on a CUDA GPU."
         )
         return "\n".join(parts) + "\n"
@@ -251,3 +287,131 @@ def render_markdown(
     if (folder / "attention_memory.png").exists():
         parts.append(f"![attention memory]({image_prefix}attention_memory.png)")
     return "\n".join(parts).rstrip() + "\n"
+
+
+def hardware_peak(env: dict, dtype: str = "bfloat16") -> tuple[float, str] | None:
+    """(TFLOP/s, label) of the dense peak of the record's GPU in `dtype` (shared.hardware's
+    datasheet table); None when the GPU is not in the table."""
+    from shared.hardware import dtype_key, match_gpu_name
+
+    spec = match_gpu_name(env.get("gpu") or "")
+    key = dtype_key(dtype)
+    if spec is None or key not in spec.peak_tflops:
+        return None
+    peak = spec.peak_tflops[key].value
+    return peak, f"dense {key} peak of {spec.name} (datasheet): {peak:.0f} TFLOP/s"
+
+
+def make_charts(
+    result: dict, out_dir: Path, env_line: str, peak: tuple[float, str] | None = None
+) -> list[Path]:
+    """One PNG per mode: TFLOP/s vs sequence length, a 2x2 grid of panels (rows: head dim,
+    columns: non-causal / causal), the GPU's dense peak (`peak`: TFLOP/s, label) drawn across."""
+    from shared.charts import _finish, hline, integer_xticks, plt, save_figure
+
+    rows = result["rows"]
+    dims = sorted({r["head_dim"] for r in rows})
+    causals = sorted({r["causal"] for r in rows})
+    paths = []
+    for mode in MODES:
+        fig, axes = plt.subplots(
+            len(dims),
+            len(causals),
+            squeeze=False,
+            sharey=True,
+            figsize=(5.2 * len(causals), 3.3 * len(dims) + 1.3),
+        )
+        top = peak[0] if peak else 0.0
+        for (i, d), (j, causal) in ((a, b) for a in enumerate(dims) for b in enumerate(causals)):
+            ax = axes[i][j]
+            seqs = []
+            for provider in PROVIDERS:
+                pts = sorted(
+                    (r["seq_len"], r["tflops"])
+                    for r in rows
+                    if r["provider"] == provider
+                    and r["mode"] == mode
+                    and r["head_dim"] == d
+                    and r["causal"] == causal
+                )
+                if pts:
+                    xs, ys = zip(*pts)
+                    seqs += xs
+                    top = max(top, *ys)
+                    ax.plot(
+                        xs,
+                        ys,
+                        marker=PROVIDER_MARKERS[provider],
+                        lw=2.2 if provider == "ours" else 1.2,
+                        ms=5,
+                        color=PROVIDER_COLORS[provider],
+                        label=PROVIDER_LABELS[provider],
+                        ls="--" if provider in VARIANT_MODE else "-",
+                        zorder=3 if provider == "ours" else 2,
+                    )
+            if peak:
+                hline(ax, peak[0], peak[1], color="0.2", ls=":", text=(i, j) == (0, 0))
+            ax.set_xscale("log", base=2)
+            integer_xticks(ax, seqs, log=True)
+            ax.set_title(f"head dim {d}, {'causal' if causal else 'non-causal'}", fontsize=10)
+            if i == len(dims) - 1:
+                ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
+            if j == 0:
+                ax.set_ylabel(f"{mode.replace('_', '+')} TFLOP/s")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylim(0, top * 1.08 if top else 1.0)  # shared: every panel from 0
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.suptitle(f"Attention {mode.replace('_', '+')} throughput, bf16, hidden 2048")
+        fig.legend(
+            handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.035), ncol=2, fontsize=8
+        )
+        _finish(fig, env_line)
+        legend_h = (0.2 * math.ceil(len(labels) / 2) + 0.35) / fig.get_figheight()
+        fig.tight_layout(rect=(0, legend_h + 0.03, 1, 1))
+        paths.append(save_figure(fig, out_dir / f"attention_{mode}.png"))
+    mem = [
+        m
+        for m in result["memory"]
+        if m["head_dim"] == max(r["head_dim"] for r in rows) and not m["causal"]
+    ]
+    if mem:
+        fig, ax = plt.subplots(figsize=(6.8, 4.4))
+        for provider in PROVIDERS:
+            pts = sorted((m["seq_len"], m["peak_mib"]) for m in mem if m["provider"] == provider)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(
+                    xs,
+                    ys,
+                    marker=PROVIDER_MARKERS[provider],
+                    color=PROVIDER_COLORS[provider],
+                    label=PROVIDER_LABELS[provider],
+                    ms=8 if provider == "ours" else 5,
+                    lw=2.5 if provider == "ours" else 1.5,
+                )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        integer_xticks(ax, [m["seq_len"] for m in mem], log=True)
+        ax.set_xlabel("sequence length (tokens; batch x seq = 16k)")
+        ax.set_ylabel("peak extra memory, fwd+bwd (MiB)")
+        ax.set_title(f"Attention memory, head dim {mem[0]['head_dim']}, non-causal, bf16")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        paths.append(save_figure(_finish(fig, env_line), out_dir / "attention_memory.png"))
+    return paths
+
+
+def render_charts(json_path: str | Path) -> list[Path]:
+    """The charts of an attention.json record, drawn next to it from the record alone (no
+    GPU)."""
+    from shared.results import environment_line, load_result
+
+    record = load_result(json_path)
+    env = record["environment"]
+    dtype = (record.get("config") or {}).get("dtype", "bfloat16")
+    return make_charts(
+        record["results"],
+        Path(json_path).parent,
+        environment_line(env),
+        peak=hardware_peak(env, dtype),
+    )

@@ -10,7 +10,9 @@ import json
 import pytest
 import torch
 
-from project01_cuda_kernel import bench_gemm, report
+from project01_cuda_kernel import report
+from project01_cuda_kernel.bench import gemm as bench_gemm
+from project01_cuda_kernel.report import gemm as report_gemm
 from shared.hardware import get_gpu
 
 
@@ -38,30 +40,68 @@ def _record(tmp_path, ladder_tflops: dict[tuple[str, int], float]) -> None:
         shape = (size, size, size)
         for dt, tf in cublas.items():
             t = getattr(torch, dt)
-            base.append(bench_gemm._row("cublas", "cublas", dt, shape, _Timing(_ms(size, tf)),
-                                        1e-3, 1e-3, spec, t))  # fmt: skip
+            base.append(
+                bench_gemm._row(
+                    "cublas", "cublas", dt, shape, _Timing(_ms(size, tf)), 1e-3, 1e-3, spec, t
+                )
+            )
         for (kernel, s), tf in ladder_tflops.items():
             if s != size:
                 continue
             dt = "float32" if kernel.startswith("sgemm") else "bfloat16"
-            r = bench_gemm._row("ladder", kernel, dt, shape, _Timing(_ms(size, tf)), 1e-3, 1e-3,
-                                spec, getattr(torch, dt))  # fmt: skip
+            r = bench_gemm._row(
+                "ladder",
+                kernel,
+                dt,
+                shape,
+                _Timing(_ms(size, tf)),
+                1e-3,
+                1e-3,
+                spec,
+                getattr(torch, dt),
+            )
             r["pct_of_cublas"] = 100 * r["tflops"] / cublas[dt]
             rows.append(r)
-    rows.append({"kind": "ladder", "kernel": "hgemm_09_wgmma_tma", "dtype": "bfloat16",
-                 "shape": "4096x4096x4096", "m": 4096, "n": 4096, "k": 4096, "correct": False,
-                 "rel_err": 0.5, "cublas_rel_err": 1e-3})  # fmt: skip
+    rows.append(
+        {
+            "kind": "ladder",
+            "kernel": "hgemm_09_wgmma_tma",
+            "dtype": "bfloat16",
+            "shape": "4096x4096x4096",
+            "m": 4096,
+            "n": 4096,
+            "k": 4096,
+            "correct": False,
+            "rel_err": 0.5,
+            "cublas_rel_err": 1e-3,
+        }
+    )
     folder = tmp_path / "project01_cuda_kernel"
     folder.mkdir(parents=True)
     env = {"gpu": "NVIDIA H200", "torch": "2.11.0", "date": "2026-11-29T12:00:00+00:00"}
-    (folder / "gemm.json").write_text(json.dumps({"environment": env, "config": {},
-                                                  "results": {"rows": rows, "baseline": base}}))  # fmt: skip
-    compile_rec = {"environment": env, "config": {"nvcc": "13.0", "arch": "sm_90a", "flags": []},
-                   "results": [{"file": "gemm/sgemm_07_warptiling.cu", "no_spill": True,
-                                "kernels": [{"kernel": "sgemm_warptile_kernel<true>(float*)",
-                                             "registers": 128, "smem_bytes": 33280,
-                                             "stack_frame_bytes": 0, "spill_store_bytes": 0,
-                                             "spill_load_bytes": 0}]}]}  # fmt: skip
+    (folder / "gemm.json").write_text(
+        json.dumps({"environment": env, "config": {}, "results": {"rows": rows, "baseline": base}})
+    )
+    compile_rec = {
+        "environment": env,
+        "config": {"nvcc": "13.0", "arch": "sm_90a", "flags": []},
+        "results": [
+            {
+                "file": "gemm/sgemm_07_warptiling.cu",
+                "no_spill": True,
+                "kernels": [
+                    {
+                        "kernel": "sgemm_warptile_kernel<true>(float*)",
+                        "registers": 128,
+                        "smem_bytes": 33280,
+                        "stack_frame_bytes": 0,
+                        "spill_store_bytes": 0,
+                        "spill_load_bytes": 0,
+                    }
+                ],
+            }
+        ],
+    }
     (folder / "compile.json").write_text(json.dumps(compile_rec))
 
 
@@ -83,14 +123,20 @@ old
 
 @pytest.fixture
 def recorded(tmp_path):
-    _record(tmp_path, {("sgemm_07_warptiling", 4096): 46.0, ("hgemm_08_mma_sync", 4096): 420.0,
-                       ("hgemm_08_mma_sync", 8192): 350.0})  # fmt: skip
+    _record(
+        tmp_path,
+        {
+            ("sgemm_07_warptiling", 4096): 46.0,
+            ("hgemm_08_mma_sync", 4096): 420.0,
+            ("hgemm_08_mma_sync", 8192): 350.0,
+        },
+    )
     return tmp_path
 
 
 def test_targets_are_judged_from_the_numbers(recorded):
     gemm = json.loads((recorded / "project01_cuda_kernel" / "gemm.json").read_text())
-    t = {row["target"]: row for row in report.targets(gemm)}
+    t = {row["target"]: row for row in report_gemm.targets(gemm)}
     fp32 = t["best float32 kernel >= 90% of cuBLAS at 4096³"]
     assert fp32["met"] and fp32["measured % of cuBLAS"] == pytest.approx(92.0)
     bf16 = t["best bfloat16 kernel >= 90% of cuBLAS at 4096³"]
@@ -104,7 +150,7 @@ def test_targets_are_judged_from_the_numbers(recorded):
 def test_readme_sections_regenerate_between_markers(recorded, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(README)
-    assert report.main(["--reports-dir", str(recorded), "--readme", str(readme)]) == 0
+    assert report.main(report.ReportConfig(reports_dir=str(recorded), readme_file=str(readme))) == 0
     text = readme.read_text()
     assert "old" not in text
     ladder = text.split("<!-- gemm:ladder -->")[1].split("<!-- /gemm:ladder -->")[0]
@@ -114,35 +160,46 @@ def test_readme_sections_regenerate_between_markers(recorded, tmp_path):
     assert "NVIDIA H200" in ladder and "2026-11-29" in ladder  # the context of the numbers
     assert "| sgemm_07_warptiling.cu" not in text and "sgemm_warptile_kernel<true>" in text
     assert "_No profile yet" in text  # no profile_gemm.json recorded
-    assert report.main(["--reports-dir", str(recorded), "--readme", str(readme), "--check"]) == 0
+    check = report.ReportConfig(reports_dir=str(recorded), readme_file=str(readme), check=True)
+    assert report.main(check) == 0
 
 
 def test_check_mode_reports_a_stale_readme(recorded, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(README)
-    assert report.main(["--reports-dir", str(recorded), "--readme", str(readme), "--check"]) == 1
+    check = report.ReportConfig(reports_dir=str(recorded), readme_file=str(readme), check=True)
+    assert report.main(check) == 1
     assert readme.read_text() == README  # --check writes nothing
 
 
 def test_missing_results_say_how_to_make_them(tmp_path):
     sections = report.render_all(tmp_path)
-    assert "python -m project01_cuda_kernel.bench gemm" in sections["gemm:ladder"]
-    assert "compile_check" in sections["gemm:compile"]
+    assert "python -m project01_cuda_kernel bench-gemm" in sections["gemm:ladder"]
+    assert "python -m project01_cuda_kernel compile-check" in sections["gemm:compile"]
 
 
 def test_the_committed_readme_has_every_marker():
     text = report.README.read_text()
-    for marker in ("gemm:targets", "gemm:ladder", "gemm:shapes", "gemm:compile", "gemm:profile",
-                   "attention"):  # fmt: skip
+    for marker in (
+        "gemm:targets",
+        "gemm:ladder",
+        "gemm:shapes",
+        "gemm:compile",
+        "gemm:profile",
+        "attention",
+    ):
         assert f"<!-- {marker} -->" in text and f"<!-- /{marker} -->" in text, marker
     assert "## FlashAttention" in text
 
 
 def test_charts_regenerate_from_a_recorded_json(recorded, tmp_path):
     rec = json.loads((recorded / "project01_cuda_kernel" / "gemm.json").read_text())
-    rec["results"]["gpu_spec"] = {"key": "h200-sxm", "peak_tflops": {"fp32": 67, "bf16": 989.4},
-                                  "bandwidth_gbs": 4800}  # fmt: skip
-    paths = bench_gemm.make_charts(rec["results"], tmp_path / "charts", "recorded test data")
+    rec["results"]["gpu_spec"] = {
+        "key": "h200-sxm",
+        "peak_tflops": {"fp32": 67, "bf16": 989.4},
+        "bandwidth_gbs": 4800,
+    }
+    paths = report_gemm.make_charts(rec["results"], tmp_path / "charts", "recorded test data")
     names = {p.name for p in paths}
     assert {"gemm_ladder.png", "gemm_sizes.png", "gemm_roofline_bf16.png"} <= names
     assert all(p.stat().st_size > 10_000 for p in paths)  # real PNGs, not empty files

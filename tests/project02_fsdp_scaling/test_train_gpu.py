@@ -28,10 +28,11 @@ def test_compiled_bf16_run_on_one_gpu(tmp_path):
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=pythonpath)  # keep what the caller's path already holds
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-           "-m", "project02_fsdp_scaling.train", "--preset", "125m", "--global-batch", "8",
-           "--micro-batch", "4", "--seq-len", "1024", "--steps", "3", "--warmup-steps", "2",
-           "--compile", "--profile", "--out", str(out), "--trace-dir", str(tmp_path)]  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    train = "--preset 125m --global-batch 8 --micro-batch 4 --seq-len 1024 --steps 3"
+    train += " --warmup-steps 2 --compile --profile"
+    cmd = [*torchrun, "--nproc-per-node", "1", "-m", "project02_fsdp_scaling", "train"]
+    cmd += [*train.split(), "--out", str(out), "--trace-dir", str(tmp_path)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rec = json.loads(out.read_text())

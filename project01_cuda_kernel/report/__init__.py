@@ -1,0 +1,188 @@
+"""Every table and chart of project01, rendered from its JSON records alone (no GPU needed).
+
+The README's generated blocks sit between `<!-- name -->` and `<!-- /name -->` markers:
+
+- gemm:ladder    the ladder at 4096^3 and 8192^3: TFLOP/s, % of cuBLAS, GB/s, roofline, error
+- gemm:shapes    best float32 and bfloat16 kernel against cuBLAS on every benchmarked shape
+- gemm:targets   the issue's targets, met or not, with the measured numbers
+- gemm:compile   registers / shared memory / spills of each GEMM kernel (compile.json)
+- gemm:profile   Nsight Compute occupancy and throughput (profile_gemm.json)
+- attention      the FlashAttention section (report.attention.render_markdown)
+
+`gemm.py` and `attention.py` here render each side; this module puts the README, summary.md (the
+repository README's block) and the charts together.
+
+    python -m project01_cuda_kernel report [--reports-dir DIR] [--check] [--no-readme]
+
+Image links are written relative to the README wherever it is (in a fork of this project the
+README is the repository's own, at its root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import attention, gemm
+
+PROJECT = "project01_cuda_kernel"
+_HERE = Path(__file__).resolve().parent.parent  # the package's folder
+# The project's README; in a standalone fork it is the repository's README, one level up.
+README = next(
+    (p for p in (_HERE / "README.md", _HERE.parent / "README.md") if p.is_file()),
+    _HERE / "README.md",
+)
+
+
+def _load(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+
+
+def image_prefix_for(readme: Path, reports_dir: Path) -> str:
+    """The charts' folder as a link relative to the README's folder."""
+    rel = os.path.relpath(Path(reports_dir).resolve() / PROJECT, Path(readme).resolve().parent)
+    return rel.replace(os.sep, "/") + "/"
+
+
+def render_all(reports_dir: Path, image_prefix: str | None = None) -> dict[str, str]:
+    """Marker name -> Markdown, for every section whose JSON exists; chart links start with
+    `image_prefix` (default: as seen from project01_cuda_kernel/README.md)."""
+    folder = reports_dir / PROJECT
+    out: dict[str, str] = {}
+    missing = "_No {what} yet: run `{cmd}` on a CUDA GPU._"
+    gemm_rec = _load(folder / "gemm.json")
+    if gemm_rec is not None:
+        out["gemm:ladder"] = gemm.render_ladder(gemm_rec)
+        out["gemm:shapes"] = gemm.render_shapes(gemm_rec)
+        out["gemm:targets"] = gemm.render_targets(gemm_rec)
+    else:
+        cmd = "python -m project01_cuda_kernel bench-gemm"
+        for m in ("gemm:ladder", "gemm:shapes", "gemm:targets"):
+            out[m] = missing.format(what="GEMM measurements", cmd=cmd)
+    comp = _load(folder / "compile.json")
+    out["gemm:compile"] = (
+        gemm.render_compile(comp)
+        if comp is not None
+        else "_No compile report yet: run `python -m project01_cuda_kernel compile-check`._"
+    )
+    prof = _load(folder / "profile_gemm.json")
+    out["gemm:profile"] = (
+        gemm.render_profile(prof)
+        if prof is not None
+        else missing.format(what="profile", cmd="python -m project01_cuda_kernel profile-gemm")
+    )
+    if image_prefix is None:
+        out["attention"] = attention.render_markdown(reports_dir)
+    else:
+        out["attention"] = attention.render_markdown(reports_dir, image_prefix=image_prefix)
+    return out
+
+
+def render_summary(reports_dir: Path) -> str:
+    """The headline figures for the repository README (reports/<project>/summary.md)."""
+    folder = reports_dir / PROJECT
+    parts = []
+    gemm_rec = _load(folder / "gemm.json")
+    if gemm_rec is not None:
+        parts += [
+            "**Matmul ladder vs cuBLAS** (same process; the full ladder and shapes in "
+            "[project01_cuda_kernel/README.md](project01_cuda_kernel/README.md)):",
+            "",
+            gemm.render_targets(gemm_rec),
+            "",
+        ]
+    bench = _load(folder / "attention.json")
+    if bench is not None:
+        from shared.results import environment_line
+
+        parts += [
+            "**FlashAttention vs SDPA's FLASH backend** (bf16; "
+            f"{environment_line(bench.get('environment', {}))}):",
+            "",
+            *attention._target_lines(
+                bench["results"]["rows"], bench["results"].get("ours_forward_kernel", "fa2")
+            ),
+            "",
+        ]
+    if not parts:
+        return "_No measurements yet: run `make project01` on a CUDA GPU._\n"
+    return "\n".join(parts)
+
+
+def render_charts(reports_dir: Path) -> list[Path]:
+    """Every chart again from the JSON records present (gemm.json, attention.json): no GPU."""
+    folder = Path(reports_dir) / PROJECT
+    paths: list[Path] = []
+    if (folder / "gemm.json").is_file():
+        paths += gemm.render_charts(folder / "gemm.json")
+    if (folder / "attention.json").is_file():
+        paths += attention.render_charts(folder / "attention.json")
+    return paths
+
+
+def update_readme(readme: Path, sections: dict[str, str]) -> str:
+    from shared.results import replace_between_markers
+
+    text = readme.read_text()
+    for marker, content in sections.items():
+        if f"<!-- {marker} -->" in text:
+            text = replace_between_markers(text, marker, content)
+    return text
+
+
+@dataclass
+class ReportConfig:
+    """Regenerate the README's tables, summary.md and every chart of project01 from the JSON
+    records alone."""
+
+    reports_dir: str | None = None
+    """records are read from <reports-dir>/project01_cuda_kernel/ (None: the repository's
+    reports/)"""
+    readme: bool = True
+    """refresh the README's generated blocks (--no-readme: the records' folder only)"""
+    readme_file: str | None = None
+    """the README to refresh (None: the project's own)"""
+    check: bool = False
+    """exit 1 if the README is not up to date (writes nothing)"""
+
+    def __post_init__(self) -> None:
+        for name in ("reports_dir", "readme_file"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise ValueError(f"--{name.replace('_', '-')}: expected a path, got an empty one")
+
+
+def main(cfg: ReportConfig) -> int:
+    """`report`: the charts and summary.md under <reports-dir>/project01_cuda_kernel/ and the
+    README's blocks (or, with --check, whether the README is up to date)."""
+    from shared.cli import input_file, writable_dir
+    from shared.results import REPORTS_DIR, atomic_write_text
+
+    reports_dir = writable_dir("--reports-dir", cfg.reports_dir or REPORTS_DIR)
+    readme = Path(cfg.readme_file) if cfg.readme_file is not None else README
+    if cfg.readme or cfg.check:
+        input_file("--readme-file", readme)
+    summary = reports_dir / PROJECT / "summary.md"
+    if not cfg.check:  # the charts, redrawn from the same records
+        print(f"wrote {len(render_charts(reports_dir))} charts under {reports_dir / PROJECT}")
+    if not cfg.readme and not cfg.check:
+        atomic_write_text(summary, render_summary(reports_dir))
+        print(f"wrote {summary}")
+        return 0
+    prefix = image_prefix_for(readme, reports_dir)
+    new = update_readme(readme, render_all(reports_dir, prefix))
+    if cfg.check:
+        stale = new != readme.read_text()
+        print(f"{readme.name} is {'out of date' if stale else 'up to date'}")
+        return 1 if stale else 0
+    atomic_write_text(readme, new)
+    atomic_write_text(summary, render_summary(reports_dir))
+    print(f"wrote {readme} and {summary}")
+    return 0
