@@ -25,6 +25,31 @@ TINY = dict(
 )
 
 
+# `spec.train_corpus` at a size that trains in seconds on a CPU: a 2-layer target and a 1-layer
+# draft on a dozen standard-library files (every 4th held out), a 300-token BPE
+TINY_CORPUS_PAIR = dict(
+    max_files=12,
+    holdout_every=4,
+    vocab_size=300,
+    seq_len=32,
+    max_seq_len=128,
+    batch_size=4,
+    warmup_steps=1,
+    eval_batches=1,
+    target_dim=64,
+    target_layers=2,
+    target_heads=4,
+    target_kv_heads=2,
+    target_ffn=128,
+    draft_dim=32,
+    draft_layers=1,
+    draft_heads=2,
+    draft_kv_heads=1,
+    draft_ffn=64,
+    device="cpu",
+)
+
+
 @pytest.fixture(scope="session")
 def hf_model_dir(tmp_path_factory):
     transformers = pytest.importorskip("transformers")
@@ -39,3 +64,14 @@ def hf_model_dir(tmp_path_factory):
 def hf_model(hf_model_dir):
     transformers = pytest.importorskip("transformers")
     return transformers.LlamaForCausalLM.from_pretrained(hf_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny-model tests: their ops take microseconds, and
+    several threads only add OpenMP overhead (badly so on a shared 2-core runner). Restored
+    afterwards."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -15,7 +15,6 @@ import math
 import random
 
 import pytest
-import torch
 
 from project04_llm_inference import LLM, EngineArgs, SamplingParams
 from project04_llm_inference.config import DUMMY_SHAPES
@@ -24,14 +23,7 @@ from project04_llm_inference.engine.sequence import Status
 PROMPT = [17, 42, 99, 3, 250, 7, 61]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The tiny model's ops are microseconds; several threads only add OpenMP overhead (badly so
-    # on a shared 2-core runner). Restored afterwards.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny(**kw) -> LLM:

@@ -21,17 +21,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from project04_llm_inference import LLM, EngineArgs, SamplingParams
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny(**kw) -> LLM:

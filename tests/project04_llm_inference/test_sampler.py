@@ -168,14 +168,6 @@ def test_seeded_rows_do_not_depend_on_the_batch():
 # --- seeds through the engine --------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model gains nothing from threads (see test_engine_api)
-    yield
-    torch.set_num_threads(n)
-
-
 def _engine_tokens(requests: list[tuple[str, list[int], SamplingParams]]) -> dict[str, list[int]]:
     llm = LLM(load_format="dummy", dummy_shape="tiny", device="cpu", max_model_len=256)
     eng = llm.engine
@@ -189,7 +181,7 @@ def _engine_tokens(requests: list[tuple[str, list[int], SamplingParams]]) -> dic
     return out
 
 
-@pytest.mark.usefixtures("_one_thread")
+@pytest.mark.usefixtures("one_thread")
 def test_same_seed_same_tokens_alone_or_in_a_batch():
     """A seeded temperature-1 request alone, then after and among others (unseeded, other
     seeds, greedy): the same tokens. The logits of a row do not depend on its neighbours

@@ -35,12 +35,7 @@ ENV = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny models' ops are microseconds: threads only add overhead
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -50,31 +45,15 @@ def models(tmp_path_factory):
     pytest.importorskip("tokenizers")
     from project04_llm_inference.spec.train_corpus import TrainCorpusConfig, run
 
+    from .conftest import TINY_CORPUS_PAIR
+
     d = tmp_path_factory.mktemp("spec") / "models"
     run(
         TrainCorpusConfig(
             models_dir=str(d),
-            max_files=12,
-            holdout_every=4,
-            vocab_size=300,
-            seq_len=32,
-            max_seq_len=128,
-            batch_size=4,
+            **TINY_CORPUS_PAIR,
             max_steps=10,
             lr=1e-2,
-            warmup_steps=1,
-            eval_batches=1,
-            target_dim=64,
-            target_layers=2,
-            target_heads=4,
-            target_kv_heads=2,
-            target_ffn=128,
-            draft_dim=32,
-            draft_layers=1,
-            draft_heads=2,
-            draft_kv_heads=1,
-            draft_ffn=64,
-            device="cpu",
         )
     )
     return d

@@ -30,12 +30,7 @@ TIE = 1e-4
 P_VALUE = 1e-6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny models' ops are microseconds: threads only add overhead
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- chi-square ----------------------------------------------------------------------------------
@@ -646,28 +641,12 @@ def test_train_corpus_smoke_and_serve(tmp_path):
     pytest.importorskip("tokenizers")
     from project04_llm_inference.spec.train_corpus import TrainCorpusConfig, run
 
+    from .conftest import TINY_CORPUS_PAIR
+
     cfg = TrainCorpusConfig(
         models_dir=str(tmp_path / "models"),
-        max_files=12,
-        holdout_every=4,
-        vocab_size=300,
-        seq_len=32,
-        max_seq_len=128,
-        batch_size=4,
+        **TINY_CORPUS_PAIR,
         max_steps=3,
-        warmup_steps=1,
-        eval_batches=1,
-        target_dim=64,
-        target_layers=2,
-        target_heads=4,
-        target_kv_heads=2,
-        target_ffn=128,
-        draft_dim=32,
-        draft_layers=1,
-        draft_heads=2,
-        draft_kv_heads=1,
-        draft_ffn=64,
-        device="cpu",
     )
     record = run(cfg)
     assert set(record["models"]) == {"target", "draft"}
