@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.cli import main_guard, run_tyro
+from shared.cli import main_guard, parse_subcommand
 
 PROG = "python -m project01_cuda_kernel"
 Kernels = Literal["gemm", "attention"]
@@ -97,18 +97,14 @@ def run_all(cfg: AllConfig) -> int:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
-
     table = commands()
-    cfg = run_tyro(
-        tyro.extras.subcommand_cli_from_dict,
-        {name: cls for name, (cls, _) in table.items()},
-        args=sys.argv[1:] if argv is None else argv,
+    name, cfg = parse_subcommand(
+        table,
         prog=PROG,
         description="CUDA C++ kernels for PyTorch, a matmul optimisation ladder and "
         "FlashAttention: benchmarks, Nsight Compute profiles, a compile check and the report.",
+        argv=argv,
     )
-    name = next(name for name, (cls, _) in table.items() if type(cfg) is cls)
     return run_step(name, table[name][1], cfg)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from shared.cli import main_guard, run_tyro
+from shared.cli import main_guard, parse_subcommand
 
 PROG = "python -m project02_fsdp_scaling"
 
@@ -38,19 +38,15 @@ def commands() -> dict[str, tuple[type, Callable]]:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    import tyro
-
     table = commands()
-    cfg = run_tyro(
-        tyro.extras.subcommand_cli_from_dict,
-        {name: cls for name, (cls, _) in table.items()},
-        args=sys.argv[1:] if argv is None else argv,
+    name, cfg = parse_subcommand(
+        table,
         prog=PROG,
         description="FSDP2 training of the shared ~1B transformer, its strong-scaling benchmark "
         "and the comparison with DeepSpeed ZeRO-3.",
+        argv=argv,
     )
-    runner = next(fn for cls, fn in table.values() if type(cfg) is cls)
-    rc = runner(cfg)
+    rc = table[name][1](cfg)
     return rc if isinstance(rc, int) else 0
 
 

@@ -162,6 +162,28 @@ def run_tyro(parse: Callable[..., T], *args, **kwargs) -> T:
     return out
 
 
+def parse_subcommand(
+    table: dict[str, tuple[type, Callable]],
+    *,
+    prog: str,
+    description: str,
+    argv: list[str] | None = None,
+) -> tuple[str, object]:
+    """A package's `python -m <package> <command>` line: `table` maps each command to (its
+    config dataclass, the function that runs it); returns the chosen command's name and its
+    parsed config. Errors are one line with exit code 2 (`run_tyro`)."""
+    import tyro
+
+    cfg = run_tyro(
+        tyro.extras.subcommand_cli_from_dict,
+        {name: cls for name, (cls, _) in table.items()},
+        args=sys.argv[1:] if argv is None else argv,
+        prog=prog,
+        description=description,
+    )
+    return next(name for name, (cls, _) in table.items() if type(cfg) is cls), cfg
+
+
 # --- values and paths ----------------------------------------------------------------------------
 
 

@@ -120,3 +120,29 @@ def test_environment_variables_are_named(monkeypatch):
         cli.env_float("T0")
     monkeypatch.delenv("T0")
     assert cli.env_float("T0", 1.5) == 1.5
+
+
+def test_parse_subcommand_returns_the_command_and_its_config(capsys):
+    from dataclasses import dataclass
+
+    from shared.cli import parse_subcommand
+
+    @dataclass
+    class A:
+        n: int = 1
+
+    @dataclass
+    class B:
+        x: float = 0.5
+
+    table = {"a": (A, print), "b-cmd": (B, print)}
+    assert parse_subcommand(table, prog="p", description="d", argv=["b-cmd", "--x", "3"]) == (
+        "b-cmd",
+        B(x=3.0),
+    )
+    assert parse_subcommand(table, prog="p", description="d", argv=["a"]) == ("a", A())
+    with pytest.raises(SystemExit) as e:
+        parse_subcommand(table, prog="p", description="d", argv=["c"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
