@@ -76,6 +76,10 @@ class TuneRunConfig:
     reduction_factor: int = 2  # ASHA: keep the top 1/rf at each rung
     compare_random: bool = True  # also run the same configs without early stopping
     max_failures: int = 1  # Tune retries of a failed trial (from its last checkpoint)
+    # Tune checkpoints kept per trial; 0 keeps them all. Tune's experiment snapshot lags the
+    # trials by up to one snapshot interval: a driver killed right after a trial's older
+    # checkpoint was deleted finds the snapshot naming it and cannot restore that trial.
+    keep_checkpoints: int = 0
     fail_at_step: int = 0  # > 0: every trial raises once at this step (first attempt only)
     address: str = ""  # "" starts a local Ray; "auto" or "ray://host:10001" joins a cluster
     num_cpus: int = 0  # local Ray only; 0: all cores
@@ -112,7 +116,7 @@ class TuneRunConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"TuneRunConfig.{name} must be a positive int, got {v!r}")
         for name in ("max_failures", "fail_at_step", "num_cpus", "max_concurrent", "data_seed",
-                     "search_seed"):  # fmt: skip
+                     "search_seed", "keep_checkpoints"):  # fmt: skip
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"TuneRunConfig.{name} must be a non-negative int, got {v!r}")
@@ -387,7 +391,7 @@ def make_tuner(cfg: TuneRunConfig, kind: str, name: str):
             name=name,
             storage_path=cfg.storage_root(),
             failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=cfg.keep_checkpoints or None),
             # Tune's status tables (~1,000 lines for the CPU demo) only when asked for; the
             # driver shows one progress display instead (TrialProgress).
             verbose=1 if cfg.verbose else 0,
