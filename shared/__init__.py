@@ -9,6 +9,7 @@
 - `shared.gpu_state`: the GPU's clocks, temperature, power and clock-event reasons from NVML.
 - `shared.flops`: FLOP and byte counts; `shared.roofline`: roofline position and MFU.
 - `shared.cost`: cost per token and per run, on-demand vs spot.
+- `shared.testing`: helpers the tests share (the one-line argument-error contract of `shared.cli`).
 - `shared.results`: environment capture, atomic JSON result files, Markdown tables.
 - `shared.charts`: matplotlib charts readable in a README.
 - `shared.model`: the Llama-style reference transformer with presets (`tiny`, `125m`, `1b`).

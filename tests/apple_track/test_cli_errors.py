@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from apple_track import __main__ as package_main
+from shared.testing import assert_one_line_error, run_entry
 
 # (argv of `python -m apple_track`, what the one line must name); {bad} is a folder that cannot
 # be made (its parent is a file), {missing} a path that does not exist.
@@ -39,25 +40,13 @@ CASES = [
 ]
 
 
-def run_entry(main, argv, capsys) -> tuple[object, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize(("argv", "names"), CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
     (tmp_path / "a_file").write_text("x")
     subs = {"bad": tmp_path / "a_file" / "sub", "missing": tmp_path / "missing"}
     argv = [a.format(**subs) for a in argv]
     code, err = run_entry(package_main.main, argv, capsys)
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ") and names in lines[0], lines[0]
+    assert_one_line_error(code, err, names)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # nothing written
 
 

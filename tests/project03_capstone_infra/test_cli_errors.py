@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from project03_capstone_infra import __main__ as package_main
+from shared.testing import assert_one_line_error, run_entry
 
 # (argv of `python -m project03_capstone_infra`, what the one line must name); {bad} is a folder
 # that cannot be made (its parent is a file), {missing} a path that does not exist, {tmp} an
@@ -67,22 +68,6 @@ CASES = [
 ]
 
 
-def run_entry(main, argv, capsys) -> tuple[object, str]:
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
-
-
-def check_one_line(code, err: str, names: str) -> None:
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: ") and names in lines[0], lines[0]
-
-
 @pytest.mark.parametrize(("argv", "names"), CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
     (tmp_path / "a_file").write_text("x")
@@ -92,7 +77,7 @@ def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
     subs = {"bad": tmp_path / "a_file" / "sub", "missing": tmp_path / "missing",
             "tmp": tmp_path / "empty", "run": tmp_path / "run"}  # fmt: skip
     argv = [a.format(**subs) for a in argv]
-    check_one_line(*run_entry(package_main.main, argv, capsys), names)
+    assert_one_line_error(*run_entry(package_main.main, argv, capsys), names)
     # nothing written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "empty", "run"]
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["checkpoints"]
@@ -107,7 +92,7 @@ def test_a_bad_environment_variable_is_named(name, value, tmp_path, monkeypatch,
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv(name, value)
     code, err = run_entry(package_main.main, ["train", "--run-dir", str(tmp_path / "r")], capsys)
-    check_one_line(code, err, name)
+    assert_one_line_error(code, err, name)
     assert not (tmp_path / "r").exists()
 
 
