@@ -125,7 +125,7 @@ project03: $(SETUP)  ## fault-tolerant training under injected failures
 ifndef P04_RUN
 P04_RUN := runs/project04-$(shell date -u +%Y%m%dT%H%M%S)
 endif
-P04_BENCHES ?= decode-kernel prefill-kernel latency throughput memory prefix
+P04_BENCHES ?= decode-kernel gemv-kernel prefill-kernel latency throughput memory prefix
 
 project04: $(SETUP)  ## build, test, benchmark and report the inference engine (needs a GPU)
 	$(PYTHON) -m pytest -m gpu tests/project04_llm_inference -q

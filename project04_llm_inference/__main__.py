@@ -152,10 +152,12 @@ def main(argv: list[str] | None = None) -> None:
         **offline.RUNNERS,
     }
     try:
-        from .bench import kernels
+        from .bench import gemv, kernels
 
         commands["decode-kernel"] = kernels.KernelBenchConfig
         runners[kernels.KernelBenchConfig] = kernels.run
+        commands["gemv-kernel"] = gemv.GemvBenchConfig
+        runners[gemv.GemvBenchConfig] = gemv.run
     except (ImportError, AttributeError):  # the decode-kernel benchmark is optional here
         pass
     cfg = tyro.extras.subcommand_cli_from_dict(

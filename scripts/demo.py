@@ -42,7 +42,15 @@ PACKAGES = {
 PROJECTS = tuple(name for name, pkg in PACKAGES.items() if (ROOT / pkg).is_dir())
 RUNS = Path("runs")  # relative to the repository root, ignored by git
 # project04's benchmarks, as its Makefile target runs them
-P04_BENCHES = ("decode-kernel", "prefill-kernel", "latency", "throughput", "memory", "prefix")
+P04_BENCHES = (
+    "decode-kernel",
+    "gemv-kernel",
+    "prefill-kernel",
+    "latency",
+    "throughput",
+    "memory",
+    "prefix",
+)
 
 
 def new_run_dir(now: datetime.datetime | None = None) -> Path:

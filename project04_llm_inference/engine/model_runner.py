@@ -22,6 +22,7 @@ import torch
 
 from ..config import EngineArgs
 from ..model.llama import AttnMetadata, LlamaForCausalLM
+from .sampler import argmax_rows
 from .sequence import Sequence
 
 
@@ -351,7 +352,7 @@ class ModelRunner:
                     max_context_len=max_ctx,
                 )
                 logits = self.model.compute_logits(self.model(ids[:b], meta, self.kv_caches))
-            torch.argmax(logits, dim=-1, out=out[j])
+            out[j] = argmax_rows(logits)
             if lps is not None:
                 lps[j] = logits.log_softmax(-1).gather(-1, out[j][:, None])[:, 0]
             if j + 1 < k:

@@ -70,13 +70,31 @@ def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return (probs / noise).argmax(-1)
 
 
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits (N, V) -> (N,) int64, exactly `logits.argmax(-1)` (the first maximum wins).
+
+    For a few rows of a large vocabulary, torch's argmax reduces each row in one CTA: 27 us for
+    one 128,256-entry row on an H200, 2.5% of a batch-1 decode step. Cut into chunks instead:
+    the maximum of every chunk in parallel, then the first chunk holding the largest of them,
+    then the position inside it (`max` along a dim returns the first maximal index too).
+    """
+    n, v = logits.shape
+    if n <= 8 and v >= 16384:
+        for chunks in (256, 128, 512, 64):
+            if v % chunks == 0:
+                vals, idx = logits.reshape(n, chunks, v // chunks).max(-1)  # (N, chunks)
+                best = vals.argmax(-1)  # (N,)
+                return best * (v // chunks) + idx.gather(-1, best[:, None])[:, 0]
+    return logits.argmax(-1)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None = None):
     """logits (N, V) float32, one row per sequence -> (token ids (N,), logprobs (N,) or None)."""
     n = logits.shape[0]
     dev = logits.device
     params = [s.params for s in seqs]
     greedy = torch.tensor([p.greedy for p in params], device=dev)
-    tokens = logits.argmax(-1)
+    tokens = argmax_rows(logits)
     if not all(p.greedy for p in params):
         probs = request_probs(logits, params)
         gens = [None if p.greedy else s.generator for s, p in zip(seqs, params)]

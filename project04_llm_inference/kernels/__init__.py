@@ -15,6 +15,8 @@ _LAZY = {
     "rms_norm": ".norm_act",
     "fused_add_rms_norm": ".norm_act",
     "silu_and_mul": ".norm_act",
+    "linear": ".gemv",
+    "norm_linear": ".gemv",
 }
 
 __all__ = sorted(_LAZY)

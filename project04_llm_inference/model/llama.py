@@ -128,15 +128,24 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size, **p)
         self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size, **p)
 
+    @staticmethod
+    def _decode_attention(q, meta: AttnMetadata, k_cache, v_cache, scale: float):
+        return kernels.paged_decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.decode_block_tables,
+            meta.decode_context_lens,
+            scale,
+            meta.max_context_len,
+        )
+
     def forward(self, x, residual, meta: AttnMetadata, cos_sin, k_cache, v_cache):
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        if residual is None:  # the first layer: the residual stream starts as the embeddings
-            residual = x
-            x = kernels.rms_norm(x, self.input_layernorm, eps)
-        else:
-            x, residual = kernels.fused_add_rms_norm(x, residual, self.input_layernorm, eps)
-        t = x.shape[0]
-        qkv = F.linear(x, self.qkv_proj)  # (T, (Hq + 2 Hkv) D)
+        # RMSNorm (with the residual add; the first layer's residual stream starts as x) and the
+        # QKV projection: one GEMV launch for a few tokens, else the norm kernel and cuBLAS.
+        qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.qkv_proj, eps)
+        t = qkv.shape[0]
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         q = qkv[:, : self.q_size].view(t, hq, d)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, hkv, d)
@@ -144,21 +153,15 @@ class DecoderLayer(nn.Module):
         kernels.rope_and_cache(
             q, k, v, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping
         )
-        q = q.contiguous()  # (T, Hq, D)
-        out = torch.empty_like(q)
         scale = 1.0 / math.sqrt(d)
         nd = meta.num_decodes
-        if nd:
-            out[:nd] = kernels.paged_decode_attention(
-                q[:nd],
-                k_cache,
-                v_cache,
-                meta.decode_block_tables,
-                meta.decode_context_lens,
-                scale,
-                meta.max_context_len,
-            )
-        if t > nd:
+        if nd == t:  # decodes only: the kernel reads q strided out of qkv, its output is final
+            out = self._decode_attention(q, meta, k_cache, v_cache, scale)
+        else:
+            q = q.contiguous()  # (T, Hq, D)
+            out = torch.empty_like(q)
+            if nd:
+                out[:nd] = self._decode_attention(q[:nd], meta, k_cache, v_cache, scale)
             out[nd:] = kernels.paged_prefill_attention(
                 q[nd:],
                 k_cache,
@@ -169,10 +172,11 @@ class DecoderLayer(nn.Module):
                 meta.max_seqlen_q,
                 scale,
             )
-        x = F.linear(out.view(t, self.q_size), self.o_proj)
-        x, residual = kernels.fused_add_rms_norm(x, residual, self.post_attention_layernorm, eps)
-        x = F.linear(kernels.silu_and_mul(F.linear(x, self.gate_up_proj)), self.down_proj)
-        return x, residual
+        x = kernels.linear(out.view(t, self.q_size), self.o_proj)
+        h, residual = kernels.norm_linear(
+            x, residual, self.post_attention_layernorm, self.gate_up_proj, eps, silu_mul=True
+        )
+        return kernels.linear(h, self.down_proj), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -206,4 +210,4 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, hidden) -> (N, vocab) float32."""
-        return F.linear(hidden, self.lm_head).float()
+        return kernels.linear(hidden, self.lm_head).float()

@@ -19,7 +19,8 @@ from shared.results import atomic_write_text, environment_line, load_result, mar
 
 PROJECT = "project04_llm_inference"
 RECORDS = ("offline_throughput", "decode_latency", "kv_memory", "prefix_caching",
-           "decode_attention", "prefill_attention", "spec_decode", "serving")  # fmt: skip
+           "decode_attention", "gemv_kernel", "prefill_attention", "spec_decode",
+           "serving")  # fmt: skip
 COPY_TB_S = 4.3  # the H200's measured device-to-device copy bandwidth (read + write), TB/s
 SYSTEMS = {"engine": "this engine", "engine_single_step": "this engine, one step per round trip",
            "vllm": "vLLM", "static_cuda_graph": "static CUDA graph",
@@ -263,6 +264,26 @@ def _decode_kernel_md(rec: dict) -> str:
             "same tokens, in the same process.\n\n" + _table(rows) + "\n")  # fmt: skip
 
 
+def _gemv_kernel_md(rec: dict) -> str:
+    rows = [{"projection": r["name"], "tokens": r["tokens"], "weight": f"{r['rows']} x {r['k']}",
+             "folded in": {"norm": "RMSNorm", "norm_silu": "RMSNorm, silu-and-mul"}.get(r["fold"], ""),
+             "path": "GEMV kernel" if r.get("uses_gemv_kernel") else "cuBLAS (dispatch)",
+             "ours (us)": _ranged(r, "ours_us", r.get("ours_us")),
+             "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
+             "cuBLAS (us)": _ranged(r, "cublas_us", r.get("cublas_us")),
+             "cuBLAS (GB/s)": _ranged(r, "cublas_gbps", r.get("cublas_gbps")),
+             "ours / cuBLAS speed (x)": _ranged(r, "speedup_vs_cublas", r.get("speedup_vs_cublas"))}
+            for r in rec["results"]["rows"]]  # fmt: skip
+    return ("## Decode-step projections (GEMV kernel)\n\nEach projection of a Llama-3.2-1B "
+            "layer and the LM head for a few tokens, bf16, L2 flushed between runs. Ours: one "
+            "launch of `csrc/gemv.cu`, with the RMSNorm (and residual add) in front and "
+            "silu-and-mul behind where the engine folds them in. Baseline, same process: cuBLAS "
+            "(`F.linear`) with the separate fused add+RMSNorm and silu-and-mul kernels, as the "
+            "engine ran them before. Rows whose path is cuBLAS are beyond the kernel's row "
+            "limit: there ours is the baseline's path (the engine's dispatch). Bytes: the weight "
+            "plus the activations read and written once.\n\n" + _table(rows) + "\n")  # fmt: skip
+
+
 def _prefill_kernel_md(rec: dict) -> str:
     cols = {"ours (TFLOP/s)": "ours_tflops", "SDPA per sequence (TFLOP/s)": "sdpa_per_seq_tflops",
             "SDPA padded batch (TFLOP/s)": "sdpa_padded_tflops",
@@ -342,7 +363,8 @@ def render(reports_dir: str | Path) -> list[Path]:
              _ranges_note(tg) + _table(_target_rows(tg), ["target", "measured", "unit", "status"]) + "\n"]  # fmt: skip
     for name, fn in (("offline_throughput", _throughput_md), ("decode_latency", _latency_md),
                      ("kv_memory", _memory_md), ("prefix_caching", _prefix_md),
-                     ("decode_attention", _decode_kernel_md), ("prefill_attention", _prefill_kernel_md)):  # fmt: skip
+                     ("decode_attention", _decode_kernel_md), ("gemv_kernel", _gemv_kernel_md),
+                     ("prefill_attention", _prefill_kernel_md)):  # fmt: skip
         parts.append(fn(recs[name]) if name in recs else f"## {name}\n\nnot measured: no record.\n")
     if "spec_decode" in recs:
         parts.append(_spec_md(recs["spec_decode"]))

@@ -35,7 +35,7 @@ import torch
 from ..config import EngineArgs
 from ..engine.block_manager import BlockManager
 from ..engine.model_runner import ModelRunner
-from ..engine.sampler import exponential_noise, race, request_probs
+from ..engine.sampler import argmax_rows, exponential_noise, race, request_probs
 from ..engine.sequence import Sequence
 from ..model.loader import build_model, read_config
 
@@ -205,7 +205,7 @@ class DraftProposer:
             d.num_computed_tokens = d.num_tokens - 1  # the newest token has no K/V yet
 
     def _draw(self, logits, seqs, generator, q, rows, step) -> list[int]:
-        tokens = logits.argmax(-1)
+        tokens = argmax_rows(logits)
         params = [s.params for s in seqs]
         if not all(p.greedy for p in params):
             probs = request_probs(logits, params)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.sampler import exponential_noise, request_probs
+from ..engine.sampler import argmax_rows, exponential_noise, request_probs
 from ..engine.sequence import Sequence
 from .rejection import Verified, draw_uniforms, verify
 
@@ -86,7 +86,7 @@ def _verify_greedy(logits: torch.Tensor, groups: list[SpecGroup]) -> Verified:
     then on the host: the leading drafts equal to the target's argmax are accepted and the
     argmax after them is emitted (what `verify` computes for greedy rows, without its (B, V)
     work for sampled ones)."""
-    am = logits.argmax(-1).tolist()
+    am = argmax_rows(logits).tolist()
     tokens, accepted = [], []
     for g in groups:
         drafts = g.seq.spec_token_ids

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from project04_llm_inference import LLM, SamplingParams
-from project04_llm_inference.engine.sampler import sample
+from project04_llm_inference.engine.sampler import argmax_rows, sample
 from project04_llm_inference.engine.sequence import Sequence
 
 # Probabilities with wide gaps, so which tokens a filter keeps is unambiguous.
@@ -203,3 +203,16 @@ def test_same_seed_same_tokens_alone_or_in_a_batch():
     # 16 draws at temperature 1 over a 256-token vocabulary: equal by chance essentially never
     assert other_seed != alone
     assert len(set(alone)) > 1, "temperature 1 should not look greedy"
+
+
+@pytest.mark.parametrize("n,v", [(1, 128256), (3, 32768), (8, 16384), (2, 16387), (9, 32768)])
+def test_argmax_rows_is_argmax_with_first_maximum_winning(n, v):
+    g = torch.Generator().manual_seed(n * v)
+    logits = torch.randn(n, v, generator=g)
+    # plant ties: the row's maximum copied further right (also into a later chunk)
+    for r in range(n):
+        top = int(logits[r].argmax())
+        logits[r, (top + v // 2) % v] = logits[r, top]
+        logits[r, min(top + 1, v - 1)] = logits[r, top]
+    assert torch.equal(argmax_rows(logits), logits.argmax(-1))
+    assert torch.equal(argmax_rows(torch.zeros(n, v)), torch.zeros(n, dtype=torch.int64))

@@ -1,0 +1,28 @@
+// Launchers of gemv.cu (torch-free, so CI compiles the kernels with nvcc alone).
+#pragma once
+#include <cuda_runtime.h>
+
+#include "norm_act.h"  // DType
+
+// out (T, n_out) = act(pre(x) @ w^T) for one or two tokens, w (rows, K) row-major.
+//   pre:  norm_w == nullptr: x as is. Otherwise RMSNorm of h, where h = x + residual when
+//         residual != nullptr (rounded to the model dtype, written to residual_out by one CTA),
+//         else h = x; normalised in float32, rounded, scaled by norm_w, rounded (Llama's order).
+//   act:  silu_mul false: n_out = rows. true: rows = 2 n_out, out = silu(gate) * up with gate
+//         the first n_out rows and up the last n_out (each rounded to the model dtype first).
+// K % 8 == 0 and every pointer 16-byte aligned (checked by the caller); 16-bit dtypes only.
+// max_ctas bounds the grid (warps then loop over rows): a few CTAs per SM is enough.
+struct GemvArgs {
+  const void* x;
+  const void* residual;  // nullable
+  void* residual_out;    // nullable; written when residual != nullptr
+  const void* norm_w;    // nullable: no RMSNorm
+  const void* w;
+  void* out;
+  int tokens, k, n_out;
+  bool silu_mul;
+  float eps;
+  int max_ctas;
+};
+
+cudaError_t launch_gemv(const GemvArgs& a, DType dtype, cudaStream_t stream);

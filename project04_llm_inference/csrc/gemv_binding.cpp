@@ -1,0 +1,49 @@
+// PyTorch binding of gemv.cu: the current stream and the dtype tag; the Python wrapper
+// (kernels/gemv.py) has already checked devices, dtypes, shapes and alignment.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "gemv.h"
+
+namespace {
+
+DType tag(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return DType::kBF16;
+    case at::kHalf: return DType::kF16;
+    default: TORCH_CHECK(false, "gemv: unsupported dtype ", t.scalar_type());
+  }
+}
+
+void* ptr_or_null(const std::optional<torch::Tensor>& t) {
+  return t.has_value() ? t->data_ptr() : nullptr;
+}
+
+// out = act(pre(x) @ w^T); see gemv.h for what each optional tensor switches on.
+void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
+          std::optional<torch::Tensor> residual, std::optional<torch::Tensor> residual_out,
+          std::optional<torch::Tensor> norm_w, bool silu_mul, double eps, int64_t max_ctas) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  GemvArgs a;
+  a.x = x.data_ptr();
+  a.residual = ptr_or_null(residual);
+  a.residual_out = ptr_or_null(residual_out);
+  a.norm_w = ptr_or_null(norm_w);
+  a.w = w.data_ptr();
+  a.out = out.data_ptr();
+  a.tokens = static_cast<int>(x.size(0));
+  a.k = static_cast<int>(x.size(1));
+  a.n_out = static_cast<int>(out.size(1));
+  a.silu_mul = silu_mul;
+  a.eps = static_cast<float>(eps);
+  a.max_ctas = static_cast<int>(max_ctas);
+  const cudaError_t err = launch_gemv(a, tag(x), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "gemv: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemv", &gemv, "out = act(rms_norm(x [+ residual]) @ w^T) for a few tokens");
+}

@@ -1,0 +1,136 @@
+"""Projections of a decode step of a few tokens (csrc/gemv.cu), with RMSNorm and SwiGLU folded in.
+
+`linear(x, w)` is `F.linear` and `norm_linear(...)` is the RMSNorm, the projection and (for the
+MLP) silu-and-mul in sequence; on a CUDA device, for at most `GEMV_MAX_TOKENS` tokens of a 16-bit
+dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the element-wise kernels.
+Every other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so
+the CPU engine computes exactly what it computed before these kernels existed.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .norm_act import fused_add_rms_norm, rms_norm, silu_and_mul
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+
+# The most tokens the kernel takes. Measured on an H200 (`gemv-kernel`), it beats cuBLAS plus the
+# separate norm and activation kernels by 1.0-1.5x at one and two tokens; at four the two are
+# even and at eight cuBLAS is 1.2-2.3x faster, so larger steps go to cuBLAS.
+GEMV_MAX_TOKENS = 2
+CTAS_PER_SM = 4  # the grid's bound; warps loop over the remaining rows
+# Every CTA stages its input rows in shared memory: beyond this bound (two rows of K > 40,960)
+# cuBLAS takes the product.
+MAX_STAGED_BYTES = 160 * 1024
+
+_GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def _ext():
+    from shared.cuda_build import load_extension
+
+    return load_extension("p04_gemv", CSRC, ("gemv.cu", "gemv_binding.cpp"))
+
+
+@functools.cache
+def _max_ctas(device_index: int) -> int:
+    return CTAS_PER_SM * torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _check_matrix(name: str, t: torch.Tensor, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+
+
+def _fits(*tensors: torch.Tensor) -> bool:
+    """Whether the kernel can take these tensors (else the composed PyTorch path runs)."""
+    x = tensors[0]
+    if x.device.type != "cuda" or not 0 < x.shape[0] <= GEMV_MAX_TOKENS:
+        return False
+    if x.dtype not in _GEMV_DTYPES or x.shape[-1] % 8:
+        return False
+    if x.shape[0] * x.shape[-1] * x.element_size() > MAX_STAGED_BYTES:
+        return False
+    return all(t.dtype == x.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear(x, weight)` runs the GEMV kernel (the rest goes to cuBLAS)."""
+    return _fits(x, weight)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(T, K) @ (N, K)^T -> (T, N) in x's dtype, float32 accumulation."""
+    _check_matrix("x", x, 2)
+    _check_matrix("weight", weight, 2)
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x (T, {x.shape[1]}) and weight {tuple(weight.shape)} differ in K")
+    if not _fits(x, weight):
+        return F.linear(x, weight)
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    _ext().gemv(out, x, weight, None, None, None, False, 0.0, _max_ctas(x.device.index or 0))
+    return out
+
+
+def norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    silu_mul: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm, projection, and optionally SwiGLU: returns (out, the residual stream).
+
+    h = x + residual (rounded to x's dtype), or h = x when residual is None (the first layer);
+    out = rms_norm(h) * norm_weight @ weight^T, and with silu_mul the (T, 2F) product becomes
+    silu(gate) * up, (T, F). The returned residual stream is h. On the composed path x and
+    residual are updated in place (as `fused_add_rms_norm` does): use only what is returned.
+    """
+    _check_matrix("x", x, 2)
+    _check_matrix("weight", weight, 2)
+    k = x.shape[1]
+    if weight.shape[1] != k or norm_weight.shape != (k,):
+        raise ValueError(
+            f"x (T, {k}) needs norm_weight ({k},) and weight (N, {k}), got "
+            f"{tuple(norm_weight.shape)} and {tuple(weight.shape)}"
+        )
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"residual must match x: {tuple(residual.shape)} {residual.dtype} vs "
+            f"{tuple(x.shape)} {x.dtype}"
+        )
+    if silu_mul and weight.shape[0] % 2:
+        raise ValueError(f"silu_mul needs an even number of weight rows, got {weight.shape[0]}")
+    parts = (x, norm_weight, weight) if residual is None else (x, residual, norm_weight, weight)
+    if not _fits(*parts):
+        if residual is None:
+            h, residual = rms_norm(x, norm_weight, eps), x
+        else:
+            h, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
+        out = F.linear(h, weight)
+        return (silu_and_mul(out) if silu_mul else out), residual
+    n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    out = x.new_empty(x.shape[0], n_out)
+    res_out = None if residual is None else torch.empty_like(x)
+    _ext().gemv(
+        out,
+        x,
+        weight,
+        residual,
+        res_out,
+        norm_weight,
+        silu_mul,
+        float(eps),
+        _max_ctas(x.device.index or 0),
+    )
+    return out, (x if residual is None else res_out)

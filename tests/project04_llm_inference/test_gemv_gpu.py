@@ -1,0 +1,155 @@
+"""GPU tier: the decode-step GEMV kernel (csrc/gemv.cu) against float64 references.
+
+Tolerances, from the arithmetic (u = unit roundoff of the dtype: 2^-8 bf16, 2^-11 fp16):
+- the product: float32 accumulation of K terms in some order is within gamma_K * (|x| @ |w|^T)
+  of the exact sum, gamma_K = K 2^-24 / (1 - K 2^-24); the result is then rounded to the dtype
+  (<= u |y|). So |ours - exact| <= u |exact| + (1 + u) gamma_K (|x| @ |w|^T).
+- the folded RMSNorm: multiplying by the identity matrix adds nothing to a value (one non-zero
+  term), so `norm_linear(x, r, g, I)` returns the kernel's normalised input itself. Against the
+  float64 reference it may differ by one ulp (2u relative) where the float32 sum of squares
+  (reduced in another order) moves a value across a rounding boundary; the residual sum is one
+  rounding of an exact float32 sum: bitwise.
+- silu-and-mul behind: the gate and up rows are accumulated exactly as without it, then the same
+  expression as the separate kernel: bitwise equal to that composition.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from project04_llm_inference.kernels import gemv
+from project04_llm_inference.kernels.norm_act import fused_add_rms_norm, silu_and_mul
+
+pytestmark = pytest.mark.gpu
+
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+EPS = 1e-5
+
+
+def _gamma(k: int) -> float:
+    return k * 2.0**-24 / (1 - k * 2.0**-24)
+
+
+def _rand(*shape, dtype, scale=1.0, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
+
+
+def _assert_product_close(out, x, w):
+    """out against the exact x @ w^T, within the bound in the module docstring."""
+    u, k = UNIT_ROUNDOFF[x.dtype], x.shape[1]
+    exact = x.double() @ w.double().T
+    bound = u * exact.abs() + (1 + u) * _gamma(k) * (x.double().abs() @ w.double().abs().T)
+    err = (out.double() - exact).abs()
+    worst = (err - bound).max().item()
+    assert worst <= 0, f"max error {err.max().item():.3g} exceeds the bound by {worst:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("n,k", [(3072, 2048), (2048, 8192), (200, 64), (24, 136)])
+def test_linear_is_within_the_rounding_bound(dtype, tokens, n, k):
+    x = _rand(tokens, k, dtype=dtype, seed=1)
+    w = _rand(n, k, dtype=dtype, scale=0.02, seed=2)
+    assert gemv.gemv_applies(x, w)
+    _assert_product_close(gemv.linear(x, w), x, w)
+
+
+def _norm_reference(x, res, g):
+    """(normalised input, residual stream) as float64, rounded where Llama's order rounds."""
+    dt = x.dtype
+    h = (x.float() + res.float()).to(dt) if res is not None else x
+    hd = h.double()
+    inv = torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + EPS)
+    return ((hd * inv).to(dt).double() * g.double()).to(dt), h
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_norm_linear_normalises_like_rms_norm(dtype, tokens, with_residual):
+    k = 2048
+    x = _rand(tokens, k, dtype=dtype, seed=3)
+    res = _rand(tokens, k, dtype=dtype, seed=4) if with_residual else None
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=5)).to(dtype)
+    x0, r0 = x.clone(), None if res is None else res.clone()
+    eye = torch.eye(k, device="cuda", dtype=dtype)
+    hn, stream = gemv.norm_linear(x, res, g, eye, EPS)
+    want_hn, want_stream = _norm_reference(x0, r0, g)
+    assert torch.equal(x, x0) and (res is None or torch.equal(res, r0)), "inputs were modified"
+    assert torch.equal(stream, want_stream), "the residual stream is not x + residual, rounded"
+    u = UNIT_ROUNDOFF[dtype]
+    err = (hn.double() - want_hn.double()).abs()
+    assert (err <= 2 * u * want_hn.double().abs() + 1e-30).all(), f"max error {err.max():.3g}"
+    # a one-ulp difference needs a value next to a rounding boundary: rare, not the rule
+    assert (err > 0).float().mean().item() < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_norm_linear_product_and_silu_fold(dtype, tokens):
+    k, f = 2048, 1024
+    x = _rand(tokens, k, dtype=dtype, seed=6)
+    res = _rand(tokens, k, dtype=dtype, seed=7)
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=8)).to(dtype)
+    w = _rand(2 * f, k, dtype=dtype, scale=0.02, seed=9)
+    hn, _ = gemv.norm_linear(x, res, g, torch.eye(k, device="cuda", dtype=dtype), EPS)
+    y, _ = gemv.norm_linear(x, res, g, w, EPS)
+    _assert_product_close(y, hn, w)  # the product of the kernel's own normalised input
+    act, _ = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
+    assert act.shape == (tokens, f)
+    assert torch.equal(act, silu_and_mul(y)), "the folded silu-and-mul differs from the kernel"
+
+
+def test_rows_do_not_depend_on_the_batch():
+    """A token's output is the same bits whatever else is in the step (one row or two)."""
+    x = _rand(2, 2048, dtype=torch.bfloat16, seed=10)
+    w = _rand(3072, 2048, dtype=torch.bfloat16, scale=0.02, seed=11)
+    full = gemv.linear(x, w)
+    assert torch.equal(gemv.linear(x[:1].contiguous(), w), full[:1])
+    assert torch.equal(gemv.linear(x[1:].contiguous(), w), full[1:])
+
+
+@pytest.mark.parametrize(
+    "x_shape,w_shape,dtype",
+    [((3, 64), (32, 64), torch.bfloat16),  # more tokens than the kernel takes
+     ((2, 60), (32, 60), torch.bfloat16),  # K not a multiple of 8
+     ((2, 64), (32, 64), torch.float32)],  # not a 16-bit dtype
+)  # fmt: skip
+def test_other_shapes_take_cublas(x_shape, w_shape, dtype):
+    x, w = _rand(*x_shape, dtype=dtype, seed=12), _rand(*w_shape, dtype=dtype, seed=13)
+    assert not gemv.gemv_applies(x, w)
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+    g = torch.ones(x_shape[1], device="cuda", dtype=dtype)
+    got, stream = gemv.norm_linear(x.clone(), x.clone(), g, w, EPS)
+    h, r = fused_add_rms_norm(x.clone(), x.clone(), g, EPS)
+    assert torch.equal(got, F.linear(h, w)) and torch.equal(stream, r)
+
+
+def test_rows_too_wide_to_stage_take_cublas():
+    k = gemv.MAX_STAGED_BYTES // 4 + 8  # two bf16 rows just past the shared-memory bound
+    x, w = _rand(2, k, dtype=torch.bfloat16, seed=20), _rand(16, k, dtype=torch.bfloat16, seed=21)
+    assert not gemv.gemv_applies(x, w) and gemv.gemv_applies(x[:1], w)
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+    _assert_product_close(gemv.linear(x[:1].contiguous(), w), x[:1], w)
+
+
+def test_replays_in_a_cuda_graph():
+    k = 2048
+    x = _rand(2, k, dtype=torch.bfloat16, seed=14)
+    res = _rand(2, k, dtype=torch.bfloat16, seed=15)
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=16)).to(torch.bfloat16)
+    w = _rand(512, k, dtype=torch.bfloat16, scale=0.02, seed=17)
+    gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)  # builds and warms up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        act, stream = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
+        y = gemv.linear(act, w[:, :256].contiguous())
+    for seed in (18, 19):
+        x.copy_(_rand(2, k, dtype=torch.bfloat16, seed=seed))
+        graph.replay()
+        want_act, want_stream = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
+        assert torch.equal(act, want_act) and torch.equal(stream, want_stream)
+        assert torch.equal(y, gemv.linear(want_act, w[:, :256].contiguous()))
