@@ -14,8 +14,11 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
-        print(f"error: unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)} "
-              "(see python -m apple_track --help)", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)} "
+            "(see python -m apple_track --help)",
+            file=sys.stderr,
+        )
         return 2
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m apple_track {export,report,profile} [--help]\n")

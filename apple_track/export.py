@@ -207,7 +207,7 @@ def run_mlx(cfg, wrapper, tokens, targets, ref, out_dir: Path) -> list[dict]:
                 1
                 for _, m in model.named_modules()
                 if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-            ),  # fmt: skip
+            ),
         }
         e["parity"] = parity(torch.from_numpy(to_numpy(model(x))), ref, targets)
         e["parity_source"] = f"MLX on {mx.default_device()}"
@@ -233,10 +233,15 @@ def _metal_attention_case(mk, causal: bool, B=1, H=16, S=1024, D=64) -> dict:
     t = benchmark(lambda: mx.eval(ours()), device="cpu", rep_ms=300)
     base = benchmark(lambda: mx.eval(mlx_sdpa()), device="cpu", rep_ms=300)
     return {
-        "shape": [B, H, S, D], "causal": causal, "dtype": "float16", "max_abs_err": err,
-        "median_ms": t.median_ms, "tflops": t.tflops(flops),
-        "mlx_sdpa_ms": base.median_ms, "mlx_sdpa_tflops": base.tflops(flops),
-    }  # fmt: skip
+        "shape": [B, H, S, D],
+        "causal": causal,
+        "dtype": "float16",
+        "max_abs_err": err,
+        "median_ms": t.median_ms,
+        "tflops": t.tflops(flops),
+        "mlx_sdpa_ms": base.median_ms,
+        "mlx_sdpa_tflops": base.tflops(flops),
+    }
 
 
 def run_metal() -> dict:
@@ -264,13 +269,23 @@ def run_metal() -> dict:
         for kernel in mk.MATMUL_KERNELS:
             c = mk.matmul(a, b, kernel=kernel)
             err = mx.abs(c.astype(mx.float32) - ref.astype(mx.float32)).max().item()
-            t = benchmark(lambda a=a, b=b, k=kernel: mx.eval(mk.matmul(a, b, kernel=k)),
-                          device="cpu", rep_ms=300)  # fmt: skip
-            results["matmul"].append({
-                "kernel": kernel, "dtype": str(dtype), "shape": [M, N, K], "max_abs_err": err,
-                "median_ms": t.median_ms, "tflops": t.tflops(2 * M * N * K),
-                "mlx_matmul_ms": base.median_ms, "mlx_matmul_tflops": base.tflops(2 * M * N * K),
-            })  # fmt: skip
+            t = benchmark(
+                lambda a=a, b=b, k=kernel: mx.eval(mk.matmul(a, b, kernel=k)),
+                device="cpu",
+                rep_ms=300,
+            )
+            results["matmul"].append(
+                {
+                    "kernel": kernel,
+                    "dtype": str(dtype),
+                    "shape": [M, N, K],
+                    "max_abs_err": err,
+                    "median_ms": t.median_ms,
+                    "tflops": t.tflops(2 * M * N * K),
+                    "mlx_matmul_ms": base.median_ms,
+                    "mlx_matmul_tflops": base.tflops(2 * M * N * K),
+                }
+            )
     for causal in (False, True):
         results["attention"].append(_metal_attention_case(mk, causal))
     return results
@@ -290,8 +305,10 @@ def run(
 
 def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None, name: str):
     out_dir.mkdir(parents=True, exist_ok=True)
-    _log(f"model: preset {cfg.preset}, {cfg.model_args().num_params():,} parameters; "
-         f"training {cfg.train_steps} steps on the synthetic stream")  # fmt: skip
+    _log(
+        f"model: preset {cfg.preset}, {cfg.model_args().num_params():,} parameters; "
+        f"training {cfg.train_steps} steps on the synthetic stream"
+    )
     wrapper, losses = build_export_model(cfg)
     tokens, targets = wrapper.example_input(cfg.seed)
     with torch.no_grad():
@@ -344,7 +361,7 @@ def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None, name: str):
             "system": platform.system(),
             "machine": platform.machine(),
             "processor": platform.processor() or None,
-        },  # fmt: skip
+        },
         "threads": 1,
         # Other processes compete for the cores: the load says how quiet the machine was.
         "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -353,9 +370,13 @@ def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None, name: str):
         "metal": metal,
     }
     path = save_result(
-        PROJECT, name, results, baseline=baseline, config=cfg.to_dict(),
+        PROJECT,
+        name,
+        results,
+        baseline=baseline,
+        config=cfg.to_dict(),
         reports_dir=reports_dir,
-    )  # fmt: skip
+    )
     n_failed = sum(1 for v in failures.values() if v.startswith("FAILED"))
     return path, n_failed
 
@@ -387,22 +408,38 @@ def parse_args(argv: list[str] | None = None) -> tuple[ExportConfig, argparse.Na
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)} (default tiny)")
-    p.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
-                   help="override ModelArgs fields, e.g. --set dim=128 n_layers=4")  # fmt: skip
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override ModelArgs fields, e.g. --set dim=128 n_layers=4",
+    )
     p.add_argument("--batch", type=positive_int, default=1)
     p.add_argument("--seq-len", type=positive_int, default=64)
     p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--train-steps", type=nonneg_int, default=300)
     for runtime, names in VARIANTS.items():
-        p.add_argument(f"--{runtime}", nargs="*", default=list(names), metavar="VARIANT",
-                       help=f"{runtime} variants: any of {', '.join(names)} (default all; "
-                       "none to skip)")  # fmt: skip
-    p.add_argument("--out-dir", type=nonempty_path, default=None,
-                   help="where model files are written (default .build/apple_track/NAME)")  # fmt: skip
+        p.add_argument(
+            f"--{runtime}",
+            nargs="*",
+            default=list(names),
+            metavar="VARIANT",
+            help=f"{runtime} variants: any of {', '.join(names)} (default all; none to skip)",
+        )
+    p.add_argument(
+        "--out-dir",
+        type=nonempty_path,
+        default=None,
+        help="where model files are written (default .build/apple_track/NAME)",
+    )
     p.add_argument("--reports-dir", type=nonempty_path, default=None, help="default reports/")
-    p.add_argument("--name", default=RESULT_NAME,
-                   help=f"result name: reports/apple_track/NAME.json (default {RESULT_NAME}, the "
-                   "main run; other names are extra runs listed in the README)")  # fmt: skip
+    p.add_argument(
+        "--name",
+        default=RESULT_NAME,
+        help=f"result name: reports/apple_track/NAME.json (default {RESULT_NAME}, the "
+        "main run; other names are extra runs listed in the README)",
+    )
     p.add_argument("--no-readme", action="store_true", help="do not regenerate the README")
     args = p.parse_args(argv)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.name) or args.name.endswith(".json"):

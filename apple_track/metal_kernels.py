@@ -153,7 +153,7 @@ def attention(
             ("BQ", ATTENTION_BQ),
             ("BKV", bkv),
             ("CAUSAL", bool(causal)),
-        ],  # fmt: skip
+        ],
         grid=(_ceil_to(Sq, ATTENTION_BQ), B * H, 1),
         threadgroup=(ATTENTION_BQ, 1, 1),
         output_shapes=[(B, H, Sq, D)],

@@ -71,18 +71,29 @@ def _step_fn(runtime: str, variant: str, model_dir: Path, record: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m apple_track.profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = ArgumentParser(
+        prog="python -m apple_track.profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runtime", choices=[*VARIANTS, "metal"])
     p.add_argument("variant", help="a variant of that runtime (metal: a kernel or 'attention')")
     p.add_argument("--seconds", type=positive_float, default=20.0)
-    p.add_argument("--name", default="export",
-                   help="the export run whose files to use (default export, the main run)")  # fmt: skip
-    p.add_argument("--model-dir", type=nonempty_path, default=None,
-                   help="default .build/apple_track/NAME")  # fmt: skip
-    p.add_argument("--record", type=nonempty_path, default=None,
-                   help="the export record, for the model's shape and seed "
-                   "(default reports/apple_track/NAME.json)")  # fmt: skip
+    p.add_argument(
+        "--name",
+        default="export",
+        help="the export run whose files to use (default export, the main run)",
+    )
+    p.add_argument(
+        "--model-dir", type=nonempty_path, default=None, help="default .build/apple_track/NAME"
+    )
+    p.add_argument(
+        "--record",
+        type=nonempty_path,
+        default=None,
+        help="the export record, for the model's shape and seed "
+        "(default reports/apple_track/NAME.json)",
+    )
     args = p.parse_args(argv)
     allowed = METAL_TARGETS if args.runtime == "metal" else tuple(VARIANTS[args.runtime])
     if args.variant not in allowed:
@@ -95,8 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         step = _step_fn(args.runtime, args.variant, model_dir, record)
         step()  # warm-up (first-call compilation, weight loading); raises where it cannot run
     except ImportError as e:  # the runtime's package is an optional extra
-        print(f"error: {args.runtime}: {e.name or e} is not installed in this environment",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {args.runtime}: {e.name or e} is not installed in this environment",
+            file=sys.stderr,
+        )
         return 2
     except (FileNotFoundError, RuntimeError, ValueError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
@@ -106,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         step()
         n += 1
     dt = time.perf_counter() - t0
-    print(f"{args.runtime} {args.variant}: {n} inferences in {dt:.1f} s, "
-          f"{dt / n * 1e3:.3f} ms each")  # fmt: skip
+    print(
+        f"{args.runtime} {args.variant}: {n} inferences in {dt:.1f} s, {dt / n * 1e3:.3f} ms each"
+    )
     return 0
 
 

@@ -28,8 +28,10 @@ from shared.results import (
 )
 
 # The track's README; in a standalone fork it is the repository's README, at its root.
-README = next((p for p in (REPO_ROOT / "apple_track" / "README.md", REPO_ROOT / "README.md")
-               if p.is_file()), REPO_ROOT / "apple_track" / "README.md")  # fmt: skip
+README = next(
+    (p for p in (REPO_ROOT / "apple_track" / "README.md", REPO_ROOT / "README.md") if p.is_file()),
+    REPO_ROOT / "apple_track" / "README.md",
+)
 MAIN_NAME = "export"  # the record `make apple` writes; other names are extra runs
 DEFAULT_RECORD = REPORTS_DIR / "apple_track" / f"{MAIN_NAME}.json"
 RUNTIME_LABELS = {"coreml": "Core ML", "litert": "LiteRT", "mlx": "MLX"}
@@ -55,34 +57,67 @@ def variant_rows(record: dict) -> list[dict]:
         lat = v.get("latency") or {}
         par = v.get("parity") or {}
         ms = lat.get("median_ms")
-        rows.append({
-            "runtime": RUNTIME_LABELS.get(v["runtime"], v["runtime"]),
-            "variant": v["variant"],
-            "size": _size(v.get("bytes")),
-            "vs_fp32": (v["bytes"] / base_bytes) if v.get("bytes") and base_bytes else None,
-            "ops": v.get("n_ops"),
-            "compressed": v.get("compressed_weight_ops"),
-            "rel_l2": par.get("rel_l2"),
-            "max_abs": par.get("max_abs"),
-            "top1": par.get("top1_agree"),
-            "loss_delta": par.get("loss_delta"),
-            "tol": (v.get("tolerance") or {}).get("rel_l2"),
-            "ok": v.get("within_tolerance") if trained else None,
-            "source": "emulated" if "emulated" in (v.get("parity_source") or "") else "measured",
-            "latency_ms": ms,
-            "speedup": (base_ms / ms) if ms and base_ms else None,
-            "device": v.get("device"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "runtime": RUNTIME_LABELS.get(v["runtime"], v["runtime"]),
+                "variant": v["variant"],
+                "size": _size(v.get("bytes")),
+                "vs_fp32": (v["bytes"] / base_bytes) if v.get("bytes") and base_bytes else None,
+                "ops": v.get("n_ops"),
+                "compressed": v.get("compressed_weight_ops"),
+                "rel_l2": par.get("rel_l2"),
+                "max_abs": par.get("max_abs"),
+                "top1": par.get("top1_agree"),
+                "loss_delta": par.get("loss_delta"),
+                "tol": (v.get("tolerance") or {}).get("rel_l2"),
+                "ok": v.get("within_tolerance") if trained else None,
+                "source": "emulated"
+                if "emulated" in (v.get("parity_source") or "")
+                else "measured",
+                "latency_ms": ms,
+                "speedup": (base_ms / ms) if ms and base_ms else None,
+                "device": v.get("device"),
+            }
+        )
     return rows
 
 
-_COLUMNS = ["runtime", "variant", "size", "vs_fp32", "ops", "compressed", "rel_l2",
-            "max_abs", "top1", "loss_delta", "tol", "ok", "source", "latency_ms", "speedup",
-            "device"]  # fmt: skip
-_HEADERS = ["runtime", "variant", "size", "size / PyTorch fp32", "ops", "compressed weights",
-            "rel. L2 error", "max abs error", "top-1 agree", "loss change (nats)",
-            "tolerance (rel. L2)", "within", "parity", "latency (ms)",
-            "speed-up vs PyTorch eager (x)", "timed on"]  # fmt: skip
+_COLUMNS = [
+    "runtime",
+    "variant",
+    "size",
+    "vs_fp32",
+    "ops",
+    "compressed",
+    "rel_l2",
+    "max_abs",
+    "top1",
+    "loss_delta",
+    "tol",
+    "ok",
+    "source",
+    "latency_ms",
+    "speedup",
+    "device",
+]
+_HEADERS = [
+    "runtime",
+    "variant",
+    "size",
+    "size / PyTorch fp32",
+    "ops",
+    "compressed weights",
+    "rel. L2 error",
+    "max abs error",
+    "top-1 agree",
+    "loss change (nats)",
+    "tolerance (rel. L2)",
+    "within",
+    "parity",
+    "latency (ms)",
+    "speed-up vs PyTorch eager (x)",
+    "timed on",
+]
 
 
 def variants_table(record: dict) -> str:
@@ -148,9 +183,12 @@ def summary_markdown(record: dict, chart_dir: str = "") -> str:
         "",
     ]
     not_run = sorted(
-        {v["prediction"] for v in r["variants"]
-         if str(v.get("prediction", "")).startswith(("skip", "failed"))}
-    )  # fmt: skip
+        {
+            v["prediction"]
+            for v in r["variants"]
+            if str(v.get("prediction", "")).startswith(("skip", "failed"))
+        }
+    )
     for why in not_run:
         lines.append(
             f"- Core ML prediction: {why}. Its parity column is an emulation (the package's own "
@@ -202,7 +240,7 @@ def root_summary_markdown(record: dict) -> str:
             "parity",
             "latency (ms)",
             "speed-up vs PyTorch eager (x)",
-        ],  # fmt: skip
+        ],
     )
     return f"{head}\n\n{table}\n\n![size vs error vs latency](reports/apple_track/tradeoff.png)\n"
 
@@ -222,7 +260,7 @@ def metal_markdown(record: dict) -> str:
             "ms",
             "TFLOP/s",
             "mx.matmul TFLOP/s",
-        ],  # fmt: skip
+        ],
     )
     att = markdown_table(
         metal["attention"],
@@ -235,7 +273,7 @@ def metal_markdown(record: dict) -> str:
             "ms",
             "TFLOP/s",
             "MLX SDPA TFLOP/s",
-        ],  # fmt: skip
+        ],
     )
     return f"Device: {metal.get('device')}\n\n{mm}\n\n{att}\n"
 
@@ -250,10 +288,14 @@ def io_markdown(record: dict) -> str:
         def fmt(items):
             return "; ".join(f"`{i['name']}` {i['dtype']} {tuple(i['shape'])}" for i in items)
 
-        rows.append({
-            "runtime": RUNTIME_LABELS.get(v["runtime"], v["runtime"]), "variant": v["variant"],
-            "inputs": fmt(io["inputs"]), "outputs": fmt(io["outputs"]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "runtime": RUNTIME_LABELS.get(v["runtime"], v["runtime"]),
+                "variant": v["variant"],
+                "inputs": fmt(io["inputs"]),
+                "outputs": fmt(io["outputs"]),
+            }
+        )
     return markdown_table(rows, ["runtime", "variant", "inputs", "outputs"]) if rows else "_none_"
 
 
@@ -303,16 +345,30 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
             continue
         err = max(par["rel_l2"], 1e-8)  # float32 runtimes can be exact: keep them on a log axis
         emulated = "emulated" in (v.get("parity_source") or "")
-        ax.scatter(v["bytes"] / div, err, s=70, color=RUNTIME_COLORS.get(v["runtime"], "0.4"),
-                   marker="s" if emulated else "o", edgecolors="black", linewidths=0.5,
-                   label=RUNTIME_LABELS.get(v["runtime"], v["runtime"])
-                   + (" (error emulated)" if emulated else ""))  # fmt: skip
+        ax.scatter(
+            v["bytes"] / div,
+            err,
+            s=70,
+            color=RUNTIME_COLORS.get(v["runtime"], "0.4"),
+            marker="s" if emulated else "o",
+            edgecolors="black",
+            linewidths=0.5,
+            label=RUNTIME_LABELS.get(v["runtime"], v["runtime"])
+            + (" (error emulated)" if emulated else ""),
+        )
         dx, dy = offsets.get(v["runtime"], (6, 4))
-        ax.annotate(v["variant"], (v["bytes"] / div, err), textcoords="offset points",
-                    xytext=(dx, dy), fontsize=7, ha="right" if dx < 0 else "left")  # fmt: skip
+        ax.annotate(
+            v["variant"],
+            (v["bytes"] / div, err),
+            textcoords="offset points",
+            xytext=(dx, dy),
+            fontsize=7,
+            ha="right" if dx < 0 else "left",
+        )
     if base.get("bytes"):
-        ax.axvline(base["bytes"] / div, color="#C44E52", ls="--", lw=1.2,
-                   label="PyTorch fp32 state dict")  # fmt: skip
+        ax.axvline(
+            base["bytes"] / div, color="#C44E52", ls="--", lw=1.2, label="PyTorch fp32 state dict"
+        )
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), loc="center left", fontsize=8)
@@ -325,8 +381,11 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
 
     timed = [v for v in variants if (v.get("latency") or {}).get("median_ms")]
     names = [f"{RUNTIME_LABELS.get(v['runtime'], v['runtime'])} {v['variant']}" for v in timed]
-    ax2.barh(range(len(timed)), [v["latency"]["median_ms"] for v in timed],
-             color=[RUNTIME_COLORS.get(v["runtime"], "0.4") for v in timed])  # fmt: skip
+    ax2.barh(
+        range(len(timed)),
+        [v["latency"]["median_ms"] for v in timed],
+        color=[RUNTIME_COLORS.get(v["runtime"], "0.4") for v in timed],
+    )
     ax2.set_yticks(range(len(timed)), names, fontsize=8)
     ax2.invert_yaxis()
     base_ms = (base.get("latency") or {}).get("median_ms")
@@ -339,8 +398,9 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
         ax2.set_xscale("log")
     else:
         ax2.set_xlim(left=0)
-    ax2.set_xlabel(f"latency per forward, ms (median{', log' if log else ''}; "
-                   "device: see the table)")  # fmt: skip
+    ax2.set_xlabel(
+        f"latency per forward, ms (median{', log' if log else ''}; device: see the table)"
+    )
     ax2.set_title("latency (variants without a runtime here are absent)", fontsize=10)
     ax2.grid(alpha=0.3, axis="x", which="both")
     m = record["results"]["model"]
@@ -377,8 +437,11 @@ def render_readme(record: dict | None, chart_dir: str, others: list[dict] = ()) 
     more = []
     for other in others:
         m = other["results"]["model"]
-        more += [f"#### Run `{other['name']}`: preset `{m['preset']}`, seq {m['seq_len']}", "",
-                 summary_markdown(other, chart_dir)]  # fmt: skip
+        more += [
+            f"#### Run `{other['name']}`: preset `{m['preset']}`, seq {m['seq_len']}",
+            "",
+            summary_markdown(other, chart_dir),
+        ]
     other_runs = "\n".join(more) if more else "_None recorded._\n"
     return (
         README_TEMPLATE.format(
@@ -432,14 +495,19 @@ def console_summary(record_path: str | os.PathLike) -> str:
         ok = {True: "yes", False: "NO", None: "n/a"}[r["ok"]]
         lat = f"{r['latency_ms']:.3f}" if r["latency_ms"] else "n/a"
         rel = f"{r['rel_l2']:.2e}" if r["rel_l2"] is not None else "n/a"
-        lines.append(f"{r['runtime']:<8} {r['variant']:<10} {r['size'] or 'n/a':>10}  {rel:>9}"
-                     f"  {ok:>6}  {lat:>10}  ({r['source']})")  # fmt: skip
+        lines.append(
+            f"{r['runtime']:<8} {r['variant']:<10} {r['size'] or 'n/a':>10}  {rel:>9}"
+            f"  {ok:>6}  {lat:>10}  ({r['source']})"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(prog="python -m apple_track.report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = ArgumentParser(
+        prog="python -m apple_track.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--record", type=nonempty_path, default=DEFAULT_RECORD)
     p.add_argument("--no-readme", action="store_true")
     args = p.parse_args(argv)

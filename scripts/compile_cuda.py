@@ -85,8 +85,17 @@ def _rel(path: Path, root: Path) -> str:
 def compile_one(path: Path, nvcc: str, arch: str, workdir: Path, root: Path = ROOT) -> Compiled:
     rel = _rel(path, root)
     obj = workdir / (rel.replace("/", "__") + ".o")
-    cmd = [nvcc, *FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}",
-           f"-I{_csrc_of(path)}", f"-I{path.parent}", "-c", str(path), "-o", str(obj)]  # fmt: skip
+    cmd = [
+        nvcc,
+        *FLAGS,
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        f"-I{_csrc_of(path)}",
+        f"-I{path.parent}",
+        "-c",
+        str(path),
+        "-o",
+        str(obj),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     seconds = round(time.perf_counter() - t0, 2)
@@ -101,9 +110,13 @@ def compile_one(path: Path, nvcc: str, arch: str, workdir: Path, root: Path = RO
 
 
 def compile_all(
-    files: list[Path], nvcc: str, *, arch: str = DEFAULT_ARCH, jobs: int | None = None,
+    files: list[Path],
+    nvcc: str,
+    *,
+    arch: str = DEFAULT_ARCH,
+    jobs: int | None = None,
     root: Path = ROOT,
-) -> list[Compiled]:  # fmt: skip
+) -> list[Compiled]:
     """Compile `files` in parallel (`jobs` nvcc processes); one Compiled each, in order."""
     jobs = jobs or os.cpu_count() or 2
     with tempfile.TemporaryDirectory(prefix="compile-cuda-") as tmp, ThreadPoolExecutor(jobs) as ex:
@@ -122,21 +135,40 @@ def _positive_int(text: str) -> int:
 
 def _arch(text: str) -> str:
     if not re.fullmatch(r"[0-9]+[a-z]?", text):
-        raise argparse.ArgumentTypeError(f"expected an SM architecture like 90a or 80, got {text!r}")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"expected an SM architecture like 90a or 80, got {text!r}"
+        )
     return text
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="compile_cuda.py", description=__doc__.split("\n\n")[0],
+        prog="compile_cuda.py",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    p.add_argument("files", nargs="*", type=Path, help=".cu files (default: every <project>/csrc/**/*.cu)")  # fmt: skip
-    p.add_argument("--arch", type=_arch, default=DEFAULT_ARCH, help="SM architecture (default: 90a)")  # fmt: skip
-    p.add_argument("--jobs", type=_positive_int, default=None, help="parallel nvcc processes (default: one a core)")  # fmt: skip
-    p.add_argument("--nvcc", default=None, help="the nvcc to use (default: CUDA_HOME's, the PATH's, /usr/local/cuda's)")  # fmt: skip
-    p.add_argument("--strict", action="store_true",
-                   help="fail when nvcc is missing or there is nothing to compile (CI)")  # fmt: skip
+    )
+    p.add_argument(
+        "files", nargs="*", type=Path, help=".cu files (default: every <project>/csrc/**/*.cu)"
+    )
+    p.add_argument(
+        "--arch", type=_arch, default=DEFAULT_ARCH, help="SM architecture (default: 90a)"
+    )
+    p.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="parallel nvcc processes (default: one a core)",
+    )
+    p.add_argument(
+        "--nvcc",
+        default=None,
+        help="the nvcc to use (default: CUDA_HOME's, the PATH's, /usr/local/cuda's)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail when nvcc is missing or there is nothing to compile (CI)",
+    )
     args = p.parse_args(argv)
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing:
@@ -144,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
 
     nvcc = args.nvcc or find_nvcc()
     if nvcc is None or not (Path(nvcc).is_file() or shutil.which(nvcc)):
-        print("cuda compile skipped: nvcc was not found (install the CUDA toolkit, or set "
-              "CUDA_HOME to it).")  # fmt: skip
+        print(
+            "cuda compile skipped: nvcc was not found (install the CUDA toolkit, or set "
+            "CUDA_HOME to it)."
+        )
         return 2 if args.strict else 0
     files = [f.resolve() for f in args.files] or sources()
     if not files:
@@ -159,8 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         for e in r.errors:
             print(f"     {e}")
     failed = [r for r in results if not r.ok]
-    print(f"{len(results)} CUDA source(s) compiled for sm_{args.arch} in "
-          f"{time.perf_counter() - t0:.1f} s; {len(failed)} failed")  # fmt: skip
+    print(
+        f"{len(results)} CUDA source(s) compiled for sm_{args.arch} in "
+        f"{time.perf_counter() - t0:.1f} s; {len(failed)} failed"
+    )
     return 1 if failed else 0
 
 

@@ -109,13 +109,19 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
     # project01: CUDA kernels
     if gpu:
         steps += [
-            Step("project01", "GPU tests of the kernels",
-                 _py("-m", "pytest", "-m", "gpu", "-q", "tests/project01_cuda_kernel"),
-                 module="project01_cuda_kernel.gemm"),
-            Step("project01", "benchmark, profile and report",
-                 _py("-m", "project01_cuda_kernel", "all", "--reports-dir", out, "--no-readme"),
-                 module="project01_cuda_kernel.bench"),
-        ]  # fmt: skip
+            Step(
+                "project01",
+                "GPU tests of the kernels",
+                _py("-m", "pytest", "-m", "gpu", "-q", "tests/project01_cuda_kernel"),
+                module="project01_cuda_kernel.gemm",
+            ),
+            Step(
+                "project01",
+                "benchmark, profile and report",
+                _py("-m", "project01_cuda_kernel", "all", "--reports-dir", out, "--no-readme"),
+                module="project01_cuda_kernel.bench",
+            ),
+        ]
     else:
         steps.append(
             Step(
@@ -124,7 +130,7 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
                 _py("-m", "project01_cuda_kernel", "compile-check", "--reports-dir", out),
                 skip_reason=None if hw.nvcc else "nvcc not found (install the CUDA toolkit)",
                 module="project01_cuda_kernel.compile_check",
-            )  # fmt: skip
+            )
         )
         steps.append(Step("project01", "kernels, benchmarks and ncu profile", skip_reason=no_gpu))
 
@@ -135,38 +141,65 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
     where = f"{hw.gpus} GPU(s)" if gpu else "CPU, 2 gloo processes"
     ds_missing = importlib.util.find_spec("deepspeed") is None
     steps += [
-        Step("project02", f"strong scaling ({where})", argv,
-             module="project02_fsdp_scaling.scaling"),
-        Step("project02", "FSDP2 vs DeepSpeed ZeRO-3, same model and data",
-             _py("-m", "project02_fsdp_scaling", "compare", "--reports-dir", out),
-             module="project02_fsdp_scaling.compare",
-             skip_reason="deepspeed is not installed (pip install -e '.[deepspeed]')"
-             if ds_missing else (None if hw.gpus != 1 else "needs 2 GPUs (or none: CPU)")),
-        Step("project02", "report: charts and Markdown",
-             _py("-m", "project02_fsdp_scaling", "report", "--reports-dir", out, "--no-readme"),
-             module="project02_fsdp_scaling.report"),
-    ]  # fmt: skip
+        Step(
+            "project02", f"strong scaling ({where})", argv, module="project02_fsdp_scaling.scaling"
+        ),
+        Step(
+            "project02",
+            "FSDP2 vs DeepSpeed ZeRO-3, same model and data",
+            _py("-m", "project02_fsdp_scaling", "compare", "--reports-dir", out),
+            module="project02_fsdp_scaling.compare",
+            skip_reason="deepspeed is not installed (pip install -e '.[deepspeed]')"
+            if ds_missing
+            else (None if hw.gpus != 1 else "needs 2 GPUs (or none: CPU)"),
+        ),
+        Step(
+            "project02",
+            "report: charts and Markdown",
+            _py("-m", "project02_fsdp_scaling", "report", "--reports-dir", out, "--no-readme"),
+            module="project02_fsdp_scaling.report",
+        ),
+    ]
 
     # project03: fault tolerance, HPO, cost, data loading
     ray_missing = importlib.util.find_spec("ray") is None
     steps += [
-        Step("project03", "reference run, then the same run under injected faults",
-             _py("-m", "project03_capstone_infra.chaos", "--reports-dir", out),
-             module="project03_capstone_infra.chaos"),
-        Step("project03", "Ray Tune HPO with ASHA vs random search",
-             _py("-m", "project03_capstone_infra.tune", "--reports-dir", out),
-             module="project03_capstone_infra.tune",
-             skip_reason="Ray Tune is not installed (pip install -e '.[ray]')"
-             if ray_missing else None),
-        Step("project03", "cost plan: on-demand vs spot, fp32 vs bf16, checkpoint interval",
-             # throughput and checkpoint costs measured on GPUs: read from the published reports
-             _py("-m", "project03_capstone_infra.cost", "--reports-dir", out,
-                 "--measurements-dir", "reports"),
-             module="project03_capstone_infra.cost"),
-        Step("project03", "data loading throughput: stream vs DataLoader vs DALI",
-             _py("-m", "project03_capstone_infra.data_pipeline", "--reports-dir", out),
-             module="project03_capstone_infra.data_pipeline"),
-    ]  # fmt: skip
+        Step(
+            "project03",
+            "reference run, then the same run under injected faults",
+            _py("-m", "project03_capstone_infra.chaos", "--reports-dir", out),
+            module="project03_capstone_infra.chaos",
+        ),
+        Step(
+            "project03",
+            "Ray Tune HPO with ASHA vs random search",
+            _py("-m", "project03_capstone_infra.tune", "--reports-dir", out),
+            module="project03_capstone_infra.tune",
+            skip_reason="Ray Tune is not installed (pip install -e '.[ray]')"
+            if ray_missing
+            else None,
+        ),
+        Step(
+            "project03",
+            "cost plan: on-demand vs spot, fp32 vs bf16, checkpoint interval",
+            # throughput and checkpoint costs measured on GPUs: read from the published reports
+            _py(
+                "-m",
+                "project03_capstone_infra.cost",
+                "--reports-dir",
+                out,
+                "--measurements-dir",
+                "reports",
+            ),
+            module="project03_capstone_infra.cost",
+        ),
+        Step(
+            "project03",
+            "data loading throughput: stream vs DataLoader vs DALI",
+            _py("-m", "project03_capstone_infra.data_pipeline", "--reports-dir", out),
+            module="project03_capstone_infra.data_pipeline",
+        ),
+    ]
     if gpu:
         steps.append(
             Step(
@@ -181,27 +214,36 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
                     f"{out}/project03_capstone_infra",
                 ),
                 module="project03_capstone_infra.bench_checkpoint",
-            )  # fmt: skip
+            )
         )
 
     # project04: the inference engine's GPU tests and benchmarks (its Makefile target's steps)
     if gpu:
         steps.append(
-            Step("project04", "GPU tests of the engine and kernels",
-                 _py("-m", "pytest", "-m", "gpu", "-q", "tests/project04_llm_inference"),
-                 module="project04_llm_inference.engine")
-        )  # fmt: skip
+            Step(
+                "project04",
+                "GPU tests of the engine and kernels",
+                _py("-m", "pytest", "-m", "gpu", "-q", "tests/project04_llm_inference"),
+                module="project04_llm_inference.engine",
+            )
+        )
         steps += [
-            Step("project04", f"benchmark: {b}",
-                 _py("-m", "project04_llm_inference", b, "--reports-dir", out),
-                 module="project04_llm_inference.bench")
+            Step(
+                "project04",
+                f"benchmark: {b}",
+                _py("-m", "project04_llm_inference", b, "--reports-dir", out),
+                module="project04_llm_inference.bench",
+            )
             for b in P04_BENCHES
-        ]  # fmt: skip
+        ]
         steps.append(
-            Step("project04", "report: tables and charts",
-                 _py("-m", "project04_llm_inference", "report", "--reports-dir", out),
-                 module="project04_llm_inference.report")
-        )  # fmt: skip
+            Step(
+                "project04",
+                "report: tables and charts",
+                _py("-m", "project04_llm_inference", "report", "--reports-dir", out),
+                module="project04_llm_inference.report",
+            )
+        )
     else:
         steps.append(
             Step("project04", "engine benchmarks against the baselines", skip_reason=no_gpu)
@@ -209,11 +251,20 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
 
     # apple_track: its own environment (litert-torch pins its own torch)
     steps.append(
-        Step("apple", "Core ML / LiteRT export, MLX port, Metal kernels where available (own venv: .venv-apple)",
-             ["make", "--no-print-directory", "-f", "apple_track/Makefile", "report",
-              f"REPORT_ARGS=--reports-dir {shlex.quote(out)} --no-readme"],
-             module="apple_track.export")
-    )  # fmt: skip
+        Step(
+            "apple",
+            "Core ML / LiteRT export, MLX port, Metal kernels where available (own venv: .venv-apple)",
+            [
+                "make",
+                "--no-print-directory",
+                "-f",
+                "apple_track/Makefile",
+                "report",
+                f"REPORT_ARGS=--reports-dir {shlex.quote(out)} --no-readme",
+            ],
+            module="apple_track.export",
+        )
+    )
     return [s for s in steps if s.project in PROJECTS]
 
 
@@ -263,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--list", action="store_true", help="print the plan for this machine; run nothing"
     )
-    p.add_argument("--run-dir", default=None,
-                   help="where the run's results go (default runs/<UTC time>/)")  # fmt: skip
+    p.add_argument(
+        "--run-dir", default=None, help="where the run's results go (default runs/<UTC time>/)"
+    )
     args = p.parse_args(argv)
     if args.run_dir is not None and not args.run_dir.strip():
         p.error("--run-dir: expected a folder, got an empty path")

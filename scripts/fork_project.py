@@ -40,8 +40,13 @@ from pathlib import Path
 from scripts.gpu_smoke import uses_mark
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECTS = ("project01_cuda_kernel", "project02_fsdp_scaling", "project03_capstone_infra",
-            "project04_llm_inference", "apple_track")  # fmt: skip
+PROJECTS = (
+    "project01_cuda_kernel",
+    "project02_fsdp_scaling",
+    "project03_capstone_infra",
+    "project04_llm_inference",
+    "apple_track",
+)
 # Each project's own targets of the Makefile (the rest are common to every fork).
 MAKE_TARGETS = {
     "project01_cuda_kernel": ("project01",),
@@ -50,8 +55,18 @@ MAKE_TARGETS = {
     "project04_llm_inference": ("project04",),
     "apple_track": ("apple-tier", "apple", "apple-test"),
 }
-COMMON_TARGETS = ("help", "setup", "$(STAMP)", "test", "gpu-test", "demo", "publish", "lint",
-                  "format", "clean")  # fmt: skip
+COMMON_TARGETS = (
+    "help",
+    "setup",
+    "$(STAMP)",
+    "test",
+    "gpu-test",
+    "demo",
+    "publish",
+    "lint",
+    "format",
+    "clean",
+)
 SCRIPTS = ("__init__.py", "demo.py", "publish.py", "refresh_readme.py")
 TOP_FILES = (".gitignore", "LICENSE", ".ci/run", ".github/actionlint.yaml")
 # The workflows of the monorepo a fork's own are made from, and the jobs of ci.yml that only
@@ -216,13 +231,23 @@ def select(tree: Path, project: str) -> Selection:
     own = _files_under(tree, project) + _files_under(tree, f"tests/{project}")
     csrc = tree / project / "csrc"
     sel.cuda_sources = csrc.is_dir() and any(csrc.rglob("*.cu"))
-    sel.smoke_tests = any(uses_mark(tree / f, "smoke") for f in own if f.startswith("tests/")
-                          and posixpath.basename(f).startswith("test_") and f.endswith(".py"))  # fmt: skip
+    sel.smoke_tests = any(
+        uses_mark(tree / f, "smoke")
+        for f in own
+        if f.startswith("tests/")
+        and posixpath.basename(f).startswith("test_")
+        and f.endswith(".py")
+    )
     # the scripts its workflows run: the compile-only CUDA job, the GPU smoke tier
-    ci_scripts = [n for needed, n in ((sel.cuda_sources, "compile_cuda.py"),
-                                      (sel.smoke_tests, "gpu_smoke.py")) if needed]  # fmt: skip
+    ci_scripts = [
+        n
+        for needed, n in ((sel.cuda_sources, "compile_cuda.py"), (sel.smoke_tests, "gpu_smoke.py"))
+        if needed
+    ]
     scripts = [f"scripts/{n}" for n in (*SCRIPTS, *ci_scripts) if (tree / "scripts" / n).is_file()]
-    tests_top = [f"tests/{n}" for n in ("__init__.py", "conftest.py") if (tree / "tests" / n).is_file()]  # fmt: skip
+    tests_top = [
+        f"tests/{n}" for n in ("__init__.py", "conftest.py") if (tree / "tests" / n).is_file()
+    ]
     seeds = [tree / f for f in own + scripts + tests_top if f.endswith(".py")]
     internal = internal_closure(tree, seeds, {"shared", "tests"})
     shared = {p for p in internal if p.relative_to(tree).parts[0] == "shared"}
@@ -241,12 +266,17 @@ def select(tree: Path, project: str) -> Selection:
             continue  # a test of shared that reaches into another project stays behind
         needs = internal_closure(tree, [test], {"shared", "tests"})
         rel_needs = {p.relative_to(tree).as_posix() for p in needs}
-        helpers = [h for h in folder.glob("_*.py") if h.name != "__init__.py"
-                   and h.stem in test.read_text()]  # fmt: skip
+        helpers = [
+            h
+            for h in folder.glob("_*.py")
+            if h.name != "__init__.py" and h.stem in test.read_text()
+        ]
         for h in helpers:  # files a test starts by path (workers), with their imports
             rel_needs.add(h.relative_to(tree).as_posix())
-            rel_needs |= {p.relative_to(tree).as_posix()
-                          for p in internal_closure(tree, [h], {"shared", "tests"})}  # fmt: skip
+            rel_needs |= {
+                p.relative_to(tree).as_posix()
+                for p in internal_closure(tree, [h], {"shared", "tests"})
+            }
         rel_needs.discard("tests/shared/__init__.py")
         rel_needs.discard("tests/__init__.py")
         if all(n in carried or n.startswith("tests/shared/") for n in rel_needs) and not any(
@@ -323,7 +353,9 @@ def _readme_for(sel: Selection, tree: Path, locate) -> str:
     src = tree / sel.readme
     body = src.read_text() if src.is_file() else f"# {sel.project}\n"
     body = rewrite_links(body, sel.readme, "README.md", locate)
-    shared = ", ".join(f"`{Path(m).stem}`" for m in sel.shared_modules if not m.endswith("__init__.py"))  # fmt: skip
+    shared = ", ".join(
+        f"`{Path(m).stem}`" for m in sel.shared_modules if not m.endswith("__init__.py")
+    )
     return (
         f"{body.rstrip()}\n\n{FORK_SECTION_MARKER}\n\n---\n\n## Running this repository\n\n"
         "```bash\nmake test   # creates .venv, installs, runs the CPU test tier\n"
@@ -379,12 +411,17 @@ def _pyproject_for(sel: Selection, tree: Path, imports: set[str], builds_cuda: b
     for header, body in _sections(text):
         if header == "[project]":
             body = re.sub(r'(?m)^name = ".*"$', f'name = "{sel.project.replace("_", "-")}"', body)
-            body = re.sub(r'(?m)^description = ".*"$', lambda _: f'description = "{description}"', body)  # fmt: skip
+            body = re.sub(
+                r'(?m)^description = ".*"$', lambda _: f'description = "{description}"', body
+            )
 
             def deps(m: re.Match) -> str:
-                lines = [ln for ln in m.group(2).splitlines(keepends=True)
-                         if not re.search(r'"([^"]+)"', ln)
-                         or _keep(re.search(r'"([^"]+)"', ln).group(1), imports, builds_cuda)]  # fmt: skip
+                lines = [
+                    ln
+                    for ln in m.group(2).splitlines(keepends=True)
+                    if not re.search(r'"([^"]+)"', ln)
+                    or _keep(re.search(r'"([^"]+)"', ln).group(1), imports, builds_cuda)
+                ]
                 return m.group(1) + "".join(lines) + m.group(3)
 
             body = re.sub(r"(?ms)^(dependencies = \[\n)(.*?)(^\])", deps, body)
@@ -431,8 +468,11 @@ def make_rule(text: str, target: str) -> str:
     """The rule of `target` in a Makefile with its recipe and the comments and variables just
     above it (and a paragraph of variables above those that the recipe uses)."""
     lines = text.splitlines()
-    starts = [i for i, ln in enumerate(lines)
-              if ln.startswith(f"{target}:") and not ln.startswith(f"{target}:=")]  # fmt: skip
+    starts = [
+        i
+        for i, ln in enumerate(lines)
+        if ln.startswith(f"{target}:") and not ln.startswith(f"{target}:=")
+    ]
     if not starts:
         raise ForkError(f"the Makefile has no target {target!r}")
     i = starts[0]
@@ -447,8 +487,9 @@ def make_rule(text: str, target: str) -> str:
         while p > 0 and lines[p - 1] != "":
             p -= 1
         para = lines[p : k - 1]
-        names = [_ASSIGN.match(ln).group(0).split()[0].rstrip("?:+=") for ln in para
-                 if _ASSIGN.match(ln)]  # fmt: skip
+        names = [
+            _ASSIGN.match(ln).group(0).split()[0].rstrip("?:+=") for ln in para if _ASSIGN.match(ln)
+        ]
         body = "\n".join(lines[i:j])
         if (
             para
@@ -480,14 +521,24 @@ def _makefile_for(sel: Selection, tree: Path, extras: list[str]) -> str:
     text = (tree / "Makefile").read_text()
     head = text[: text.index(".PHONY:")]
     head = re.sub(r"\A(#.*\n)+", "", head).lstrip("\n")
-    head = re.sub(r"(?m)^OPTIONAL_EXTRAS \?=.*$", f"OPTIONAL_EXTRAS ?= {' '.join(extras)}".rstrip(), head)  # fmt: skip
+    head = re.sub(
+        r"(?m)^OPTIONAL_EXTRAS \?=.*$", f"OPTIONAL_EXTRAS ?= {' '.join(extras)}".rstrip(), head
+    )
     apple = sel.project == "apple_track"
     if not apple:
         head = re.sub(r"(?m)^APPLE_TESTS \?=.*\n", "", head)
-    ci = [t for needed, t in ((sel.smoke_tests, "gpu-smoke"), (sel.cuda_sources, "cuda-compile"))
-          if needed]  # fmt: skip
-    targets = [*COMMON_TARGETS[:5], *ci, *COMMON_TARGETS[5:7], *MAKE_TARGETS[sel.project],
-               *COMMON_TARGETS[7:]]  # fmt: skip
+    ci = [
+        t
+        for needed, t in ((sel.smoke_tests, "gpu-smoke"), (sel.cuda_sources, "cuda-compile"))
+        if needed
+    ]
+    targets = [
+        *COMMON_TARGETS[:5],
+        *ci,
+        *COMMON_TARGETS[5:7],
+        *MAKE_TARGETS[sel.project],
+        *COMMON_TARGETS[7:],
+    ]
     rules = []
     for t in list(targets):
         try:
@@ -562,8 +613,10 @@ def committed_tree(root: Path, into: Path, rev: str = "HEAD") -> None:
         raise ForkError("git is not installed: the fork is taken from the committed tree")
     r = subprocess.run(["git", "archive", "--format=tar", rev], cwd=root, capture_output=True)
     if r.returncode != 0:
-        raise ForkError(f"cannot read the committed tree of {root} ({rev}): "
-                        f"{r.stderr.decode(errors='replace').strip()}")  # fmt: skip
+        raise ForkError(
+            f"cannot read the committed tree of {root} ({rev}): "
+            f"{r.stderr.decode(errors='replace').strip()}"
+        )
     with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tar:
         if hasattr(tarfile, "data_filter"):
             tar.extractall(into, filter="data")
@@ -590,7 +643,9 @@ class Fork:
     note: str = ""
 
 
-def fork(project: str, dest: Path, *, git: bool = True, root: Path = ROOT, rev: str = "HEAD") -> Fork:  # fmt: skip
+def fork(
+    project: str, dest: Path, *, git: bool = True, root: Path = ROOT, rev: str = "HEAD"
+) -> Fork:
     if project not in PROJECTS:
         raise ForkError(f"unknown project {project!r}; expected one of {', '.join(PROJECTS)}")
     dest = Path(dest).expanduser().resolve()
@@ -606,8 +661,10 @@ def fork(project: str, dest: Path, *, git: bool = True, root: Path = ROOT, rev: 
             raise ForkError(f"{project} is not in the committed tree ({rev}) of {root}")
         problems = cross_project_imports(project, tree)
         if problems:
-            raise ForkError("the project imports another project, so it cannot stand alone:\n  "
-                            + "\n  ".join(problems))  # fmt: skip
+            raise ForkError(
+                "the project imports another project, so it cannot stand alone:\n  "
+                + "\n  ".join(problems)
+            )
         sel = select(tree, project)
         carried = set(sel.files) | {"README.md", "Makefile", "pyproject.toml"}
         dirs = {posixpath.dirname(f) for f in carried}
@@ -652,8 +709,16 @@ def fork(project: str, dest: Path, *, git: bool = True, root: Path = ROOT, rev: 
             )
         else:
             name, email = ident
-            _git("-c", f"user.name={name}", "-c", f"user.email={email}", "commit", "-qm",
-                 f"{project}: standalone fork", cwd=dest)  # fmt: skip
+            _git(
+                "-c",
+                f"user.name={name}",
+                "-c",
+                f"user.email={email}",
+                "commit",
+                "-qm",
+                f"{project}: standalone fork",
+                cwd=dest,
+            )
             result.committed = True
             result.note = f"committed as {name} <{email}>"
     return result
@@ -669,8 +734,9 @@ def _parents(path: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("project", help=f"one of: {', '.join(PROJECTS)}")
     p.add_argument("dest", type=Path, help="a new (or empty) directory outside this repository")
     p.add_argument("--no-git", action="store_true", help="do not make the fork a git repository")
@@ -682,8 +748,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sel = result.selection
     shared = [Path(m).stem for m in sel.shared_modules if not m.endswith("__init__.py")]
-    print(f"wrote {result.dest} from the committed tree: {sel.project}, its tests, shared "
-          f"({', '.join(shared) or 'none'}), {len(sel.shared_tests)} shared test file(s)")  # fmt: skip
+    print(
+        f"wrote {result.dest} from the committed tree: {sel.project}, its tests, shared "
+        f"({', '.join(shared) or 'none'}), {len(sel.shared_tests)} shared test file(s)"
+    )
     workflows = sorted(p.name for p in (result.dest / ".github" / "workflows").glob("*.yml"))
     if workflows:
         print(f"its CI: .github/workflows/ ({', '.join(workflows)}); push it to GitHub to run them")

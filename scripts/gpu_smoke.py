@@ -51,6 +51,7 @@ EXTENSIONS: tuple[tuple[str, str], ...] = (
     ("project04_llm_inference.kernels.prefill", "_ext"),
     ("project04_llm_inference.kernels.rope_cache", "_ext"),
     ("project04_llm_inference.kernels.norm_act", "_ext"),
+    ("project04_llm_inference.kernels.gemv", "_ext"),
 )
 _BUILD = "import importlib, sys; getattr(importlib.import_module(sys.argv[1]), sys.argv[2])()"
 
@@ -135,8 +136,13 @@ def build_extensions(exts: list[tuple[str, str]], out_dir: Path, log=print) -> l
     def one(ext: tuple[str, str]) -> Build:
         module, loader = ext
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-c", _BUILD, module, loader], cwd=ROOT, env=env,
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", _BUILD, module, loader],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         b = Build(module, proc.returncode == 0, round(time.perf_counter() - t0, 1))
         if not b.ok:
             path = out_dir / f"build-{module}.log"
@@ -204,7 +210,7 @@ def _minutes(s: float) -> str:
     return f"{int(s // 60)} min" + (f" {s % 60:.0f} s" if round(s % 60) else "")
 
 
-def run(out_dir: Path, *, require_gpu: bool = False, pytest_args: list[str] = (), log=print) -> int:  # fmt: skip
+def run(out_dir: Path, *, require_gpu: bool = False, pytest_args: list[str] = (), log=print) -> int:
     from shared.results import atomic_write_json, environment
 
     out_dir = out_dir if out_dir.is_absolute() else ROOT / out_dir
@@ -239,15 +245,30 @@ def run(out_dir: Path, *, require_gpu: bool = False, pytest_args: list[str] = ()
         return finish("build failed", 1)
 
     junit = out_dir / "junit.xml"
-    cmd = [sys.executable, "-m", "pytest", "-m", MARKER, "-rs", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", "-o", "junit_family=xunit2", *smoke_test_dirs(), *pytest_args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        MARKER,
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit2",
+        *smoke_test_dirs(),
+        *pytest_args,
+    ]
     log("$ " + shlex.join(["python", *cmd[1:]]))
     t1 = time.perf_counter()
     rc = subprocess.run(cmd, cwd=ROOT).returncode
     test_s = time.perf_counter() - t1
     outcomes = read_junit(junit) if junit.is_file() else []
     summary["tests"] = [asdict(o) for o in outcomes]
-    counts = {k: sum(o.outcome == k for o in outcomes) for k in ("passed", "failed", "error", "skipped")}  # fmt: skip
+    counts = {
+        k: sum(o.outcome == k for o in outcomes) for k in ("passed", "failed", "error", "skipped")
+    }
     summary["counts"] = counts
     total = time.perf_counter() - t0
     summary["build_seconds"], summary["test_seconds"] = round(build_s, 1), round(test_s, 1)
@@ -258,11 +279,15 @@ def run(out_dir: Path, *, require_gpu: bool = False, pytest_args: list[str] = ()
             log(line)
     ran = counts["passed"] + counts["failed"] + counts["error"]
     verdict = ("met" if total <= BUDGET_S else "missed") if ran else "not measured (no test ran)"
-    log(f"gpu smoke: {counts['passed']} passed, {counts['failed'] + counts['error']} failed, "
+    log(
+        f"gpu smoke: {counts['passed']} passed, {counts['failed'] + counts['error']} failed, "
         f"{counts['skipped']} skipped in {_minutes(total)} (builds {_minutes(build_s)}, tests "
-        f"{_minutes(test_s)}); the {_minutes(BUDGET_S)} budget: {verdict}")  # fmt: skip
+        f"{_minutes(test_s)}); the {_minutes(BUDGET_S)} budget: {verdict}"
+    )
     if rc == 5 or (rc == 0 and not outcomes):
-        log(f'gpu smoke: no test selected: nothing here is marked both gpu and smoke (-m "{MARKER}")')  # fmt: skip
+        log(
+            f'gpu smoke: no test selected: nothing here is marked both gpu and smoke (-m "{MARKER}")'
+        )
         return finish("no tests", 1)
     failed = counts["failed"] + counts["error"]
     if rc != 0 or failed:
@@ -278,16 +303,30 @@ def main(argv: list[str] | None = None) -> int:
     from shared.cli import ArgumentParser, nonempty_path, writable_dir
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    own, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])  # fmt: skip
-    p = ArgumentParser(prog="python -m scripts.gpu_smoke", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--out-dir", type=nonempty_path, default=OUT_DIR,
-                   help="where junit.xml and summary.json go (default: runs/gpu-smoke)")  # fmt: skip
-    p.add_argument("--require-gpu", action="store_true",
-                   help="fail (exit 2) where no CUDA GPU can run the kernels, instead of skipping")  # fmt: skip
+    own, pytest_args = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    p = ArgumentParser(
+        prog="python -m scripts.gpu_smoke",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out-dir",
+        type=nonempty_path,
+        default=OUT_DIR,
+        help="where junit.xml and summary.json go (default: runs/gpu-smoke)",
+    )
+    p.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="fail (exit 2) where no CUDA GPU can run the kernels, instead of skipping",
+    )
     args = p.parse_args(own)
     try:
-        writable_dir("--out-dir", args.out_dir if args.out_dir.is_absolute() else ROOT / args.out_dir)  # fmt: skip
+        writable_dir(
+            "--out-dir", args.out_dir if args.out_dir.is_absolute() else ROOT / args.out_dir
+        )
     except ValueError as e:
         p.error(str(e))
     return run(args.out_dir, require_gpu=args.require_gpu, pytest_args=pytest_args)

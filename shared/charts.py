@@ -39,8 +39,18 @@ from matplotlib.ticker import (  # noqa: E402
 )
 
 _DPI = 130
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-          "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 # 7 markers against 10 colours: (colour, marker) pairs repeat only after 70 series.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 BASELINE_COLOR = "#C44E52"
@@ -64,8 +74,9 @@ def footer(env: dict, context: str | None = None) -> str:
     return f"{context}; {line}" if context else line
 
 
-def projection_footer(subject: str, sources: Sequence[str], *, date: str | None = None,
-                      context: str | None = None) -> str:  # fmt: skip
+def projection_footer(
+    subject: str, sources: Sequence[str], *, date: str | None = None, context: str | None = None
+) -> str:
     """The footer of a projection: what it is about (e.g. '8x h200-sxm') and the records it is
     projected from, so it is never read as measured on the machine that drew it."""
     src = ", ".join(dict.fromkeys(s for s in sources if s)) or "assumptions only"
@@ -176,15 +187,31 @@ def y_axis_from_zero(ax, ys: Sequence[float], *, headroom: float = 0.05) -> None
     ax.set_ylim(0, top * (1 + headroom) if top > 0 else 1.0)
 
 
-def hline(ax, y: float, label: str, *, color: str = "0.25", ls: str = "--", lw: float = 1.3,
-          text: bool = True) -> None:  # fmt: skip
+def hline(
+    ax,
+    y: float,
+    label: str,
+    *,
+    color: str = "0.25",
+    ls: str = "--",
+    lw: float = 1.3,
+    text: bool = True,
+) -> None:
     """A labelled horizontal line (a hardware peak, a baseline): in the legend and, with
     `text`, written on the line at its right end."""
     ax.axhline(y, color=color, ls=ls, lw=lw, label=label)
     if text:
-        ax.annotate(label, (1.0, y), xycoords=("axes fraction", "data"), xytext=(-4, 3),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=7,
-                    color=color)  # fmt: skip
+        ax.annotate(
+            label,
+            (1.0, y),
+            xycoords=("axes fraction", "data"),
+            xytext=(-4, 3),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color=color,
+        )
 
 
 def _legend(ax, n: int) -> None:
@@ -233,27 +260,47 @@ def bar_figure(
     handles = [Patch(color=color[g], label=g) for g in families]  # one entry per family
     lines = list(_finite(vals))
     if baseline is not None:
-        handles.append(ax.axhline(baseline, color=BASELINE_COLOR, ls="--", lw=1.5,
-                                  label=baseline_label or "baseline"))  # fmt: skip
+        handles.append(
+            ax.axhline(
+                baseline, color=BASELINE_COLOR, ls="--", lw=1.5, label=baseline_label or "baseline"
+            )
+        )
         lines.append(baseline)
     for g, (value, label) in (group_baselines or {}).items():
         idx = [i for i, gi in enumerate(groups or []) if gi == g]
         if not idx:
             continue
-        handles.append(ax.hlines(value, min(idx) - 0.45, max(idx) + 0.45, color=color.get(g, "0.3"),
-                                 ls="--", lw=1.5, label=label))  # fmt: skip
+        handles.append(
+            ax.hlines(
+                value,
+                min(idx) - 0.45,
+                max(idx) + 0.45,
+                color=color.get(g, "0.3"),
+                ls="--",
+                lw=1.5,
+                label=label,
+            )
+        )
         lines.append(value)
     if annotate:
-        texts = bar_labels if bar_labels is not None else [
-            "" if not math.isfinite(v) else fmt_number(v) for v in vals
-        ]  # fmt: skip
+        texts = (
+            bar_labels
+            if bar_labels is not None
+            else ["" if not math.isfinite(v) else fmt_number(v) for v in vals]
+        )
         for b, v, t in zip(bars, vals, texts):
             if t:
-                ax.annotate(t, (b.get_x() + b.get_width() / 2, 0 if math.isnan(v) else v),
-                            ha="center", va="bottom", fontsize=8, xytext=(0, 2),
-                            textcoords="offset points", zorder=4,
-                            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none",
-                                  "alpha": 0.85})  # fmt: skip
+                ax.annotate(
+                    t,
+                    (b.get_x() + b.get_width() / 2, 0 if math.isnan(v) else v),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    zorder=4,
+                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85},
+                )
     widest = max((len(line) for s in labels for line in str(s).split("\n")), default=0)
     long = widest > 12 or len(labels) > 8
     ax.set_xticks(x, labels, rotation=30 if long else 0, ha="right" if long else "center")
@@ -270,8 +317,9 @@ def bar_figure(
     return _finish(fig, footnote)
 
 
-def bar_chart(path: str | os.PathLike, labels: Sequence[str], values: Sequence[float],
-              **kwargs) -> Path:  # fmt: skip
+def bar_chart(
+    path: str | os.PathLike, labels: Sequence[str], values: Sequence[float], **kwargs
+) -> Path:
     """`bar_figure` written to `path`."""
     return save_figure(bar_figure(labels, values, **kwargs), path)
 
@@ -312,8 +360,9 @@ def grouped_bar_figure(
     return _finish(fig, footnote)
 
 
-def grouped_bar_chart(path: str | os.PathLike, groups: Sequence[str],
-                      series: dict[str, Sequence[float]], **kwargs) -> Path:  # fmt: skip
+def grouped_bar_chart(
+    path: str | os.PathLike, groups: Sequence[str], series: dict[str, Sequence[float]], **kwargs
+) -> Path:
     """`grouped_bar_figure` written to `path`."""
     return save_figure(grouped_bar_figure(groups, series, **kwargs), path)
 
@@ -374,8 +423,9 @@ def line_figure(
     return _finish(fig, footnote)
 
 
-def line_chart(path: str | os.PathLike, series: dict[str, tuple[Sequence[float], Sequence[float]]],
-               **kwargs) -> Path:  # fmt: skip
+def line_chart(
+    path: str | os.PathLike, series: dict[str, tuple[Sequence[float], Sequence[float]]], **kwargs
+) -> Path:
     """`line_figure` written to `path`."""
     return save_figure(line_figure(series, **kwargs), path)
 
@@ -406,19 +456,37 @@ def roofline_figure(
     fig, ax = plt.subplots(figsize=(6.8, 4.6))
     ax.plot(xs, roof, color="k", lw=2, label="roofline")
     ax.axvline(ridge, color="0.6", ls=":", lw=1)
-    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak_flops / 1e12), fontsize=8,
-                xytext=(4, -12), textcoords="offset points")  # fmt: skip
+    ax.annotate(
+        f"ridge {ridge:.0f} FLOP/B",
+        (ridge, peak_flops / 1e12),
+        fontsize=8,
+        xytext=(4, -12),
+        textcoords="offset points",
+    )
     order = list(dict.fromkeys(groups)) if groups is not None else []
     for i, (label, intensity, achieved) in enumerate(points):
         g = order.index(groups[i]) if groups is not None else i
         style = series_style(g)
         first = groups is not None and groups.index(groups[i]) == i
-        ax.scatter([intensity], [achieved / 1e12], s=34, zorder=3, color=style["color"],
-                   marker=style["marker"], label=groups[i] if first else None)  # fmt: skip
+        ax.scatter(
+            [intensity],
+            [achieved / 1e12],
+            s=34,
+            zorder=3,
+            color=style["color"],
+            marker=style["marker"],
+            label=groups[i] if first else None,
+        )
         left = groups is not None and g % 2 == 1
-        ax.annotate(label, (intensity, achieved / 1e12), fontsize=7,
-                    xytext=(-5, -3) if left else (5, 2), ha="right" if left else "left",
-                    va="top" if left else "bottom", textcoords="offset points")  # fmt: skip
+        ax.annotate(
+            label,
+            (intensity, achieved / 1e12),
+            fontsize=7,
+            xytext=(-5, -3) if left else (5, 2),
+            ha="right" if left else "left",
+            va="top" if left else "bottom",
+            textcoords="offset points",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
@@ -430,8 +498,9 @@ def roofline_figure(
     return _finish(fig, footnote)
 
 
-def roofline_chart(path: str | os.PathLike, points: Sequence[tuple[str, float, float]],
-                   **kwargs) -> Path:  # fmt: skip
+def roofline_chart(
+    path: str | os.PathLike, points: Sequence[tuple[str, float, float]], **kwargs
+) -> Path:
     """`roofline_figure` written to `path`."""
     return save_figure(roofline_figure(points, **kwargs), path)
 
@@ -464,7 +533,8 @@ def stacked_bar_figure(
     return _finish(fig, footnote)
 
 
-def stacked_bar_chart(path: str | os.PathLike, labels: Sequence[str],
-                      stacks: dict[str, Sequence[float]], **kwargs) -> Path:  # fmt: skip
+def stacked_bar_chart(
+    path: str | os.PathLike, labels: Sequence[str], stacks: dict[str, Sequence[float]], **kwargs
+) -> Path:
     """`stacked_bar_figure` written to `path`."""
     return save_figure(stacked_bar_figure(labels, stacks, **kwargs), path)

@@ -192,8 +192,16 @@ class StaticCudaGraphDecoder:
     """A StaticLlama with random weights (std 0.02), a static cache of `max_batch` rows and
     greedy decoding; on CUDA the decode step (forward, argmax, token write-back) is one graph."""
 
-    def __init__(self, c: dict, max_batch: int, max_len: int, *, dtype=torch.bfloat16,
-                 device: str = "cuda", seed: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        c: dict,
+        max_batch: int,
+        max_len: int,
+        *,
+        dtype=torch.bfloat16,
+        device: str = "cuda",
+        seed: int = 0,
+    ):
         torch.manual_seed(seed)
         with torch.device(device):
             self.model = StaticLlama(c).to(dtype).eval()
@@ -251,8 +259,9 @@ def decode_step_ms(c: dict, batch: int, context: int, *, dtype=torch.bfloat16) -
     return decode_step_times(c, batch, context, 1, dtype=dtype)[0]
 
 
-def decode_step_times(c: dict, batch: int, context: int, repeats: int, *,
-                      dtype=torch.bfloat16) -> list[float]:  # fmt: skip
+def decode_step_times(
+    c: dict, batch: int, context: int, repeats: int, *, dtype=torch.bfloat16
+) -> list[float]:
     """`repeats` repetitions of `decode_step_ms` on one decoder and one captured graph (built
     once: capture is not what is timed), each the median ms of its own timed replays."""
     from shared.timing import benchmark
@@ -268,8 +277,15 @@ def decode_step_times(c: dict, batch: int, context: int, repeats: int, *,
     return times
 
 
-def generate_static(c: dict, wl: Workload, *, batch_size: int = 256, dtype=torch.bfloat16,
-                    pad_id: int = 0, device: str = "cuda") -> dict:  # fmt: skip
+def generate_static(
+    c: dict,
+    wl: Workload,
+    *,
+    batch_size: int = 256,
+    dtype=torch.bfloat16,
+    pad_id: int = 0,
+    device: str = "cuda",
+) -> dict:
     """Static batching through StaticCudaGraphDecoder, in arrival order. Prompts are left-padded
     and the pads are attended to (no padding mask): the work and bytes are those of a masked run,
     which is what the rate measures; the tokens are not compared with anything."""
@@ -300,16 +316,29 @@ def generate_static(c: dict, wl: Workload, *, batch_size: int = 256, dtype=torch
     wall = time.perf_counter() - t0
     del dec
     free_cuda()
-    return _rates(wl, wall, batch_size=batch_size, batches=len(plan),
-                  padded_prompt_tokens=padded_prompt, computed_output_tokens=computed_out,
-                  output_waste_fraction=1 - wl.output_tokens / computed_out)  # fmt: skip
+    return _rates(
+        wl,
+        wall,
+        batch_size=batch_size,
+        batches=len(plan),
+        padded_prompt_tokens=padded_prompt,
+        computed_output_tokens=computed_out,
+        output_waste_fraction=1 - wl.output_tokens / computed_out,
+    )
 
 
 # --- transformers generate ---------------------------------------------------------------------
 
 
-def run_transformers(c: dict, wl: Workload, *, batch_size: int = 64, dtype=torch.bfloat16,
-                     device: str = "cuda", seed: int = 0) -> dict:  # fmt: skip
+def run_transformers(
+    c: dict,
+    wl: Workload,
+    *,
+    batch_size: int = 64,
+    dtype=torch.bfloat16,
+    device: str = "cuda",
+    seed: int = 0,
+) -> dict:
     """HF generate, static batches in arrival order, greedy, exactly each batch's longest output."""
     try:
         import transformers
@@ -321,8 +350,13 @@ def run_transformers(c: dict, wl: Workload, *, batch_size: int = 64, dtype=torch
         model = LlamaForCausalLM(LlamaConfig(**{**c, "initializer_range": 0.02})).to(dtype).eval()
     pad = c.get("eos_token_id") or 0
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    model.generate(torch.full((1, 8), 5, device=device), max_new_tokens=4, min_new_tokens=4,
-                   do_sample=False, pad_token_id=pad)  # warm-up, untimed  # fmt: skip
+    model.generate(
+        torch.full((1, 8), 5, device=device),
+        max_new_tokens=4,
+        min_new_tokens=4,
+        do_sample=False,
+        pad_token_id=pad,
+    )  # warm-up, untimed
     sync()
     t0 = time.perf_counter()
     n_batches = math.ceil(len(wl) / batch_size)
@@ -335,8 +369,14 @@ def run_transformers(c: dict, wl: Workload, *, batch_size: int = 64, dtype=torch
             for i, p in enumerate(prompts):  # left padding, masked: HF's batched-generate recipe
                 ids[i, s - len(p) :], mask[i, s - len(p) :] = torch.tensor(p), 1
             with torch.no_grad():
-                model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=m,
-                               min_new_tokens=m, do_sample=False, pad_token_id=pad)  # fmt: skip
+                model.generate(
+                    ids.to(device),
+                    attention_mask=mask.to(device),
+                    max_new_tokens=m,
+                    min_new_tokens=m,
+                    do_sample=False,
+                    pad_token_id=pad,
+                )
             sync()
             bar.advance(task)
     wall = time.perf_counter() - t0
@@ -350,8 +390,15 @@ def run_transformers(c: dict, wl: Workload, *, batch_size: int = 64, dtype=torch
 
 def hf_config_json(c: dict, dtype: str = "bfloat16") -> dict:
     """config.json of a Llama folder with this shape: what vLLM reads to build dummy weights."""
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": dtype,
-            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, **c}  # fmt: skip
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "torch_dtype": dtype,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        **c,
+    }
 
 
 def vllm_inputs(vllm, wl: Workload) -> tuple[list[dict], list]:
@@ -361,14 +408,20 @@ def vllm_inputs(vllm, wl: Workload) -> tuple[list[dict], list]:
     params = [
         vllm.SamplingParams(
             temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False
-        )  # fmt: skip
+        )
         for n in wl.output_lens
     ]
     return prompts, params
 
 
-def run_vllm(wl: Workload, c: dict | None = None, *, max_model_len: int = 4096,
-             gpu_memory_utilization: float = 0.85, seed: int = 0) -> dict:  # fmt: skip
+def run_vllm(
+    wl: Workload,
+    c: dict | None = None,
+    *,
+    max_model_len: int = 4096,
+    gpu_memory_utilization: float = 0.85,
+    seed: int = 0,
+) -> dict:
     """vLLM offline generate on dummy weights of shape `c` (default Llama-3.2-1B)."""
     try:
         import vllm
@@ -382,9 +435,15 @@ def run_vllm(wl: Workload, c: dict | None = None, *, max_model_len: int = 4096,
     with tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(hf_config_json(c)))
         try:
-            llm = vllm.LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True,
-                           dtype="bfloat16", max_model_len=max_model_len, seed=seed,
-                           gpu_memory_utilization=gpu_memory_utilization)  # fmt: skip
+            llm = vllm.LLM(
+                model=model_dir,
+                load_format="dummy",
+                skip_tokenizer_init=True,
+                dtype="bfloat16",
+                max_model_len=max_model_len,
+                seed=seed,
+                gpu_memory_utilization=gpu_memory_utilization,
+            )
             # Warm-up on a few short requests: compilation and graph capture stay out of the time.
             llm.generate(prompts[:8], params[:8], use_tqdm=False)
             t0 = time.perf_counter()

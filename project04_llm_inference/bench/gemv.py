@@ -68,8 +68,14 @@ def run_shape(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig
     nw = 1 + 0.1 * torch.randn(k, device="cuda", dtype=dtype)
     n_out = n // 2 if fold == "norm_silu" else n
     act_bytes = t * k * elt * (3 if fold else 1) + t * n_out * elt  # x (+ residual in and out)
-    row = {"name": name, "tokens": t, "rows": n, "k": k, "fold": fold or "none",
-           "bytes": n * k * elt + act_bytes}  # fmt: skip
+    row = {
+        "name": name,
+        "tokens": t,
+        "rows": n,
+        "k": k,
+        "fold": fold or "none",
+        "bytes": n * k * elt + act_bytes,
+    }
     silu = fold == "norm_silu"
 
     if fold:

@@ -100,8 +100,9 @@ def run_shape(b: int, s: int, cfg: KernelBenchConfig) -> dict:
         return lambda: do_bench(fn, warmup=25, rep=200, return_mode="median")
 
     # RuntimeError: e.g. no SDPA backend for this case on this build
-    reps = interleave({"ours": timed(ours), "sdpa": timed(sdpa)}, cfg.repeats,
-                      catch=(RuntimeError,))  # fmt: skip
+    reps = interleave(
+        {"ours": timed(ours), "sdpa": timed(sdpa)}, cfg.repeats, catch=(RuntimeError,)
+    )
     for key in ("ours", "sdpa"):
         if key in reps.errors:
             row[f"{key}_error"] = reps.errors[key].splitlines()[0]
@@ -157,11 +158,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reports-dir", default="", help="default: runs/<UTC time>/")
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 64, 256])
     ap.add_argument("--contexts", nargs="*", type=int, default=[1024, 4096, 8192, 16384, 32768])
-    ap.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
-                    help="repetitions per shape, ours and SDPA alternating")  # fmt: skip
+    ap.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=DEFAULT_REPEATS,
+        help="repetitions per shape, ours and SDPA alternating",
+    )
     ns = ap.parse_args(argv)
-    cfg = KernelBenchConfig(batches=ns.batches, contexts=ns.contexts, reports_dir=ns.reports_dir,
-                            repeats=ns.repeats)  # fmt: skip
+    cfg = KernelBenchConfig(
+        batches=ns.batches, contexts=ns.contexts, reports_dir=ns.reports_dir, repeats=ns.repeats
+    )
     return run(cfg)
 
 

@@ -44,8 +44,13 @@ from .baselines import Workload, free_cuda, not_measured
 
 PROJECT = "project04_llm_inference"
 # Engine counters that accumulate over the engine's life: a run reports their increase.
-COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits",
-            "prefill_tokens_computed", "decode_tokens")  # fmt: skip
+COUNTERS = (
+    "num_preemptions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prefill_tokens_computed",
+    "decode_tokens",
+)
 
 
 # --- configs ---------------------------------------------------------------------------------
@@ -195,8 +200,9 @@ def _token_range(vocab_size: int) -> tuple[int, int]:
     return 3, vocab_size - (256 if vocab_size > 1024 else 0)
 
 
-def random_workload(n: int, prompt_len: tuple[int, int], output_len: tuple[int, int],
-                    vocab_size: int, seed: int) -> Workload:  # fmt: skip
+def random_workload(
+    n: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int, seed: int
+) -> Workload:
     """n requests with lengths uniform in the closed ranges and uniform random token ids."""
     if n < 1 or prompt_len[0] < 1 or output_len[0] < 1:
         raise ValueError(f"need n >= 1 and positive lengths, got {n}, {prompt_len}, {output_len}")
@@ -215,12 +221,14 @@ def fresh_ids(wl: Workload, vocab_size: int, seed: int) -> Workload:
     prompts no prefix cache holds."""
     rng = np.random.default_rng(seed)
     lo, hi = _token_range(vocab_size)
-    return Workload([rng.integers(lo, hi, size=len(p)).tolist() for p in wl.prompts],
-                    list(wl.output_lens))  # fmt: skip
+    return Workload(
+        [rng.integers(lo, hi, size=len(p)).tolist() for p in wl.prompts], list(wl.output_lens)
+    )
 
 
-def shared_prefix_workload(n: int, prefix_len: int, unique_len: int, output_len: int,
-                           vocab_size: int, seed: int) -> Workload:  # fmt: skip
+def shared_prefix_workload(
+    n: int, prefix_len: int, unique_len: int, output_len: int, vocab_size: int, seed: int
+) -> Workload:
     """n requests: one random prefix of prefix_len tokens, then unique_len tokens of their own."""
     rng = np.random.default_rng(seed)
     lo, hi = _token_range(vocab_size)
@@ -233,9 +241,17 @@ def shared_prefix_workload(n: int, prefix_len: int, unique_len: int, output_len:
 
 def describe(wl: Workload) -> dict:
     p, o = [len(x) for x in wl.prompts], wl.output_lens
-    return {"requests": len(wl), "prompt_tokens": wl.prompt_tokens, "output_tokens": wl.output_tokens,
-            "prompt_len_min": min(p), "prompt_len_max": max(p), "prompt_len_mean": statistics.fmean(p),
-            "output_len_min": min(o), "output_len_max": max(o), "output_len_mean": statistics.fmean(o)}  # fmt: skip
+    return {
+        "requests": len(wl),
+        "prompt_tokens": wl.prompt_tokens,
+        "output_tokens": wl.output_tokens,
+        "prompt_len_min": min(p),
+        "prompt_len_max": max(p),
+        "prompt_len_mean": statistics.fmean(p),
+        "output_len_min": min(o),
+        "output_len_max": max(o),
+        "output_len_mean": statistics.fmean(o),
+    }
 
 
 # --- arithmetic: bytes and floors ------------------------------------------------------------
@@ -323,8 +339,12 @@ def _shape(cfg: BenchConfig) -> dict:
 
 def build_llm(cfg: BenchConfig, **engine_kwargs):
     LLM, EngineArgs, _ = _engine()
-    args = dict(load_format="dummy", dummy_shape=cfg.shape, seed=cfg.seed,
-                gpu_memory_utilization=cfg.gpu_memory_utilization)  # fmt: skip
+    args = dict(
+        load_format="dummy",
+        dummy_shape=cfg.shape,
+        seed=cfg.seed,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+    )
     return LLM(EngineArgs(**{**args, **engine_kwargs}))
 
 
@@ -368,8 +388,14 @@ def _drop_steps(r: dict) -> dict:
     return {k: v for k, v in r.items() if k != "steps"}
 
 
-def _save(cfg: BenchConfig, name: str, results: dict, baseline=None, *,
-          gpu_state_start: dict | None = None) -> Path:  # fmt: skip
+def _save(
+    cfg: BenchConfig,
+    name: str,
+    results: dict,
+    baseline=None,
+    *,
+    gpu_state_start: dict | None = None,
+) -> Path:
     from shared.results import REPO_ROOT, save_result
 
     if not cfg.reports_dir:
@@ -377,8 +403,15 @@ def _save(cfg: BenchConfig, name: str, results: dict, baseline=None, *,
         cfg.reports_dir = str(
             REPO_ROOT / "runs" / stamp
         )  # later benchmarks of this process join it
-    path = save_result(PROJECT, name, results, baseline=baseline, config=asdict(cfg),
-                       reports_dir=cfg.reports_dir, gpu_state_start=gpu_state_start)  # fmt: skip
+    path = save_result(
+        PROJECT,
+        name,
+        results,
+        baseline=baseline,
+        config=asdict(cfg),
+        reports_dir=cfg.reports_dir,
+        gpu_state_start=gpu_state_start,
+    )
     print(f"wrote {path}")
     return path
 
@@ -414,8 +447,10 @@ def _cell(v) -> str:
 def _subsample_note(n: int, total: int) -> str | None:
     if n >= total:
         return None
-    return (f"ran the first {n} of {total} requests (same arrival order); its rates are measured "
-            "on those, nothing is scaled")  # fmt: skip
+    return (
+        f"ran the first {n} of {total} requests (same arrival order); its rates are measured "
+        "on those, nothing is scaled"
+    )
 
 
 # --- throughput ------------------------------------------------------------------------------
@@ -445,8 +480,11 @@ def run_throughput(cfg: ThroughputConfig) -> dict | None:
     wl = random_workload(
         cfg.num_requests, cfg.prompt_len, cfg.output_len, c["vocab_size"], cfg.seed
     )
-    res: dict = {"workload": describe(wl), "repeats": cfg.repeats,
-                 "repeats_note": _throughput_repeats_note(cfg.repeats)}  # fmt: skip
+    res: dict = {
+        "workload": describe(wl),
+        "repeats": cfg.repeats,
+        "repeats_note": _throughput_repeats_note(cfg.repeats),
+    }
 
     runs = [("engine", cfg.num_scheduler_steps)]
     if cfg.single_step and cfg.num_scheduler_steps != 1:
@@ -457,8 +495,10 @@ def run_throughput(cfg: ThroughputConfig) -> dict | None:
         done = []
         for r in range(cfg.repeats):
             w = wl if r == 0 else fresh_ids(wl, c["vocab_size"], cfg.seed + 7919 * r)
-            print(f"engine: {len(wl)} requests, {k} decode step(s) per host round trip"
-                  + (f", run {r + 1} of {cfg.repeats}" if cfg.repeats > 1 else ""))  # fmt: skip
+            print(
+                f"engine: {len(wl)} requests, {k} decode step(s) per host round trip"
+                + (f", run {r + 1} of {cfg.repeats}" if cfg.repeats > 1 else "")
+            )
             done.append(_drop_steps(generate(llm, w)))
         res[key] = {**merge_runs(done), "num_scheduler_steps": k}
         del llm
@@ -477,19 +517,39 @@ def run_throughput(cfg: ThroughputConfig) -> dict | None:
     else:
         res["transformers"] = not_measured("skipped: --transformers-requests 0")
     res["vllm"] = (
-        run_vllm(wl, c, max_model_len=cfg.max_model_len,
-                 gpu_memory_utilization=cfg.vllm_gpu_memory_utilization, seed=cfg.seed)
-        if cfg.vllm else not_measured("skipped: --no-vllm")
-    )  # fmt: skip
+        run_vllm(
+            wl,
+            c,
+            max_model_len=cfg.max_model_len,
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            seed=cfg.seed,
+        )
+        if cfg.vllm
+        else not_measured("skipped: --no-vllm")
+    )
     res["ratios"] = throughput_ratios(res)
-    _save(cfg, "offline_throughput", res, gpu_state_start=start,
-          baseline={k: res[k].get("output_tok_s") for k in BASELINES})  # fmt: skip
+    _save(
+        cfg,
+        "offline_throughput",
+        res,
+        gpu_state_start=start,
+        baseline={k: res[k].get("output_tok_s") for k in BASELINES},
+    )
     rows = [
         {"system": k, **res[k]} for k in ("engine", "engine_single_step", *BASELINES) if k in res
     ]
-    _table("offline throughput (output tok/s, total tok/s: useful tokens over wall time)", rows,
-           [("system", "system"), ("requests", "requests"), ("output_tok_s", "output tok/s"),
-            ("total_tok_s", "total tok/s"), ("wall_s", "wall s"), ("reason", "note")])  # fmt: skip
+    _table(
+        "offline throughput (output tok/s, total tok/s: useful tokens over wall time)",
+        rows,
+        [
+            ("system", "system"),
+            ("requests", "requests"),
+            ("output_tok_s", "output tok/s"),
+            ("total_tok_s", "total tok/s"),
+            ("wall_s", "wall s"),
+            ("reason", "note"),
+        ],
+    )
     return res
 
 
@@ -498,12 +558,16 @@ BASELINES = ("static_cuda_graph", "transformers", "vllm")
 
 def _throughput_repeats_note(n: int) -> str:
     if n == 1:
-        return ("one run per system: a 2,000-request run takes about a minute, so repetitions "
-                "are asked for with --repeats")  # fmt: skip
-    return (f"the engine's rates are the median of {n} runs of the workload (runs after the "
-            "first with fresh token ids of the same lengths), min-max in *_min / *_max; each "
-            "engine configuration runs its repetitions back to back (each is a separate engine "
-            "instance, not interleaved); the baselines run once")  # fmt: skip
+        return (
+            "one run per system: a 2,000-request run takes about a minute, so repetitions "
+            "are asked for with --repeats"
+        )
+    return (
+        f"the engine's rates are the median of {n} runs of the workload (runs after the "
+        "first with fresh token ids of the same lengths), min-max in *_min / *_max; each "
+        "engine configuration runs its repetitions back to back (each is a separate engine "
+        "instance, not interleaved); the baselines run once"
+    )
 
 
 def throughput_ratios(res: dict) -> dict:
@@ -543,21 +607,30 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
     max_len = max(p["context"] + p["max_tokens"] for p in plan)
     if cfg.max_model_len:
         if cfg.max_model_len < max_len:
-            raise ValueError(f"max_model_len: {cfg.max_model_len} is below the {max_len} tokens "
-                             "the longest shape of the plan needs")  # fmt: skip
+            raise ValueError(
+                f"max_model_len: {cfg.max_model_len} is below the {max_len} tokens "
+                "the longest shape of the plan needs"
+            )
         max_len = cfg.max_model_len
-    llm = build_llm(cfg, max_model_len=max_len, max_num_seqs=max(cfg.batches),
-                    max_num_batched_tokens=cfg.max_num_batched_tokens, enable_prefix_caching=False,
-                    cuda_graph_max_batch=max(cfg.batches))  # fmt: skip
+    llm = build_llm(
+        cfg,
+        max_model_len=max_len,
+        max_num_seqs=max(cfg.batches),
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enable_prefix_caching=False,
+        cuda_graph_max_batch=max(cfg.batches),
+    )
     warm_up(llm, c["vocab_size"])
     rows = []
     k_multi = cfg.num_scheduler_steps
     for i, p in enumerate(plan):
         b, ctx = p["batch"], p["context"]
         wl = random_workload(b, (ctx, ctx), (p["max_tokens"],) * 2, c["vocab_size"], cfg.seed + i)
-        print(f"engine: batch {b}, context {ctx}, {p['max_tokens']} tokens each, "
-              f"{cfg.repeats} repetition(s)" + (f", one step and {k_multi} steps per round trip "
-              "alternating" if k_multi > 1 else ""))  # fmt: skip
+        print(
+            f"engine: batch {b}, context {ctx}, {p['max_tokens']} tokens each, "
+            f"{cfg.repeats} repetition(s)"
+            + (f", one step and {k_multi} steps per round trip alternating" if k_multi > 1 else "")
+        )
         counts: dict[int, list[tuple[int, int | None]]] = {1: [], k_multi: []}
 
         def engine_run(k: int, llm=llm, wl=wl, b=b, counts=counts):
@@ -577,17 +650,28 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         reps = interleave(fns, cfg.repeats)
         floor = decode_floor_ms(c, b, ctx, cfg.bandwidth_tb_s)
         eng = reps.spread("engine")
-        row = {"batch": b, "context": ctx, "context_max": ctx + p["max_tokens"],
-               **flat("engine_ms", eng), "engine_pure_steps": min(n for n, _ in counts[1]),
-               "engine_preemptions": max((x or 0) for _, x in counts[1]),
-               **_per_rep(eng, "engine_tok_s", lambda ms, b=b: b / ms * 1e3),
-               "floor_ms": floor, "engine_vs_floor": eng.median / floor if eng else None}  # fmt: skip
+        row = {
+            "batch": b,
+            "context": ctx,
+            "context_max": ctx + p["max_tokens"],
+            **flat("engine_ms", eng),
+            "engine_pure_steps": min(n for n, _ in counts[1]),
+            "engine_preemptions": max((x or 0) for _, x in counts[1]),
+            **_per_rep(eng, "engine_tok_s", lambda ms, b=b: b / ms * 1e3),
+            "floor_ms": floor,
+            "engine_vs_floor": eng.median / floor if eng else None,
+        }
         if k_multi > 1:
             multi = reps.spread("engine_multi")
-            row.update({"multi_step_k": k_multi, **flat("engine_multi_ms", multi),
-                        "engine_multi_pure_steps": min(n for n, _ in counts[k_multi]),
-                        **_per_rep(multi, "engine_multi_tok_s", lambda ms, b=b: b / ms * 1e3),
-                        "engine_multi_vs_floor": multi.median / floor if multi else None})  # fmt: skip
+            row.update(
+                {
+                    "multi_step_k": k_multi,
+                    **flat("engine_multi_ms", multi),
+                    "engine_multi_pure_steps": min(n for n, _ in counts[k_multi]),
+                    **_per_rep(multi, "engine_multi_tok_s", lambda ms, b=b: b / ms * 1e3),
+                    "engine_multi_vs_floor": multi.median / floor if multi else None,
+                }
+            )
         if reps.errors:
             row["engine_errors"] = reps.errors
         rows.append(row)
@@ -625,13 +709,28 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         "run's duration / k. The static baseline's repetitions run after the engine is freed; "
         "engine / static is the ratio of their medians.",
     }
-    _save(cfg, "decode_latency", res, gpu_state_start=start,
-          baseline={"static_cuda_graph_ms": [r["static_cuda_graph_ms"] for r in rows]})  # fmt: skip
-    _table("decode step (ms; tok/s = batch / step time)", rows,
-           [("batch", "batch"), ("context", "context"), ("engine_ms", "engine ms"),
-            ("engine_tok_s", "engine tok/s"), ("engine_multi_ms", "multi-step ms"),
-            ("engine_multi_tok_s", "multi-step tok/s"), ("static_cuda_graph_ms", "static graph ms"),
-            ("floor_ms", "floor ms"), ("engine_pure_steps", "steps")])  # fmt: skip
+    _save(
+        cfg,
+        "decode_latency",
+        res,
+        gpu_state_start=start,
+        baseline={"static_cuda_graph_ms": [r["static_cuda_graph_ms"] for r in rows]},
+    )
+    _table(
+        "decode step (ms; tok/s = batch / step time)",
+        rows,
+        [
+            ("batch", "batch"),
+            ("context", "context"),
+            ("engine_ms", "engine ms"),
+            ("engine_tok_s", "engine tok/s"),
+            ("engine_multi_ms", "multi-step ms"),
+            ("engine_multi_tok_s", "multi-step tok/s"),
+            ("static_cuda_graph_ms", "static graph ms"),
+            ("floor_ms", "floor ms"),
+            ("engine_pure_steps", "steps"),
+        ],
+    )
     return res
 
 
@@ -651,9 +750,14 @@ def run_memory(cfg: MemoryConfig) -> dict | None:
     wl = random_workload(
         cfg.num_requests, cfg.prompt_len, cfg.output_len, c["vocab_size"], cfg.seed
     )
-    llm = build_llm(cfg, num_gpu_blocks=cfg.num_gpu_blocks, block_size=cfg.block_size,
-                    max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
-                    enable_prefix_caching=False)  # fmt: skip
+    llm = build_llm(
+        cfg,
+        num_gpu_blocks=cfg.num_gpu_blocks,
+        block_size=cfg.block_size,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        enable_prefix_caching=False,
+    )
     r = generate(llm, wl)
     del llm
     free_cuda()
@@ -679,10 +783,16 @@ def run_memory(cfg: MemoryConfig) -> dict | None:
         "output_tok_s": r["output_tok_s"],
     }
     _save(cfg, "kv_memory", res, baseline={"static_max_seqs": static}, gpu_state_start=start)
-    _table(f"sequences held at once in {budget / 2**30:.2f} GiB of KV ({blocks * bs:,} tokens)",
-           [res], [("paged_peak_running_seqs", "paged (measured)"),
-                   ("static_max_seqs", "static max-length (computed)"),
-                   ("paged_vs_static", "ratio"), ("num_preemptions", "preemptions")])  # fmt: skip
+    _table(
+        f"sequences held at once in {budget / 2**30:.2f} GiB of KV ({blocks * bs:,} tokens)",
+        [res],
+        [
+            ("paged_peak_running_seqs", "paged (measured)"),
+            ("static_max_seqs", "static max-length (computed)"),
+            ("paged_vs_static", "ratio"),
+            ("num_preemptions", "preemptions"),
+        ],
+    )
     return res
 
 
@@ -695,8 +805,9 @@ def run_prefix(cfg: PrefixConfig) -> dict | None:
     start = _gpu_state()
     v = _shape(cfg)["vocab_size"]
     total = cfg.prefix_len + cfg.unique_len
-    shared = shared_prefix_workload(cfg.num_requests, cfg.prefix_len, cfg.unique_len,
-                                    cfg.output_len, v, cfg.seed)  # fmt: skip
+    shared = shared_prefix_workload(
+        cfg.num_requests, cfg.prefix_len, cfg.unique_len, cfg.output_len, v, cfg.seed
+    )
     res: dict = {"shared": {}, "unshared": {}}
     for caching in (False, True):
         key = "on" if caching else "off"
@@ -706,13 +817,18 @@ def run_prefix(cfg: PrefixConfig) -> dict | None:
         warm_up(llm, v)
         walls = []
         for rep in range(cfg.overhead_repeats):  # fresh random prompts: nothing to hit
-            wl = random_workload(cfg.num_requests, (total, total), (cfg.output_len,) * 2, v,
-                                 cfg.seed + 1000 + rep)  # fmt: skip
+            wl = random_workload(
+                cfg.num_requests, (total, total), (cfg.output_len,) * 2, v, cfg.seed + 1000 + rep
+            )
             r = generate(llm, wl, use_tqdm=False)
             walls.append(r["wall_s"])
-        res["unshared"][key] = {"wall_s": walls, "median_wall_s": statistics.median(walls),
-                                "min_wall_s": min(walls), "max_wall_s": max(walls),
-                                "output_tok_s": wl.output_tokens / statistics.median(walls)}  # fmt: skip
+        res["unshared"][key] = {
+            "wall_s": walls,
+            "median_wall_s": statistics.median(walls),
+            "min_wall_s": min(walls),
+            "max_wall_s": max(walls),
+            "output_tok_s": wl.output_tokens / statistics.median(walls),
+        }
         r = generate(llm, shared)
         res["shared"][key] = {
             **{k: r[k] for k in ("wall_s", "output_tok_s", "total_tok_s")},
@@ -736,13 +852,21 @@ def run_prefix(cfg: PrefixConfig) -> dict | None:
     res["shared"]["speedup"] = s_off["wall_s"] / s_on["wall_s"]
     res["shared"]["prompt_tokens"] = shared.prompt_tokens
     res["ttft"] = None
-    res["ttft_note"] = ("left to the serving benchmark: the engine's step log does not say which "
-                        "request a step served, so time to first token per request is not derived")  # fmt: skip
+    res["ttft_note"] = (
+        "left to the serving benchmark: the engine's step log does not say which "
+        "request a step served, so time to first token per request is not derived"
+    )
     _save(cfg, "prefix_caching", res, baseline={"caching_off": s_off}, gpu_state_start=start)
-    _table(f"shared {cfg.prefix_len}-token prefix, {cfg.num_requests} requests",
-           [{"caching": k, **res["shared"][k]} for k in ("off", "on")],
-           [("caching", "caching"), ("prefill_tokens_computed", "prefill tokens computed"),
-            ("output_tok_s", "output tok/s"), ("wall_s", "wall s")])  # fmt: skip
+    _table(
+        f"shared {cfg.prefix_len}-token prefix, {cfg.num_requests} requests",
+        [{"caching": k, **res["shared"][k]} for k in ("off", "on")],
+        [
+            ("caching", "caching"),
+            ("prefill_tokens_computed", "prefill tokens computed"),
+            ("output_tok_s", "output tok/s"),
+            ("wall_s", "wall s"),
+        ],
+    )
     print(
         f"nothing shared: caching on costs {overhead.median:+.2f}% wall time (median of "
         f"{overhead.n}, {overhead.min:+.2f}% to {overhead.max:+.2f}%; target <= "
@@ -753,10 +877,18 @@ def run_prefix(cfg: PrefixConfig) -> dict | None:
 
 # --- command line ----------------------------------------------------------------------------
 
-RUNNERS = {ThroughputConfig: run_throughput, LatencyConfig: run_latency,
-           MemoryConfig: run_memory, PrefixConfig: run_prefix}  # fmt: skip
-COMMANDS = {"throughput": ThroughputConfig, "latency": LatencyConfig, "memory": MemoryConfig,
-            "prefix": PrefixConfig}  # fmt: skip
+RUNNERS = {
+    ThroughputConfig: run_throughput,
+    LatencyConfig: run_latency,
+    MemoryConfig: run_memory,
+    PrefixConfig: run_prefix,
+}
+COMMANDS = {
+    "throughput": ThroughputConfig,
+    "latency": LatencyConfig,
+    "memory": MemoryConfig,
+    "prefix": PrefixConfig,
+}
 
 
 def main(argv: list[str] | None = None) -> dict | None:

@@ -112,15 +112,22 @@ def run_workload(name: str, cfg: PrefillBenchConfig) -> dict:
         ki, vi = (x.transpose(0, 1).repeat_interleave(g, 0)[None].contiguous() for x in (k, v))
         per_seq.append((qi, ki, vi))
     max_q, max_k = max(s for s, _ in specs), max(c for _, c in specs)
-    pad = [torch.zeros(len(specs), cfg.n_heads, n, cfg.head_dim, device=dev, dtype=dtype)
-           for n in (max_q, max_k, max_k)]  # fmt: skip
+    pad = [
+        torch.zeros(len(specs), cfg.n_heads, n, cfg.head_dim, device=dev, dtype=dtype)
+        for n in (max_q, max_k, max_k)
+    ]
     for i, xs in enumerate(per_seq):
         for p, x in zip(pad, xs):
             p[i, :, : x.shape[2]] = x[0]
 
     flops = 4 * cfg.head_dim * cfg.n_heads * mask_pairs(specs)
-    row = {"workload": name, "n_seqs": len(specs), "q_tokens": sum(s for s, _ in specs),
-           "context_tokens": sum(c for _, c in specs), "flops": flops}  # fmt: skip
+    row = {
+        "workload": name,
+        "n_seqs": len(specs),
+        "q_tokens": sum(s for s, _ in specs),
+        "context_tokens": sum(c for _, c in specs),
+        "flops": flops,
+    }
     # Correctness against SDPA before any timing: max |ours - SDPA| over all rows.
     ours = paged_prefill_attention(*args)
     try:
@@ -134,11 +141,13 @@ def run_workload(name: str, cfg: PrefillBenchConfig) -> dict:
         "sdpa_padded": lambda: _sdpa(*pad, scale),
     }
     reps = interleave(
-        {key: (lambda fn=fn: do_bench(fn, warmup=25, rep=200, return_mode="median"))
-         for key, fn in timed.items()},
+        {
+            key: (lambda fn=fn: do_bench(fn, warmup=25, rep=200, return_mode="median"))
+            for key, fn in timed.items()
+        },
         cfg.repeats,
         catch=(RuntimeError,),
-    )  # fmt: skip
+    )
     for key in timed:
         if key in reps.errors:
             row[f"{key}_error"] = reps.errors[key].splitlines()[0]
@@ -172,8 +181,11 @@ def run(cfg: PrefillBenchConfig) -> dict:
     reports_dir = cfg.reports_dir or str(
         REPO_ROOT / "runs" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     )
-    results = {"rows": rows, "workloads": {n: WORKLOADS[n] for n in cfg.workloads},
-               "repeats": cfg.repeats}  # fmt: skip
+    results = {
+        "rows": rows,
+        "workloads": {n: WORKLOADS[n] for n in cfg.workloads},
+        "repeats": cfg.repeats,
+    }
     path = save_result(
         PROJECT,
         "prefill_attention",
@@ -194,11 +206,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reports-dir", default="", help="default: runs/<UTC time>/")
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    ap.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
-                    help="repetitions per workload, ours and the baselines alternating")  # fmt: skip
+    ap.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=DEFAULT_REPEATS,
+        help="repetitions per workload, ours and the baselines alternating",
+    )
     ns = ap.parse_args(argv)
-    cfg = PrefillBenchConfig(workloads=ns.workloads, dtype=ns.dtype, reports_dir=ns.reports_dir,
-                             repeats=ns.repeats)  # fmt: skip
+    cfg = PrefillBenchConfig(
+        workloads=ns.workloads, dtype=ns.dtype, reports_dir=ns.reports_dir, repeats=ns.repeats
+    )
     return run(cfg)
 
 

@@ -18,13 +18,25 @@ from pathlib import Path
 from shared.results import atomic_write_text, environment_line, load_result, markdown_table
 
 PROJECT = "project04_llm_inference"
-RECORDS = ("offline_throughput", "decode_latency", "kv_memory", "prefix_caching",
-           "decode_attention", "gemv_kernel", "prefill_attention", "spec_decode",
-           "serving")  # fmt: skip
+RECORDS = (
+    "offline_throughput",
+    "decode_latency",
+    "kv_memory",
+    "prefix_caching",
+    "decode_attention",
+    "gemv_kernel",
+    "prefill_attention",
+    "spec_decode",
+    "serving",
+)
 COPY_TB_S = 4.3  # the H200's measured device-to-device copy bandwidth (read + write), TB/s
-SYSTEMS = {"engine": "this engine", "engine_single_step": "this engine, one step per round trip",
-           "vllm": "vLLM", "static_cuda_graph": "static CUDA graph",
-           "transformers": "transformers generate"}  # fmt: skip
+SYSTEMS = {
+    "engine": "this engine",
+    "engine_single_step": "this engine, one step per round trip",
+    "vllm": "vLLM",
+    "static_cuda_graph": "static CUDA graph",
+    "transformers": "transformers generate",
+}
 
 
 def _tidy(v):
@@ -79,8 +91,13 @@ def _latency_row(recs: dict, batch: int, context: int) -> dict | None:
 def _target(text: str, measured, unit: str, ok, span=None) -> dict:
     """ok: a predicate on the measured value (the median); None measured means 'not measured'.
     span: (min, max) over repetitions when the record has them."""
-    return {"target": text, "measured": measured, "unit": unit, "range": span,
-            "met": None if measured is None else bool(ok(measured))}  # fmt: skip
+    return {
+        "target": text,
+        "measured": measured,
+        "unit": unit,
+        "range": span,
+        "met": None if measured is None else bool(ok(measured)),
+    }
 
 
 def _span(r: dict | None, key: str, f=lambda v: v) -> tuple[float, float] | None:
@@ -94,9 +111,14 @@ def _best(r: dict | None) -> tuple[float | None, str, str]:
     """The engine's faster configuration at a latency row: (ms per step, which, its field)."""
     if not r:
         return None, "", ""
-    got = [(r.get("engine_ms"), "one step per round trip", "engine_ms"),
-           (r.get("engine_multi_ms"), f"{r.get('multi_step_k')} steps per round trip",
-            "engine_multi_ms")]  # fmt: skip
+    got = [
+        (r.get("engine_ms"), "one step per round trip", "engine_ms"),
+        (
+            r.get("engine_multi_ms"),
+            f"{r.get('multi_step_k')} steps per round trip",
+            "engine_multi_ms",
+        ),
+    ]
     got = [g for g in got if g[0] is not None]
     if len(got) == 1 and r.get("engine_multi_ms") is None:
         return got[0][0], "", got[0][2]  # a record without multi-step: nothing to choose between
@@ -116,42 +138,83 @@ def targets(recs: dict[str, dict]) -> list[dict]:
     for ctx in (1024, 8192):
         row = _latency_row(recs, 1, ctx)
         ms, how, key = _best(row)
-        out.append(_target(f"batch-1 decode <= 0.80 ms/token at context {ctx:,}", ms,
-                           f"ms/token{', ' + how if how else ''}", lambda v: v <= 0.80,
-                           _span(row, key)))  # fmt: skip
+        out.append(
+            _target(
+                f"batch-1 decode <= 0.80 ms/token at context {ctx:,}",
+                ms,
+                f"ms/token{', ' + how if how else ''}",
+                lambda v: v <= 0.80,
+                _span(row, key),
+            )
+        )
     for b, goal in ((64, 40_000), (256, 65_000)):
         row = _latency_row(recs, b, 1024)
         ms, how, key = _best(row)
-        out.append(_target(f"decode >= {goal // 1000}k tok/s at batch {b}, context 1,024",
-                           b / ms * 1e3 if ms else None, f"tok/s{', ' + how if how else ''}",
-                           lambda v, g=goal: v >= g, _span(row, key, lambda v, b=b: b / v * 1e3)))  # fmt: skip
+        out.append(
+            _target(
+                f"decode >= {goal // 1000}k tok/s at batch {b}, context 1,024",
+                b / ms * 1e3 if ms else None,
+                f"tok/s{', ' + how if how else ''}",
+                lambda v, g=goal: v >= g,
+                _span(row, key, lambda v, b=b: b / v * 1e3),
+            )
+        )
     eng = recs.get("offline_throughput", {}).get("results", {}).get("engine", {})
-    out.append(_target("offline throughput >= 30k output tok/s", eng.get("output_tok_s"),
-                       "output tok/s", lambda v: v >= 30_000, _span(eng, "output_tok_s")))  # fmt: skip
-    long_rows = [r for r in recs.get("decode_attention", {}).get("results", {}).get("rows", [])
-                 if r.get("batch") in (64, 256) and r.get("context", 0) >= 8192 and r.get("ours_gbps")]  # fmt: skip
+    out.append(
+        _target(
+            "offline throughput >= 30k output tok/s",
+            eng.get("output_tok_s"),
+            "output tok/s",
+            lambda v: v >= 30_000,
+            _span(eng, "output_tok_s"),
+        )
+    )
+    long_rows = [
+        r
+        for r in recs.get("decode_attention", {}).get("results", {}).get("rows", [])
+        if r.get("batch") in (64, 256) and r.get("context", 0) >= 8192 and r.get("ours_gbps")
+    ]
     worst_row = min(long_rows, key=lambda r: r["ours_gbps"], default=None)
     worst = worst_row["ours_gbps"] / 1e3 / COPY_TB_S * 100 if worst_row else None
-    out.append(_target("paged decode kernel >= 80% of the copy bandwidth (batch 64/256, context >= 8k)",
-                       worst, "% of 4.3 TB/s (worst shape)", lambda v: v >= 80,
-                       _span(worst_row, "ours_gbps", lambda v: v / 1e3 / COPY_TB_S * 100)))  # fmt: skip
+    out.append(
+        _target(
+            "paged decode kernel >= 80% of the copy bandwidth (batch 64/256, context >= 8k)",
+            worst,
+            "% of 4.3 TB/s (worst shape)",
+            lambda v: v >= 80,
+            _span(worst_row, "ours_gbps", lambda v: v / 1e3 / COPY_TB_S * 100),
+        )
+    )
     un = recs.get("prefix_caching", {}).get("results", {}).get("unshared", {})
-    out.append(_target("prefix caching costs <= 2% when nothing is shared", un.get("overhead_pct"),
-                       "% wall time", lambda v: v <= 2.0, _span(un, "overhead_pct")))  # fmt: skip
+    out.append(
+        _target(
+            "prefix caching costs <= 2% when nothing is shared",
+            un.get("overhead_pct"),
+            "% wall time",
+            lambda v: v <= 2.0,
+            _span(un, "overhead_pct"),
+        )
+    )
     return out
 
 
 def _target_rows(tg: list[dict]) -> list[dict]:
     """Targets as table rows: the measured cell is 'median (min–max)' where there is a range."""
-    return [{**t, "measured": _range_text(t["measured"], *t["range"])}
-            if t.get("range") and t["measured"] is not None else t for t in tg]  # fmt: skip
+    return [
+        {**t, "measured": _range_text(t["measured"], *t["range"])}
+        if t.get("range") and t["measured"] is not None
+        else t
+        for t in tg
+    ]
 
 
 def _ranges_note(tg: list[dict]) -> str:
     if not any(t.get("range") for t in tg):
         return ""
-    return ("Measured: the median of repeated runs, their min–max range in parentheses (ours and "
-            "its baseline interleaved where the record says so).\n\n")  # fmt: skip
+    return (
+        "Measured: the median of repeated runs, their min–max range in parentheses (ours and "
+        "its baseline interleaved where the record says so).\n\n"
+    )
 
 
 def _status(met) -> str:
@@ -173,36 +236,64 @@ def _throughput_md(rec: dict) -> str:
     rows = []
     for key, label in SYSTEMS.items():
         r = res.get(key) or {"measured": False, "reason": "absent from the record"}
-        rows.append({"system": label, "requests": r.get("requests"),
-                     "output tok/s": _ranged(r, "output_tok_s", r.get("output_tok_s")),
-                     "total tok/s": _ranged(r, "total_tok_s", r.get("total_tok_s")),
-                     "wall s": _ranged(r, "wall_s", r.get("wall_s")),
-                     "engine ÷ this (x)": res.get("ratios", {}).get(f"engine_vs_{key}"),
-                     "note": r.get("subsample") or r.get("reason") or _steps_note(r)})  # fmt: skip
-    head = (f"{w['requests']:,} requests, prompts {w['prompt_len_min']}-{w['prompt_len_max']} "
-            f"tokens, outputs {w['output_len_min']}-{w['output_len_max']} tokens (every request "
-            "runs to its length); rates are useful tokens over wall time.")  # fmt: skip
+        rows.append(
+            {
+                "system": label,
+                "requests": r.get("requests"),
+                "output tok/s": _ranged(r, "output_tok_s", r.get("output_tok_s")),
+                "total tok/s": _ranged(r, "total_tok_s", r.get("total_tok_s")),
+                "wall s": _ranged(r, "wall_s", r.get("wall_s")),
+                "engine ÷ this (x)": res.get("ratios", {}).get(f"engine_vs_{key}"),
+                "note": r.get("subsample") or r.get("reason") or _steps_note(r),
+            }
+        )
+    head = (
+        f"{w['requests']:,} requests, prompts {w['prompt_len_min']}-{w['prompt_len_max']} "
+        f"tokens, outputs {w['output_len_min']}-{w['output_len_max']} tokens (every request "
+        "runs to its length); rates are useful tokens over wall time."
+    )
     sc = res.get("static_cuda_graph", {})
     if sc.get("measured"):
-        head += (f" Static batching computed {sc['computed_output_tokens']:,} output tokens for "
-                 f"{sc['output_tokens']:,} useful ({sc['output_waste_fraction']:.0%} waste).")  # fmt: skip
+        head += (
+            f" Static batching computed {sc['computed_output_tokens']:,} output tokens for "
+            f"{sc['output_tokens']:,} useful ({sc['output_waste_fraction']:.0%} waste)."
+        )
     return f"## Offline throughput\n\n{head}\n\n{_table(rows)}\n"
 
 
 def _latency_md(rec: dict) -> str:
     res = rec["results"]
-    cols = ["batch", "context", "engine_ms", "engine_tok_s", "static_cuda_graph_ms",
-            "static_cuda_graph_tok_s", "floor_ms", "engine_vs_floor", "engine_pure_steps"]  # fmt: skip
-    heads = ["batch", "context (tokens)", "engine (ms/step)", "engine (tok/s)",
-             "static CUDA graph (ms/step)", "static CUDA graph (tok/s)", "bandwidth floor (ms)",
-             "engine / floor", "steps timed"]  # fmt: skip
+    cols = [
+        "batch",
+        "context",
+        "engine_ms",
+        "engine_tok_s",
+        "static_cuda_graph_ms",
+        "static_cuda_graph_tok_s",
+        "floor_ms",
+        "engine_vs_floor",
+        "engine_pure_steps",
+    ]
+    heads = [
+        "batch",
+        "context (tokens)",
+        "engine (ms/step)",
+        "engine (tok/s)",
+        "static CUDA graph (ms/step)",
+        "static CUDA graph (tok/s)",
+        "bandwidth floor (ms)",
+        "engine / floor",
+        "steps timed",
+    ]
     k = next((r["multi_step_k"] for r in res["rows"] if r.get("multi_step_k")), None)
     if k:
         cols[4:4] = ["engine_multi_ms", "engine_multi_tok_s"]
         heads[4:4] = [f"engine, {k} steps/sync (ms/step)", f"engine, {k} steps/sync (tok/s)"]
-    floor = (f"Floor: {res['weight_bytes'] / 1e9:.2f} GB of weights ({res['params'] / 1e9:.3f} B "
-             f"params, bf16) + batch x context x {res['kv_bytes_per_token']:,} B of KV per step, "
-             f"over {res['bandwidth_tb_s']} TB/s.")  # fmt: skip
+    floor = (
+        f"Floor: {res['weight_bytes'] / 1e9:.2f} GB of weights ({res['params'] / 1e9:.3f} B "
+        f"params, bf16) + batch x context x {res['kv_bytes_per_token']:,} B of KV per step, "
+        f"over {res['bandwidth_tb_s']} TB/s."
+    )
     rows = [{**r, **{c: _ranged(r, c, r.get(c)) for c in cols}} for r in res["rows"]]
     table = _table(rows, cols, heads)
     return f"## Decode latency\n\n{floor} {res.get('note', '')}\n\n{table}\n"
@@ -210,35 +301,67 @@ def _latency_md(rec: dict) -> str:
 
 def _memory_md(rec: dict) -> str:
     r = rec["results"]
-    rows = [{"allocation": "paged (measured peak running sequences)",
-             "sequences": r["paged_peak_running_seqs"]},
-            {"allocation": f"static, {r['max_model_len']:,} tokens reserved each (computed)",
-             "sequences": r["static_max_seqs"]}]  # fmt: skip
-    cap = " The peak hit max_num_seqs: the cap, not memory, bound it." if r.get(
-        "paged_capped_by_max_num_seqs") else ""  # fmt: skip
-    return (f"## KV memory\n\nBudget: {r['budget_bytes'] / 2**30:.2f} GiB = {r['budget_tokens']:,} "
-            f"tokens ({r['num_kv_blocks']} blocks x {r['block_size']}, {r['kv_bytes_per_token']:,} "
-            f"B/token). Paged holds {r['paged_vs_static'] or 0:.1f}x the sequences; "
-            f"{r.get('num_preemptions')} preemptions.{cap}\n\n{_table(rows)}\n")  # fmt: skip
+    rows = [
+        {
+            "allocation": "paged (measured peak running sequences)",
+            "sequences": r["paged_peak_running_seqs"],
+        },
+        {
+            "allocation": f"static, {r['max_model_len']:,} tokens reserved each (computed)",
+            "sequences": r["static_max_seqs"],
+        },
+    ]
+    cap = (
+        " The peak hit max_num_seqs: the cap, not memory, bound it."
+        if r.get("paged_capped_by_max_num_seqs")
+        else ""
+    )
+    return (
+        f"## KV memory\n\nBudget: {r['budget_bytes'] / 2**30:.2f} GiB = {r['budget_tokens']:,} "
+        f"tokens ({r['num_kv_blocks']} blocks x {r['block_size']}, {r['kv_bytes_per_token']:,} "
+        f"B/token). Paged holds {r['paged_vs_static'] or 0:.1f}x the sequences; "
+        f"{r.get('num_preemptions')} preemptions.{cap}\n\n{_table(rows)}\n"
+    )
 
 
 def _prefix_md(rec: dict) -> str:
     r = rec["results"]
-    rows = [{"prefix caching": k, **{n: r["shared"][k].get(n) for n in (
-        "prefill_tokens_computed", "prefix_cache_hit_tokens", "output_tok_s", "wall_s")}}
-        for k in ("off", "on")]  # fmt: skip
-    heads = ["prefix caching", "prefill tokens computed", "cache hits (tokens)", "output tok/s",
-             "wall s"]  # fmt: skip
+    rows = [
+        {
+            "prefix caching": k,
+            **{
+                n: r["shared"][k].get(n)
+                for n in (
+                    "prefill_tokens_computed",
+                    "prefix_cache_hit_tokens",
+                    "output_tok_s",
+                    "wall_s",
+                )
+            },
+        }
+        for k in ("off", "on")
+    ]
+    heads = [
+        "prefix caching",
+        "prefill tokens computed",
+        "cache hits (tokens)",
+        "output tok/s",
+        "wall s",
+    ]
     un = r["unshared"]
     runs = f"median of {len(un['off']['wall_s'])} runs each"
     if _span(un, "overhead_pct"):
-        runs = (f"median of {len(un['overhead_pct_reps'])} paired runs, "
-                f"{un['overhead_pct_min']:+.2f}% to {un['overhead_pct_max']:+.2f}%")  # fmt: skip
-    return (f"## Prefix caching\n\nShared prefix: {r['shared'].get('prompt_tokens', 0):,} prompt "
-            f"tokens; caching on is {r['shared']['speedup']:.2f}x faster in wall time.\n\n"
-            f"{_table(rows, list(rows[0]), heads)}\n\nNothing shared: caching on "
-            f"costs {un['overhead_pct']:+.2f}% wall time ({runs}; "
-            f"target <= {un['target_pct']}%). TTFT: {r.get('ttft_note')}.\n")  # fmt: skip
+        runs = (
+            f"median of {len(un['overhead_pct_reps'])} paired runs, "
+            f"{un['overhead_pct_min']:+.2f}% to {un['overhead_pct_max']:+.2f}%"
+        )
+    return (
+        f"## Prefix caching\n\nShared prefix: {r['shared'].get('prompt_tokens', 0):,} prompt "
+        f"tokens; caching on is {r['shared']['speedup']:.2f}x faster in wall time.\n\n"
+        f"{_table(rows, list(rows[0]), heads)}\n\nNothing shared: caching on "
+        f"costs {un['overhead_pct']:+.2f}% wall time ({runs}; "
+        f"target <= {un['target_pct']}%). TTFT: {r.get('ttft_note')}.\n"
+    )
 
 
 def _decode_kernel_md(rec: dict) -> str:
@@ -248,54 +371,82 @@ def _decode_kernel_md(rec: dict) -> str:
     def pct(v):
         return v / 43
 
-    rows = [{"batch": r["batch"], "context": r["context"],
-             "ours (us)": _ranged(r, "ours_ms", r.get("ours_ms", 0) * 1e3, us),
-             "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
-             "% of 4.3 TB/s": _ranged(r, "ours_gbps", (r.get("ours_gbps") or 0) / 43, pct),
-             "SDPA (us)": _ranged(r, "sdpa_ms", r.get("sdpa_ms", 0) * 1e3, us),
-             "SDPA (GB/s)": _ranged(r, "sdpa_gbps", r.get("sdpa_gbps")),
-             "ours / SDPA speed (x)": _ranged(r, "speedup_vs_sdpa", r.get("speedup_vs_sdpa")),
-             "splits": r.get("num_splits")}
-            for r in rec["results"]["rows"] if "skipped" not in r]  # fmt: skip
-    return ("## Paged decode attention kernel\n\nOne query token per sequence over its paged "
-            "K/V (block size 16, Llama-3.2-1B attention: 32 query / 8 KV heads of 64, bf16), "
-            "one layer. Bytes: every context token's K and V read once, plus q and out. "
-            "Baseline: SDPA with `enable_gqa=True` over a contiguous (B, Hkv, S, D) cache of the "
-            "same tokens, in the same process.\n\n" + _table(rows) + "\n")  # fmt: skip
+    rows = [
+        {
+            "batch": r["batch"],
+            "context": r["context"],
+            "ours (us)": _ranged(r, "ours_ms", r.get("ours_ms", 0) * 1e3, us),
+            "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
+            "% of 4.3 TB/s": _ranged(r, "ours_gbps", (r.get("ours_gbps") or 0) / 43, pct),
+            "SDPA (us)": _ranged(r, "sdpa_ms", r.get("sdpa_ms", 0) * 1e3, us),
+            "SDPA (GB/s)": _ranged(r, "sdpa_gbps", r.get("sdpa_gbps")),
+            "ours / SDPA speed (x)": _ranged(r, "speedup_vs_sdpa", r.get("speedup_vs_sdpa")),
+            "splits": r.get("num_splits"),
+        }
+        for r in rec["results"]["rows"]
+        if "skipped" not in r
+    ]
+    return (
+        "## Paged decode attention kernel\n\nOne query token per sequence over its paged "
+        "K/V (block size 16, Llama-3.2-1B attention: 32 query / 8 KV heads of 64, bf16), "
+        "one layer. Bytes: every context token's K and V read once, plus q and out. "
+        "Baseline: SDPA with `enable_gqa=True` over a contiguous (B, Hkv, S, D) cache of the "
+        "same tokens, in the same process.\n\n" + _table(rows) + "\n"
+    )
 
 
 def _gemv_kernel_md(rec: dict) -> str:
-    rows = [{"projection": r["name"], "tokens": r["tokens"], "weight": f"{r['rows']} x {r['k']}",
-             "folded in": {"norm": "RMSNorm", "norm_silu": "RMSNorm, silu-and-mul"}.get(r["fold"], ""),
-             "path": "GEMV kernel" if r.get("uses_gemv_kernel") else "cuBLAS (dispatch)",
-             "ours (us)": _ranged(r, "ours_us", r.get("ours_us")),
-             "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
-             "cuBLAS (us)": _ranged(r, "cublas_us", r.get("cublas_us")),
-             "cuBLAS (GB/s)": _ranged(r, "cublas_gbps", r.get("cublas_gbps")),
-             "ours / cuBLAS speed (x)": _ranged(r, "speedup_vs_cublas", r.get("speedup_vs_cublas"))}
-            for r in rec["results"]["rows"]]  # fmt: skip
-    return ("## Decode-step projections (GEMV kernel)\n\nEach projection of a Llama-3.2-1B "
-            "layer and the LM head for a few tokens, bf16, L2 flushed between runs. Ours: one "
-            "launch of `csrc/gemv.cu`, with the RMSNorm (and residual add) in front and "
-            "silu-and-mul behind where the engine folds them in. Baseline, same process: cuBLAS "
-            "(`F.linear`) with the separate fused add+RMSNorm and silu-and-mul kernels, as the "
-            "engine ran them before. Rows whose path is cuBLAS are beyond the kernel's row "
-            "limit: there ours is the baseline's path (the engine's dispatch). Bytes: the weight "
-            "plus the activations read and written once.\n\n" + _table(rows) + "\n")  # fmt: skip
+    rows = [
+        {
+            "projection": r["name"],
+            "tokens": r["tokens"],
+            "weight": f"{r['rows']} x {r['k']}",
+            "folded in": {"norm": "RMSNorm", "norm_silu": "RMSNorm, silu-and-mul"}.get(
+                r["fold"], ""
+            ),
+            "path": "GEMV kernel" if r.get("uses_gemv_kernel") else "cuBLAS (dispatch)",
+            "ours (us)": _ranged(r, "ours_us", r.get("ours_us")),
+            "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
+            "cuBLAS (us)": _ranged(r, "cublas_us", r.get("cublas_us")),
+            "cuBLAS (GB/s)": _ranged(r, "cublas_gbps", r.get("cublas_gbps")),
+            "ours / cuBLAS speed (x)": _ranged(r, "speedup_vs_cublas", r.get("speedup_vs_cublas")),
+        }
+        for r in rec["results"]["rows"]
+    ]
+    return (
+        "## Decode-step projections (GEMV kernel)\n\nEach projection of a Llama-3.2-1B "
+        "layer and the LM head for a few tokens, bf16, L2 flushed between runs. Ours: one "
+        "launch of `csrc/gemv.cu`, with the RMSNorm (and residual add) in front and "
+        "silu-and-mul behind where the engine folds them in. Baseline, same process: cuBLAS "
+        "(`F.linear`) with the separate fused add+RMSNorm and silu-and-mul kernels, as the "
+        "engine ran them before. Rows whose path is cuBLAS are beyond the kernel's row "
+        "limit: there ours is the baseline's path (the engine's dispatch). Bytes: the weight "
+        "plus the activations read and written once.\n\n" + _table(rows) + "\n"
+    )
 
 
 def _prefill_kernel_md(rec: dict) -> str:
-    cols = {"ours (TFLOP/s)": "ours_tflops", "SDPA per sequence (TFLOP/s)": "sdpa_per_seq_tflops",
-            "SDPA padded batch (TFLOP/s)": "sdpa_padded_tflops",
-            "ours vs per-sequence (x)": "speedup_vs_sdpa_per_seq",
-            "ours vs padded (x)": "speedup_vs_sdpa_padded"}  # fmt: skip
-    rows = [{"workload": r["workload"], "query tokens": r["q_tokens"],
-             **{head: _ranged(r, key, r.get(key)) for head, key in cols.items()}}
-            for r in rec["results"]["rows"]]  # fmt: skip
-    return ("## Paged prefill attention kernel\n\nChunked prefill over the paged cache, causal "
-            "aligned bottom-right, ragged batches packed (no padding); FLOPs counted from the mask. "
-            "Baselines: SDPA's FLASH backend per sequence on K/V already gathered to contiguous "
-            "tensors, and over one padded batch.\n\n" + _table(rows) + "\n")  # fmt: skip
+    cols = {
+        "ours (TFLOP/s)": "ours_tflops",
+        "SDPA per sequence (TFLOP/s)": "sdpa_per_seq_tflops",
+        "SDPA padded batch (TFLOP/s)": "sdpa_padded_tflops",
+        "ours vs per-sequence (x)": "speedup_vs_sdpa_per_seq",
+        "ours vs padded (x)": "speedup_vs_sdpa_padded",
+    }
+    rows = [
+        {
+            "workload": r["workload"],
+            "query tokens": r["q_tokens"],
+            **{head: _ranged(r, key, r.get(key)) for head, key in cols.items()},
+        }
+        for r in rec["results"]["rows"]
+    ]
+    return (
+        "## Paged prefill attention kernel\n\nChunked prefill over the paged cache, causal "
+        "aligned bottom-right, ragged batches packed (no padding); FLOPs counted from the mask. "
+        "Baselines: SDPA's FLASH backend per sequence on K/V already gathered to contiguous "
+        "tensors, and over one padded batch.\n\n" + _table(rows) + "\n"
+    )
 
 
 def _charts(recs: dict, folder: Path) -> list[Path]:
@@ -307,16 +458,27 @@ def _charts(recs: dict, folder: Path) -> list[Path]:
         rows, series = lat["results"]["rows"], {}
         for ctx in sorted({r["context"] for r in rows}):
             rs = sorted((r for r in rows if r["context"] == ctx), key=lambda r: r["batch"])
-            for key, label in (("engine_ms", "engine"), ("engine_multi_ms", "engine, multi-step"),
-                               ("static_cuda_graph_ms", "static CUDA graph"),
-                               ("floor_ms", "bandwidth floor")):  # fmt: skip
+            for key, label in (
+                ("engine_ms", "engine"),
+                ("engine_multi_ms", "engine, multi-step"),
+                ("static_cuda_graph_ms", "static CUDA graph"),
+                ("floor_ms", "bandwidth floor"),
+            ):
                 pts = [(r["batch"], r[key]) for r in rs if r.get(key) is not None]
                 if pts:
                     series[f"{label}, context {ctx:,}"] = tuple(zip(*pts))
-        paths.append(charts.line_chart(folder / "decode_latency.png", series,
-                     title="Decode step time vs batch size", xlabel="batch (sequences)",
-                     ylabel="ms per decode step", logx=True, logy=True,
-                     footnote=environment_line(lat["environment"])))  # fmt: skip
+        paths.append(
+            charts.line_chart(
+                folder / "decode_latency.png",
+                series,
+                title="Decode step time vs batch size",
+                xlabel="batch (sequences)",
+                ylabel="ms per decode step",
+                logx=True,
+                logy=True,
+                footnote=environment_line(lat["environment"]),
+            )
+        )
     dec = recs.get("decode_attention")
     if dec:
         rows, series = [r for r in dec["results"]["rows"] if r.get("ours_gbps")], {}
@@ -331,19 +493,38 @@ def _charts(recs: dict, folder: Path) -> list[Path]:
                 [r["sdpa_gbps"] / 1e3 for r in rs],
             )
         series["copy bandwidth 4.3 TB/s"] = ([1024, 32768], [COPY_TB_S, COPY_TB_S])
-        paths.append(charts.line_chart(folder / "decode_kernel_bandwidth.png", series,
-                     title="Paged decode attention: achieved HBM bandwidth", xlabel="context (tokens)",
-                     ylabel="TB/s", logx=True, footnote=environment_line(dec["environment"])))  # fmt: skip
+        paths.append(
+            charts.line_chart(
+                folder / "decode_kernel_bandwidth.png",
+                series,
+                title="Paged decode attention: achieved HBM bandwidth",
+                xlabel="context (tokens)",
+                ylabel="TB/s",
+                logx=True,
+                footnote=environment_line(dec["environment"]),
+            )
+        )
     thr = recs.get("offline_throughput")
     if thr:
         res = thr["results"]
-        got = [(label, res[k]["output_tok_s"]) for k, label in SYSTEMS.items()
-               if (res.get(k) or {}).get("measured")]  # fmt: skip
+        got = [
+            (label, res[k]["output_tok_s"])
+            for k, label in SYSTEMS.items()
+            if (res.get(k) or {}).get("measured")
+        ]
         if got:
-            paths.append(charts.bar_chart(folder / "throughput.png", [g[0] for g in got],
-                         [g[1] for g in got], title="Offline throughput, same requests",
-                         ylabel="output tok/s", baseline=30_000, baseline_label="target 30k tok/s",
-                         footnote=environment_line(thr["environment"])))  # fmt: skip
+            paths.append(
+                charts.bar_chart(
+                    folder / "throughput.png",
+                    [g[0] for g in got],
+                    [g[1] for g in got],
+                    title="Offline throughput, same requests",
+                    ylabel="output tok/s",
+                    baseline=30_000,
+                    baseline_label="target 30k tok/s",
+                    footnote=environment_line(thr["environment"]),
+                )
+            )
     return paths
 
 
@@ -357,14 +538,24 @@ def render(reports_dir: str | Path) -> list[Path]:
         )
     charts = _charts(recs, folder) + _spec_charts(recs, folder) + _serving_charts(recs, folder)
     tg = [{**t, "status": _status(t["met"])} for t in targets(recs)]
-    parts = ["# project04: offline inference benchmarks\n",
-             "Llama-3.2-1B shape, dummy weights, bf16, greedy. Environment of each record:\n",
-             "\n".join(_env_lines(recs)) + "\n", "## Targets\n",
-             _ranges_note(tg) + _table(_target_rows(tg), ["target", "measured", "unit", "status"]) + "\n"]  # fmt: skip
-    for name, fn in (("offline_throughput", _throughput_md), ("decode_latency", _latency_md),
-                     ("kv_memory", _memory_md), ("prefix_caching", _prefix_md),
-                     ("decode_attention", _decode_kernel_md), ("gemv_kernel", _gemv_kernel_md),
-                     ("prefill_attention", _prefill_kernel_md)):  # fmt: skip
+    parts = [
+        "# project04: offline inference benchmarks\n",
+        "Llama-3.2-1B shape, dummy weights, bf16, greedy. Environment of each record:\n",
+        "\n".join(_env_lines(recs)) + "\n",
+        "## Targets\n",
+        _ranges_note(tg)
+        + _table(_target_rows(tg), ["target", "measured", "unit", "status"])
+        + "\n",
+    ]
+    for name, fn in (
+        ("offline_throughput", _throughput_md),
+        ("decode_latency", _latency_md),
+        ("kv_memory", _memory_md),
+        ("prefix_caching", _prefix_md),
+        ("decode_attention", _decode_kernel_md),
+        ("gemv_kernel", _gemv_kernel_md),
+        ("prefill_attention", _prefill_kernel_md),
+    ):
         parts.append(fn(recs[name]) if name in recs else f"## {name}\n\nnot measured: no record.\n")
     if "spec_decode" in recs:
         parts.append(_spec_md(recs["spec_decode"]))
@@ -383,15 +574,23 @@ def _summary(recs: dict, tg: list[dict], folder: Path) -> str:
     """The README block: the targets, met or missed, and where the details are."""
     env = next(iter(recs.values()))["environment"]
     rel = f"reports/{PROJECT}"
-    return (f"**Inference engine, Llama-3.2-1B shape, dummy weights, bf16** ({environment_line(env)}):\n\n"
-            + _ranges_note(tg) + _table(_target_rows(tg), ["target", "measured", "unit", "status"]) + "\n\n"
-            + f"Details, baselines and charts: [{rel}/results.md]({rel}/results.md).\n")  # fmt: skip
+    return (
+        f"**Inference engine, Llama-3.2-1B shape, dummy weights, bf16** ({environment_line(env)}):\n\n"
+        + _ranges_note(tg)
+        + _table(_target_rows(tg), ["target", "measured", "unit", "status"])
+        + "\n\n"
+        + f"Details, baselines and charts: [{rel}/results.md]({rel}/results.md).\n"
+    )
 
 
 # --- speculative decoding (bench/spec.py) ---------------------------------------------------------
 
-SPEC_METHODS = {"none": "no speculation", "multi-step": "no speculation, multi-step",
-                "draft": "draft model", "ngram": "n-gram lookup"}  # fmt: skip
+SPEC_METHODS = {
+    "none": "no speculation",
+    "multi-step": "no speculation, multi-step",
+    "draft": "draft model",
+    "ngram": "n-gram lookup",
+}
 # The workload each method is made for: its line in the chart.
 SPEC_HOME = {"draft": "held-out", "ngram": "code-editing"}
 
@@ -405,8 +604,10 @@ def _spec_context(res: dict) -> str:
         p = c.get("train", {}).get(name, {}).get("params")
         size = f"{human_count(p)} params, " if p else ""
         n = m["num_hidden_layers"]
-        return (f"{size}{n} layer{'s' * (n != 1)}, dim {m['hidden_size']}, "
-                f"{m['num_attention_heads']}/{m['num_key_value_heads']} heads")  # fmt: skip
+        return (
+            f"{size}{n} layer{'s' * (n != 1)}, dim {m['hidden_size']}, "
+            f"{m['num_attention_heads']}/{m['num_key_value_heads']} heads"
+        )
 
     def span(v: dict) -> str:
         lo, hi = v["prompt_len_min"], v["prompt_len_max"]
@@ -433,23 +634,38 @@ def _spec_md(rec: dict) -> str:
     res = rec["results"]
     order = {w: i for i, w in enumerate(res["workloads"])}
     meth = list(SPEC_METHODS)
-    rs = sorted(res["rows"], key=lambda r: (order.get(r["workload"], len(order)), r["batch"],
-                                            meth.index(r["method"]) if r["method"] in meth else 9,
-                                            r["k"]))  # fmt: skip
-    rows = [{"workload": r["workload"], "batch": r["batch"],
-             "method": SPEC_METHODS.get(r["method"], r["method"]), "k": r["k"] or "",
-             "output tok/s": r["output_tok_s"], "ms/token": r["ms_per_token"],
-             "speedup (x)": r["speedup"], "acceptance": r["acceptance_rate"],
-             "accepted length": r["mean_accepted_len"],
-             "same tokens": f"{round(r['lossless_share'] * r['requests'])}/{r['requests']}"}
-            for r in rs]  # fmt: skip
+    rs = sorted(
+        res["rows"],
+        key=lambda r: (
+            order.get(r["workload"], len(order)),
+            r["batch"],
+            meth.index(r["method"]) if r["method"] in meth else 9,
+            r["k"],
+        ),
+    )
+    rows = [
+        {
+            "workload": r["workload"],
+            "batch": r["batch"],
+            "method": SPEC_METHODS.get(r["method"], r["method"]),
+            "k": r["k"] or "",
+            "output tok/s": r["output_tok_s"],
+            "ms/token": r["ms_per_token"],
+            "speedup (x)": r["speedup"],
+            "acceptance": r["acceptance_rate"],
+            "accepted length": r["mean_accepted_len"],
+            "same tokens": f"{round(r['lossless_share'] * r['requests'])}/{r['requests']}",
+        }
+        for r in rs
+    ]
     best = res.get("best_batch1_draft", {})
     line = ""
     if best.get("speedup") is not None:
-        line = (f"\n\nBest batch-1 draft-model speedup on held-out files: {best['speedup']:.2f}x "
-                f"at k = {best['k']} (goal >= {best['goal']}x: {_status(best['met'])}).")  # fmt: skip
-    return (f"## Speculative decoding\n\n{_spec_context(res)}{line}\n\n"
-            f"{_table(rows)}\n")  # fmt: skip
+        line = (
+            f"\n\nBest batch-1 draft-model speedup on held-out files: {best['speedup']:.2f}x "
+            f"at k = {best['k']} (goal >= {best['goal']}x: {_status(best['met'])})."
+        )
+    return f"## Speculative decoding\n\n{_spec_context(res)}{line}\n\n{_table(rows)}\n"
 
 
 def _spec_charts(recs: dict, folder: Path) -> list[Path]:
@@ -469,14 +685,22 @@ def _spec_charts(recs: dict, folder: Path) -> list[Path]:
     if not series:
         return []
     c = res["context"]
-    context = (f"greedy, {c.get('dtype')}, target {c['target']['num_hidden_layers']} layers dim "
-               f"{c['target']['hidden_size']}, draft {c['draft']['num_hidden_layers']} layers dim "
-               f"{c['draft']['hidden_size']}")  # fmt: skip
-    return [charts.line_chart(folder / "spec_decode.png", series,
+    context = (
+        f"greedy, {c.get('dtype')}, target {c['target']['num_hidden_layers']} layers dim "
+        f"{c['target']['hidden_size']}, draft {c['draft']['num_hidden_layers']} layers dim "
+        f"{c['draft']['hidden_size']}"
+    )
+    return [
+        charts.line_chart(
+            folder / "spec_decode.png",
+            series,
             title="Speculative decoding: speedup over the same engine without it",
-            xlabel="k (tokens proposed per step)", ylabel="speedup (x)",
+            xlabel="k (tokens proposed per step)",
+            ylabel="speedup (x)",
             hlines=[(1.0, "no speculation (1.0x)"), (goal, f"goal {goal}x (batch 1, draft)")],
-            footnote=charts.footer(rec["environment"], context))]  # fmt: skip
+            footnote=charts.footer(rec["environment"], context),
+        )
+    ]
 
 
 def _spec_summary(recs: dict) -> str:
@@ -497,11 +721,15 @@ def _spec_summary(recs: dict) -> str:
             f"k = {best['k']}, goal >= {best['goal']}x: **{_status(best['met'])}**."
         )
         if best.get("vs_multi_step"):
-            text += (f" That is {best['vs_multi_step']:.2f}x the speed of multi-step decoding "
-                     "without speculation.")  # fmt: skip
+            text += (
+                f" That is {best['vs_multi_step']:.2f}x the speed of multi-step decoding "
+                "without speculation."
+            )
     ng = [r for r in res["rows"] if r["method"] == "ngram" and r["workload"] == "code-editing"]
-    tops = [max((r for r in ng if r["batch"] == b), key=lambda r: r["speedup"])
-            for b in sorted({r["batch"] for r in ng})]  # fmt: skip
+    tops = [
+        max((r for r in ng if r["batch"] == b), key=lambda r: r["speedup"])
+        for b in sorted({r["batch"] for r in ng})
+    ]
     if tops:
         text += " N-gram lookup on the code-editing workload (the prompt holds the answer): "
         text += ", ".join(f"{r['speedup']:.2f}x at batch {r['batch']} (k = {r['k']})" for r in tops)
@@ -513,9 +741,11 @@ def _spec_summary(recs: dict) -> str:
 
 
 def _slo_text(slo: dict) -> str:
-    parts = [f"TTFT <= {slo['ttft_ms']:g} ms" if slo.get("ttft_ms") else "",
-             f"TPOT <= {slo['tpot_ms']:g} ms" if slo.get("tpot_ms") else "",
-             f"E2E <= {slo['e2e_ms']:g} ms" if slo.get("e2e_ms") else ""]  # fmt: skip
+    parts = [
+        f"TTFT <= {slo['ttft_ms']:g} ms" if slo.get("ttft_ms") else "",
+        f"TPOT <= {slo['tpot_ms']:g} ms" if slo.get("tpot_ms") else "",
+        f"E2E <= {slo['e2e_ms']:g} ms" if slo.get("e2e_ms") else "",
+    ]
     text = ", ".join(x for x in parts if x)
     return f"{text} for {slo.get('attainment', 1.0):.0%} of requests"
 
@@ -525,28 +755,42 @@ def _serving_md(rec: dict) -> str:
     rows = []
     for r in res["runs"]:
         errs = "; ".join(f"{e['count']} x {e['error'][:90]}" for e in r.get("errors") or [])
-        rows.append({"offered (req/s)": r["request_rate"], "achieved (req/s)": r.get("request_throughput"),
-                     "output tok/s": r.get("output_tok_s"),
-                     "TTFT p50 (ms)": (r.get("ttft") or {}).get("p50_ms"),
-                     "TTFT p99 (ms)": (r.get("ttft") or {}).get("p99_ms"),
-                     "TPOT p50 (ms)": (r.get("tpot") or {}).get("p50_ms"),
-                     "TPOT p99 (ms)": (r.get("tpot") or {}).get("p99_ms"),
-                     "ITL p99 (ms)": (r.get("itl") or {}).get("p99_ms"),
-                     "completed": r.get("completed"), "failed": r.get("failed"),
-                     "SLO": "met" if r.get("slo_met") else "missed", "errors": errs})  # fmt: skip
+        rows.append(
+            {
+                "offered (req/s)": r["request_rate"],
+                "achieved (req/s)": r.get("request_throughput"),
+                "output tok/s": r.get("output_tok_s"),
+                "TTFT p50 (ms)": (r.get("ttft") or {}).get("p50_ms"),
+                "TTFT p99 (ms)": (r.get("ttft") or {}).get("p99_ms"),
+                "TPOT p50 (ms)": (r.get("tpot") or {}).get("p50_ms"),
+                "TPOT p99 (ms)": (r.get("tpot") or {}).get("p99_ms"),
+                "ITL p99 (ms)": (r.get("itl") or {}).get("p99_ms"),
+                "completed": r.get("completed"),
+                "failed": r.get("failed"),
+                "SLO": "met" if r.get("slo_met") else "missed",
+                "errors": errs,
+            }
+        )
     w, best, off = res["workload"], res.get("max_rate_meeting_slo") or {}, res.get("offline") or {}
-    head = (f"An OpenAI-compatible server (`python -m {PROJECT} serve`, the engine's defaults) "
-            f"loaded over HTTP with streaming, {w.get('num_requests', w.get('requests'))} requests "
-            f"per offered rate (Poisson arrivals; inf: all at once), the throughput workload's "
-            f"lengths. SLO: {_slo_text(res['slo'])}. Highest offered rate meeting it: "
-            + (f"**{best['request_rate']} req/s**." if best.get("request_rate") else "**none**."))  # fmt: skip
+    head = (
+        f"An OpenAI-compatible server (`python -m {PROJECT} serve`, the engine's defaults) "
+        f"loaded over HTTP with streaming, {w.get('num_requests', w.get('requests'))} requests "
+        f"per offered rate (Poisson arrivals; inf: all at once), the throughput workload's "
+        f"lengths. SLO: {_slo_text(res['slo'])}. Highest offered rate meeting it: "
+        + (f"**{best['request_rate']} req/s**." if best.get("request_rate") else "**none**.")
+    )
     if off.get("serving_vs_offline") is not None:
-        diffs = ", ".join(f"{k} {v['serving']} vs {v['offline']}"
-                          for k, v in (off.get("workload_differences") or {}).items())  # fmt: skip
-        head += (f" At the all-at-once rate the server delivered {off['serving_output_tok_s']:,.0f} "
-                 f"output tok/s, {off['serving_vs_offline']:.3f}x the offline engine in the same "
-                 f"configuration ({off['offline_output_tok_s']:,.0f} tok/s): HTTP and streaming "
-                 f"cost {off['overhead_pct']:.1f}%" + (f" (workloads differ: {diffs})." if diffs else "."))  # fmt: skip
+        diffs = ", ".join(
+            f"{k} {v['serving']} vs {v['offline']}"
+            for k, v in (off.get("workload_differences") or {}).items()
+        )
+        head += (
+            f" At the all-at-once rate the server delivered {off['serving_output_tok_s']:,.0f} "
+            f"output tok/s, {off['serving_vs_offline']:.3f}x the offline engine in the same "
+            f"configuration ({off['offline_output_tok_s']:,.0f} tok/s): HTTP and streaming "
+            f"cost {off['overhead_pct']:.1f}%"
+            + (f" (workloads differ: {diffs})." if diffs else ".")
+        )
     return f"## Serving\n\n{head}\n\n{_table(rows)}\n"
 
 
@@ -556,8 +800,11 @@ def _serving_charts(recs: dict, folder: Path) -> list[Path]:
         return []
     from project04_llm_inference.bench.serving_chart import serving_chart
 
-    return [serving_chart(rec["results"], folder / "serving.png",
-                          footnote=environment_line(rec["environment"]))]  # fmt: skip
+    return [
+        serving_chart(
+            rec["results"], folder / "serving.png", footnote=environment_line(rec["environment"])
+        )
+    ]
 
 
 def _serving_summary(recs: dict) -> str:
@@ -566,12 +813,16 @@ def _serving_summary(recs: dict) -> str:
         return ""
     res = rec["results"]
     best, off = res.get("max_rate_meeting_slo") or {}, res.get("offline") or {}
-    text = (f"\n**Serving** over HTTP with streaming ({environment_line(rec['environment'])}): "
-            f"highest offered rate meeting the SLO ({_slo_text(res['slo'])}): "
-            + (f"{best['request_rate']} req/s" if best.get("request_rate") else "none"))  # fmt: skip
+    text = (
+        f"\n**Serving** over HTTP with streaming ({environment_line(rec['environment'])}): "
+        f"highest offered rate meeting the SLO ({_slo_text(res['slo'])}): "
+        + (f"{best['request_rate']} req/s" if best.get("request_rate") else "none")
+    )
     if off.get("overhead_pct") is not None:
-        text += (f"; all at once, {off['serving_output_tok_s']:,.0f} output tok/s, HTTP and "
-                 f"streaming overhead {off['overhead_pct']:.1f}% of the offline engine's rate")  # fmt: skip
+        text += (
+            f"; all at once, {off['serving_output_tok_s']:,.0f} output tok/s, HTTP and "
+            f"streaming overhead {off['overhead_pct']:.1f}% of the offline engine's rate"
+        )
     return text + ".\n"
 
 

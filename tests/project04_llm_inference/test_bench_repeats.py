@@ -15,9 +15,16 @@ from project04_llm_inference.report import render, targets
 from shared.repeat import Spread, flat
 from shared.results import save_result
 
-ENV = {"gpu": "NVIDIA H200", "driver": "570.0", "torch": "2.9.0", "cuda": "12.8",
-       "python": "3.11.9", "date": "2026-12-01T10:00:00+00:00", "git_commit": "abcdef1234567",
-       "git_dirty": False}  # fmt: skip
+ENV = {
+    "gpu": "NVIDIA H200",
+    "driver": "570.0",
+    "torch": "2.9.0",
+    "cuda": "12.8",
+    "python": "3.11.9",
+    "date": "2026-12-01T10:00:00+00:00",
+    "git_commit": "abcdef1234567",
+    "git_dirty": False,
+}
 
 
 class _Engine:
@@ -42,8 +49,9 @@ def fake_llm_class(ms_of_call):
             k, i = self.engine.args.num_scheduler_steps, len(calls)
             calls.append((k, [list(p) for p in prompts]))
             step = types.SimpleNamespace
-            self.engine.step_log.append(step(prefill_tokens=sum(map(len, prompts)),
-                                             decode_seqs=0, duration_s=1.0))  # fmt: skip
+            self.engine.step_log.append(
+                step(prefill_tokens=sum(map(len, prompts)), decode_seqs=0, duration_s=1.0)
+            )
             n, per_step = len(prompts), ms_of_call(i, k) / 1e3
             for _ in range(max(p.max_tokens for p in params) // k):
                 self.engine.step_log.append(
@@ -67,14 +75,20 @@ def engine(monkeypatch):
     return install
 
 
-def test_latency_interleaves_one_step_and_multi_step_and_keeps_every_repetition(engine, tmp_path,
-                                                                                monkeypatch):  # fmt: skip
+def test_latency_interleaves_one_step_and_multi_step_and_keeps_every_repetition(
+    engine, tmp_path, monkeypatch
+):
     # call i: one step per round trip takes i + 1 ms per step, multi-step half of that
     calls = engine(lambda i, k: (i + 1) * (0.5 if k > 1 else 1.0))
     monkeypatch.setattr(offline, "warm_up", lambda llm, v: None)
-    monkeypatch.setattr(baselines, "decode_step_times", lambda c, b, ctx, n: [2.0, 1.0, 3.0, 5.0, 4.0][:n])  # fmt: skip
-    res = offline.run_latency(offline.LatencyConfig(shape="tiny", batches=(1,), contexts=(1024,),
-                                                    decode_steps=8, reports_dir=str(tmp_path)))  # fmt: skip
+    monkeypatch.setattr(
+        baselines, "decode_step_times", lambda c, b, ctx, n: [2.0, 1.0, 3.0, 5.0, 4.0][:n]
+    )
+    res = offline.run_latency(
+        offline.LatencyConfig(
+            shape="tiny", batches=(1,), contexts=(1024,), decode_steps=8, reports_dir=str(tmp_path)
+        )
+    )
     assert [k for k, _ in calls] == [1, 8, 8, 1, 1, 8, 8, 1, 1, 8]  # alternating, 5 each
     row = res["rows"][0]
     assert row["engine_ms_reps"] == pytest.approx([1.0, 4.0, 5.0, 8.0, 9.0])  # calls 0, 3, 4, 7, 8
@@ -99,9 +113,17 @@ def test_latency_interleaves_one_step_and_multi_step_and_keeps_every_repetition(
 def test_throughput_repeats_on_fresh_token_ids_of_the_same_lengths(engine, tmp_path, monkeypatch):
     calls = engine(lambda i, k: 1.0)
     monkeypatch.setitem(__import__("sys").modules, "vllm", None)
-    cfg = offline.ThroughputConfig(shape="tiny", num_requests=6, prompt_len=(4, 9),
-                                   output_len=(2, 4), transformers_requests=0, single_step=False,
-                                   static_baseline=False, repeats=3, reports_dir=str(tmp_path))  # fmt: skip
+    cfg = offline.ThroughputConfig(
+        shape="tiny",
+        num_requests=6,
+        prompt_len=(4, 9),
+        output_len=(2, 4),
+        transformers_requests=0,
+        single_step=False,
+        static_baseline=False,
+        repeats=3,
+        reports_dir=str(tmp_path),
+    )
     res = offline.run_throughput(cfg)
     timed = [p for _, p in calls[1:]]  # calls[0] is the warm-up
     assert len(timed) == 3
@@ -130,15 +152,29 @@ def test_prefix_overhead_is_the_median_of_paired_runs(engine, tmp_path, monkeypa
         i = seen[key]
         seen[key] += 1
         wall = off[i] * (1 + extra[i]) if key == "on" and i < 5 else off[min(i, 4)]
-        return {"wall_s": wall, "output_tok_s": 1.0, "total_tok_s": 1.0,
-                "stats": {"prefill_tokens_computed": 1, "prefix_cache_hits": 0,
-                          "prefix_cache_queries": 1}}  # fmt: skip
+        return {
+            "wall_s": wall,
+            "output_tok_s": 1.0,
+            "total_tok_s": 1.0,
+            "stats": {
+                "prefill_tokens_computed": 1,
+                "prefix_cache_hits": 0,
+                "prefix_cache_queries": 1,
+            },
+        }
 
     monkeypatch.setattr(offline, "generate", fake_generate)
     monkeypatch.setattr(offline, "warm_up", lambda llm, v: None)
-    res = offline.run_prefix(offline.PrefixConfig(shape="tiny", num_requests=2, prefix_len=8,
-                                                  unique_len=2, output_len=2,
-                                                  reports_dir=str(tmp_path)))  # fmt: skip
+    res = offline.run_prefix(
+        offline.PrefixConfig(
+            shape="tiny",
+            num_requests=2,
+            prefix_len=8,
+            unique_len=2,
+            output_len=2,
+            reports_dir=str(tmp_path),
+        )
+    )
     un = res["unshared"]
     assert un["overhead_pct_reps"] == pytest.approx([1.0, 2.0, 3.0, -1.0, 1.5])
     assert (un["overhead_pct"], un["overhead_pct_min"], un["overhead_pct_max"]) == pytest.approx(
@@ -151,8 +187,11 @@ def test_prefix_overhead_is_the_median_of_paired_runs(engine, tmp_path, monkeypa
 
 @pytest.mark.parametrize("repeats", [0, -2])
 def test_repeat_counts_below_one_are_refused(repeats):
-    for cfg, name in ((offline.LatencyConfig, "repeats"), (offline.ThroughputConfig, "repeats"),
-                      (offline.PrefixConfig, "overhead_repeats")):  # fmt: skip
+    for cfg, name in (
+        (offline.LatencyConfig, "repeats"),
+        (offline.ThroughputConfig, "repeats"),
+        (offline.PrefixConfig, "overhead_repeats"),
+    ):
         with pytest.raises(ValueError, match=name):
             cfg(**{name: repeats})
 
@@ -178,15 +217,22 @@ def _kernel_rows(spread_of):
 
 
 def _save_kernel(folder, rows):
-    save_result(offline.PROJECT, "decode_attention", {"rows": rows, "copy_ceiling_gbps": 4294},
-                reports_dir=folder, env=ENV)  # fmt: skip
+    save_result(
+        offline.PROJECT,
+        "decode_attention",
+        {"rows": rows, "copy_ceiling_gbps": 4294},
+        reports_dir=folder,
+        env=ENV,
+    )
 
 
 def test_kernel_table_and_target_show_the_worst_shapes_range(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     # batch 64, context 8,192 is the slowest shape; its five runs spread by +-5%
     base = {(64, 8192): 0.3, (64, 32768): 1.05, (256, 8192): 1.05, (256, 32768): 4.1}
-    rows = _kernel_rows(lambda b, c: Spread.of([base[b, c] * f for f in (1.0, 0.95, 1.05, 1.0, 1.02)]))  # fmt: skip
+    rows = _kernel_rows(
+        lambda b, c: Spread.of([base[b, c] * f for f in (1.0, 0.95, 1.05, 1.0, 1.02)])
+    )
     _save_kernel(tmp_path, rows)
     tg = targets({"decode_attention": {"results": {"rows": rows}}})
     kernel = next(t for t in tg if "copy bandwidth" in t["target"])

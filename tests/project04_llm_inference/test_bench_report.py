@@ -19,11 +19,26 @@ from project04_llm_inference.report import render, targets
 
 LLAMA_1B = DUMMY_SHAPES["llama-3.2-1b"]
 # A tiny Llama with GQA 4/2, Llama-3 RoPE scaling (positions past 32 are rescaled), untied head.
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=256,
-            rms_norm_eps=1e-5, rope_theta=10_000.0, tie_word_embeddings=False,
-            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                              high_freq_factor=4.0, original_max_position_embeddings=32))  # fmt: skip
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=97,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_theta=10_000.0,
+    tie_word_embeddings=False,
+    rope_scaling=dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=32,
+    ),
+)
 
 
 # --- workloads -------------------------------------------------------------------------------
@@ -72,8 +87,14 @@ def test_decode_median_uses_pure_decode_steps_only():
         decode_seqs: int
         duration_s: float
 
-    steps = [Step(4096, 3, 0.9), Step(0, 8, 0.002), Step(0, 8, 0.004), Step(0, 8, 0.003),
-             Step(0, 7, 0.0001), Step(12, 8, 0.5)]  # fmt: skip
+    steps = [
+        Step(4096, 3, 0.9),
+        Step(0, 8, 0.002),
+        Step(0, 8, 0.004),
+        Step(0, 8, 0.003),
+        Step(0, 7, 0.0001),
+        Step(12, 8, 0.5),
+    ]
     assert offline.decode_ms_from_step_log(steps, 8) == (pytest.approx(3.0), 3)
     assert offline.decode_ms_from_step_log(steps, 64) == (None, 0)
 
@@ -81,9 +102,11 @@ def test_decode_median_uses_pure_decode_steps_only():
 def test_decode_median_splits_multi_step_records():
     """A record of k decode steps run back to back is k steps of duration / k each."""
     step = types.SimpleNamespace
-    steps = [step(prefill_tokens=0, decode_seqs=8, duration_s=0.008, num_steps=4),
-             step(prefill_tokens=0, decode_seqs=8, duration_s=0.012, num_steps=4),
-             step(prefill_tokens=0, decode_seqs=8, duration_s=0.0025, num_steps=1)]  # fmt: skip
+    steps = [
+        step(prefill_tokens=0, decode_seqs=8, duration_s=0.008, num_steps=4),
+        step(prefill_tokens=0, decode_seqs=8, duration_s=0.012, num_steps=4),
+        step(prefill_tokens=0, decode_seqs=8, duration_s=0.0025, num_steps=1),
+    ]
     # per step: 2, 3, 2.5 ms -> median 2.5 over 9 steps
     assert offline.decode_ms_from_step_log(steps, 8) == (pytest.approx(2.5), 9)
 
@@ -174,13 +197,18 @@ def test_vllm_runner_says_not_measured_without_vllm(monkeypatch):
 
 
 def _hf_to_static(sd: dict, n_layers: int) -> dict:
-    own = {"embed.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"],
-           "lm_head.weight": sd["lm_head.weight"]}  # fmt: skip
+    own = {
+        "embed.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
     for i in range(n_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         own[q + "wqkv.weight"] = torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
         own[q + "wo.weight"] = sd[p + "self_attn.o_proj.weight"]
-        own[q + "w13.weight"] = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])  # fmt: skip
+        own[q + "w13.weight"] = torch.cat(
+            [sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]
+        )
         own[q + "w2.weight"] = sd[p + "mlp.down_proj.weight"]
         own[q + "attn_norm.weight"] = sd[p + "input_layernorm.weight"]
         own[q + "mlp_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
@@ -216,8 +244,9 @@ def test_static_decoder_greedy_tokens_match_transformers_generate(hf_tiny):
     dec.model.load_state_dict(_hf_to_static(hf_tiny.state_dict(), 2))
     ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        want = hf_tiny.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False,
-                                pad_token_id=0)[:, 12:]  # fmt: skip
+        want = hf_tiny.generate(
+            ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0
+        )[:, 12:]
     dec.prefill(ids)
     dec.capture(20)  # on the CPU: eager steps, same code path as the graph's body
     got = [dec.tok[:, 0].clone()]
@@ -249,8 +278,12 @@ class _FakeEngine:
         self.peak = 0
 
     def stats(self):
-        return {"num_kv_blocks": self.args.num_gpu_blocks or 100, "block_size": 16,
-                "peak_running_seqs": self.peak, **self.counters}  # fmt: skip
+        return {
+            "num_kv_blocks": self.args.num_gpu_blocks or 100,
+            "block_size": 16,
+            "peak_running_seqs": self.peak,
+            **self.counters,
+        }
 
 
 class _FakeLLM:
@@ -266,7 +299,9 @@ class _FakeLLM:
         hit = sum(len(p) // 2 for p in prompts) if self.engine.args.enable_prefix_caching else 0
         self.engine.counters["prefill_tokens_computed"] += sum(map(len, prompts)) - hit
         self.engine.counters["prefix_cache_hits"] += hit
-        self.engine.step_log.append(step(prefill_tokens=sum(map(len, prompts)), decode_seqs=0, duration_s=1.0))  # fmt: skip
+        self.engine.step_log.append(
+            step(prefill_tokens=sum(map(len, prompts)), decode_seqs=0, duration_s=1.0)
+        )
         for _ in range(max(p.max_tokens for p in params)):
             self.engine.step_log.append(step(prefill_tokens=0, decode_seqs=n, duration_s=1e-3 * n))
         return [types.SimpleNamespace(token_ids=[1] * p.max_tokens) for p in params]
@@ -284,17 +319,30 @@ def fake_engine(monkeypatch):
 
 def test_latency_memory_prefix_records_with_a_fake_engine(fake_engine, tmp_path):
     common = dict(shape="tiny", reports_dir=str(tmp_path))
-    lat = offline.run_latency(offline.LatencyConfig(batches=(1, 4), contexts=(32,), decode_steps=4,
-                                                    max_num_batched_tokens=64, **common))  # fmt: skip
+    lat = offline.run_latency(
+        offline.LatencyConfig(
+            batches=(1, 4), contexts=(32,), decode_steps=4, max_num_batched_tokens=64, **common
+        )
+    )
     assert [r["engine_ms"] for r in lat["rows"]] == [pytest.approx(1.0), pytest.approx(4.0)]
     assert lat["rows"][1]["engine_tok_s"] == pytest.approx(1000.0)
     assert lat["rows"][1]["static_cuda_graph_ms"] == 2.0
-    mem = offline.run_memory(offline.MemoryConfig(num_gpu_blocks=64, max_model_len=256,
-                                                  num_requests=20, prompt_len=(8, 16),
-                                                  output_len=(4, 8), **common))  # fmt: skip
+    mem = offline.run_memory(
+        offline.MemoryConfig(
+            num_gpu_blocks=64,
+            max_model_len=256,
+            num_requests=20,
+            prompt_len=(8, 16),
+            output_len=(4, 8),
+            **common,
+        )
+    )
     assert mem["paged_peak_running_seqs"] == 20 and mem["static_max_seqs"] == 4  # 1,024 / 256
-    pre = offline.run_prefix(offline.PrefixConfig(num_requests=6, prefix_len=32, unique_len=4,
-                                                  output_len=3, overhead_repeats=2, **common))  # fmt: skip
+    pre = offline.run_prefix(
+        offline.PrefixConfig(
+            num_requests=6, prefix_len=32, unique_len=4, output_len=3, overhead_repeats=2, **common
+        )
+    )
     assert (
         pre["shared"]["on"]["prefill_tokens_computed"]
         < pre["shared"]["off"]["prefill_tokens_computed"]
@@ -311,12 +359,25 @@ def test_latency_memory_prefix_records_with_a_fake_engine(fake_engine, tmp_path)
 
 
 def test_throughput_record_with_fakes(fake_engine, tmp_path, monkeypatch):
-    monkeypatch.setattr(baselines, "generate_static", lambda c, wl, batch_size: baselines._rates(wl, 2.0, computed_output_tokens=2 * wl.output_tokens, output_waste_fraction=0.5))  # fmt: skip
-    monkeypatch.setattr(baselines, "run_transformers", lambda c, wl, batch_size: baselines._rates(wl, 10.0))  # fmt: skip
+    monkeypatch.setattr(
+        baselines,
+        "generate_static",
+        lambda c, wl, batch_size: baselines._rates(
+            wl, 2.0, computed_output_tokens=2 * wl.output_tokens, output_waste_fraction=0.5
+        ),
+    )
+    monkeypatch.setattr(
+        baselines, "run_transformers", lambda c, wl, batch_size: baselines._rates(wl, 10.0)
+    )
     monkeypatch.setitem(sys.modules, "vllm", None)
-    cfg = offline.ThroughputConfig(shape="tiny", num_requests=10, prompt_len=(4, 8),
-                                   output_len=(2, 4), transformers_requests=4,
-                                   reports_dir=str(tmp_path))  # fmt: skip
+    cfg = offline.ThroughputConfig(
+        shape="tiny",
+        num_requests=10,
+        prompt_len=(4, 8),
+        output_len=(2, 4),
+        transformers_requests=4,
+        reports_dir=str(tmp_path),
+    )
     res = offline.run_throughput(cfg)
     assert res["engine"]["produced_output_tokens"] == res["workload"]["output_tokens"]
     assert (
@@ -337,49 +398,123 @@ def test_no_gpu_is_one_line_and_no_record(tmp_path, capsys, monkeypatch):
 
 # --- report ----------------------------------------------------------------------------------
 
-ENV = {"gpu": "NVIDIA H200", "driver": "570.0", "torch": "2.9.0", "cuda": "12.8",
-       "python": "3.11.9", "date": "2026-12-01T10:00:00+00:00", "git_commit": "abcdef1234567",
-       "git_dirty": False}  # fmt: skip
+ENV = {
+    "gpu": "NVIDIA H200",
+    "driver": "570.0",
+    "torch": "2.9.0",
+    "cuda": "12.8",
+    "python": "3.11.9",
+    "date": "2026-12-01T10:00:00+00:00",
+    "git_commit": "abcdef1234567",
+    "git_dirty": False,
+}
 
 
 def _records(tmp_path: Path, *, fast: bool) -> Path:
     from shared.results import save_result
 
     def lat_row(b, ctx, ms):
-        return {"batch": b, "context": ctx, "context_max": ctx + 100, "engine_ms": ms,
-                "engine_tok_s": b / ms * 1e3, "engine_pure_steps": 64, "static_cuda_graph_ms": 1.4 * ms,
-                "static_cuda_graph_tok_s": b / (1.4 * ms) * 1e3, "floor_ms": 0.58,
-                "engine_vs_floor": ms / 0.58}  # fmt: skip
+        return {
+            "batch": b,
+            "context": ctx,
+            "context_max": ctx + 100,
+            "engine_ms": ms,
+            "engine_tok_s": b / ms * 1e3,
+            "engine_pure_steps": 64,
+            "static_cuda_graph_ms": 1.4 * ms,
+            "static_cuda_graph_tok_s": b / (1.4 * ms) * 1e3,
+            "floor_ms": 0.58,
+            "engine_vs_floor": ms / 0.58,
+        }
 
     scale = 1.0 if fast else 2.0  # slow: every time doubled, so every target is missed
-    rows = [lat_row(1, 1024, 0.7 * scale), lat_row(1, 8192, 0.78 * scale),
-            lat_row(64, 1024, 1.5 * scale), lat_row(256, 1024, 3.8 * scale)]  # fmt: skip
-    save_result(offline.PROJECT, "decode_latency", {"rows": rows, "bandwidth_tb_s": 4.3,
-                "weight_bytes": 2.47e9, "params": 1.236e9, "kv_bytes_per_token": 32768,
-                "note": "n"}, reports_dir=tmp_path, env=ENV)  # fmt: skip
-    wl = {"requests": 2000, "prompt_len_min": 128, "prompt_len_max": 2048, "output_len_min": 64,
-          "output_len_max": 1024}  # fmt: skip
-    thr = {"workload": wl,
-           "engine": {"measured": True, "requests": 2000, "output_tok_s": 32_000 / scale,
-                      "total_tok_s": 90_000 / scale, "wall_s": 34.0 * scale},
-           "static_cuda_graph": {"measured": True, "requests": 2000, "output_tok_s": 12_000.0,
-                                 "total_tok_s": 40_000.0, "wall_s": 90.0, "subsample": None,
-                                 "computed_output_tokens": 2_000_000, "output_tokens": 1_090_000,
-                                 "output_waste_fraction": 0.455},
-           "transformers": {"measured": True, "requests": 64, "output_tok_s": 700.0,
-                            "subsample": "ran the first 64 of 2000 requests"},
-           "vllm": {"measured": False, "reason": "not measured here: No module named 'vllm'"},
-           "ratios": {"engine_vs_static_cuda_graph": 2.7, "engine_vs_transformers": 45.0,
-                      "engine_vs_vllm": None}}  # fmt: skip
+    rows = [
+        lat_row(1, 1024, 0.7 * scale),
+        lat_row(1, 8192, 0.78 * scale),
+        lat_row(64, 1024, 1.5 * scale),
+        lat_row(256, 1024, 3.8 * scale),
+    ]
+    save_result(
+        offline.PROJECT,
+        "decode_latency",
+        {
+            "rows": rows,
+            "bandwidth_tb_s": 4.3,
+            "weight_bytes": 2.47e9,
+            "params": 1.236e9,
+            "kv_bytes_per_token": 32768,
+            "note": "n",
+        },
+        reports_dir=tmp_path,
+        env=ENV,
+    )
+    wl = {
+        "requests": 2000,
+        "prompt_len_min": 128,
+        "prompt_len_max": 2048,
+        "output_len_min": 64,
+        "output_len_max": 1024,
+    }
+    thr = {
+        "workload": wl,
+        "engine": {
+            "measured": True,
+            "requests": 2000,
+            "output_tok_s": 32_000 / scale,
+            "total_tok_s": 90_000 / scale,
+            "wall_s": 34.0 * scale,
+        },
+        "static_cuda_graph": {
+            "measured": True,
+            "requests": 2000,
+            "output_tok_s": 12_000.0,
+            "total_tok_s": 40_000.0,
+            "wall_s": 90.0,
+            "subsample": None,
+            "computed_output_tokens": 2_000_000,
+            "output_tokens": 1_090_000,
+            "output_waste_fraction": 0.455,
+        },
+        "transformers": {
+            "measured": True,
+            "requests": 64,
+            "output_tok_s": 700.0,
+            "subsample": "ran the first 64 of 2000 requests",
+        },
+        "vllm": {"measured": False, "reason": "not measured here: No module named 'vllm'"},
+        "ratios": {
+            "engine_vs_static_cuda_graph": 2.7,
+            "engine_vs_transformers": 45.0,
+            "engine_vs_vllm": None,
+        },
+    }
     save_result(offline.PROJECT, "offline_throughput", thr, reports_dir=tmp_path, env=ENV)
-    pre = {"shared": {"off": {"prefill_tokens_computed": 544_000, "prefix_cache_hit_tokens": 0,
-                              "output_tok_s": 5000.0, "wall_s": 6.4},
-                      "on": {"prefill_tokens_computed": 33_000, "prefix_cache_hit_tokens": 511_000,
-                             "output_tok_s": 20_000.0, "wall_s": 1.6},
-                      "speedup": 4.0, "prompt_tokens": 544_000},
-           "unshared": {"off": {"wall_s": [5.0, 5.1, 5.0]}, "on": {"wall_s": [5.0, 5.1, 5.05]},
-                        "overhead_pct": 1.0 if fast else 3.5, "target_pct": 2.0},
-           "ttft": None, "ttft_note": "left to the serving benchmark"}  # fmt: skip
+    pre = {
+        "shared": {
+            "off": {
+                "prefill_tokens_computed": 544_000,
+                "prefix_cache_hit_tokens": 0,
+                "output_tok_s": 5000.0,
+                "wall_s": 6.4,
+            },
+            "on": {
+                "prefill_tokens_computed": 33_000,
+                "prefix_cache_hit_tokens": 511_000,
+                "output_tok_s": 20_000.0,
+                "wall_s": 1.6,
+            },
+            "speedup": 4.0,
+            "prompt_tokens": 544_000,
+        },
+        "unshared": {
+            "off": {"wall_s": [5.0, 5.1, 5.0]},
+            "on": {"wall_s": [5.0, 5.1, 5.05]},
+            "overhead_pct": 1.0 if fast else 3.5,
+            "target_pct": 2.0,
+        },
+        "ttft": None,
+        "ttft_note": "left to the serving benchmark",
+    }
     save_result(offline.PROJECT, "prefix_caching", pre, reports_dir=tmp_path, env=ENV)
     return tmp_path
 
@@ -401,8 +536,12 @@ def test_report_renders_from_records_alone(tmp_path, fast, monkeypatch):
     assert "not measured here: No module named 'vllm'" in md  # vLLM absent: said, not invented
     assert "ms/token" in md and "output tok/s" in md  # units
     assert "## kv_memory\n\nnot measured: no record." in md
-    tg = targets({n: json.loads((root / offline.PROJECT / f"{n}.json").read_text())
-                  for n in ("decode_latency", "offline_throughput", "prefix_caching")})  # fmt: skip
+    tg = targets(
+        {
+            n: json.loads((root / offline.PROJECT / f"{n}.json").read_text())
+            for n in ("decode_latency", "offline_throughput", "prefix_caching")
+        }
+    )
     assert [t["met"] for t in tg if t["met"] is not None] == [fast] * 6
     assert [t["target"] for t in tg if t["met"] is None] == [
         "paged decode kernel >= 80% of the copy bandwidth (batch 64/256, context >= 8k)"
@@ -444,17 +583,35 @@ def test_serving_section_states_the_slo_rate_and_refusals(tmp_path, monkeypatch)
     def run(rate, ok, failed=0):
         pct = {"n": 10, "mean_ms": 5.0, "p50_ms": 4.0, "p90_ms": 6.0, "p99_ms": 9.0}
         errs = [{"error": "HTTP 503: server overloaded", "count": failed}] if failed else []
-        return {"request_rate": rate, "max_concurrency": 0, "completed": 10 - failed,
-                "failed": failed, "request_throughput": 3.0, "output_tok_s": 900.0,
-                "ttft": pct, "tpot": pct, "itl": pct, "e2e": pct, "slo_met": ok,
-                "errors": errs}  # fmt: skip
+        return {
+            "request_rate": rate,
+            "max_concurrency": 0,
+            "completed": 10 - failed,
+            "failed": failed,
+            "request_throughput": 3.0,
+            "output_tok_s": 900.0,
+            "ttft": pct,
+            "tpot": pct,
+            "itl": pct,
+            "e2e": pct,
+            "slo_met": ok,
+            "errors": errs,
+        }
 
     slo = {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2e_ms": 0.0, "attainment": 0.9}
-    res = {"workload": {"num_requests": 10}, "slo": slo, "runs": [run("4", True), run("inf", False, 3)],
-           "max_rate_meeting_slo": {"request_rate": "4"},
-           "offline": {"serving_vs_offline": 0.9, "serving_output_tok_s": 900.0,
-                       "offline_output_tok_s": 1000.0, "overhead_pct": 10.0,
-                       "workload_differences": {"num_requests": {"serving": 10, "offline": 2000}}}}  # fmt: skip
+    res = {
+        "workload": {"num_requests": 10},
+        "slo": slo,
+        "runs": [run("4", True), run("inf", False, 3)],
+        "max_rate_meeting_slo": {"request_rate": "4"},
+        "offline": {
+            "serving_vs_offline": 0.9,
+            "serving_output_tok_s": 900.0,
+            "offline_output_tok_s": 1000.0,
+            "overhead_pct": 10.0,
+            "workload_differences": {"num_requests": {"serving": 10, "offline": 2000}},
+        },
+    }
     save_result(offline.PROJECT, "serving", res, reports_dir=tmp_path, env=ENV)
     paths = render(tmp_path)
     md = paths[0].read_text()

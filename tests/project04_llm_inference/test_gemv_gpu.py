@@ -114,10 +114,12 @@ def test_rows_do_not_depend_on_the_batch():
 
 @pytest.mark.parametrize(
     "x_shape,w_shape,dtype",
-    [((3, 64), (32, 64), torch.bfloat16),  # more tokens than the kernel takes
-     ((2, 60), (32, 60), torch.bfloat16),  # K not a multiple of 8
-     ((2, 64), (32, 64), torch.float32)],  # not a 16-bit dtype
-)  # fmt: skip
+    [
+        ((3, 64), (32, 64), torch.bfloat16),  # more tokens than the kernel takes
+        ((2, 60), (32, 60), torch.bfloat16),  # K not a multiple of 8
+        ((2, 64), (32, 64), torch.float32),
+    ],  # not a 16-bit dtype
+)
 def test_other_shapes_take_cublas(x_shape, w_shape, dtype):
     x, w = _rand(*x_shape, dtype=dtype, seed=12), _rand(*w_shape, dtype=dtype, seed=13)
     assert not gemv.gemv_applies(x, w)
@@ -136,6 +138,7 @@ def test_rows_too_wide_to_stage_take_cublas():
     _assert_product_close(gemv.linear(x[:1].contiguous(), w), x[:1], w)
 
 
+@pytest.mark.smoke  # the folded norm, silu-and-mul and a plain product, captured and replayed
 def test_replays_in_a_cuda_graph():
     k = 2048
     x = _rand(2, k, dtype=torch.bfloat16, seed=14)

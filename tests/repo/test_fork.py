@@ -29,8 +29,9 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
 def _git(*args, cwd):
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
-                          timeout=120)  # fmt: skip
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +82,9 @@ def test_the_fork_comes_from_the_committed_tree_not_the_working_tree(snapshot, t
     readme.write_text("laptop numbers\n")  # a dirty tree
     (snapshot / "project03_capstone_infra" / "scratch_notes.py").write_text("x = 1\n")
     try:
-        dest = fork_project.fork("project03_capstone_infra", tmp_path / "f", root=snapshot,
-                                 git=False).dest  # fmt: skip
+        dest = fork_project.fork(
+            "project03_capstone_infra", tmp_path / "f", root=snapshot, git=False
+        ).dest
     finally:
         readme.write_text(committed)
         (snapshot / "project03_capstone_infra" / "scratch_notes.py").unlink()
@@ -158,8 +160,17 @@ def test_each_fork_declares_what_it_imports_and_no_more(fork_of):
     p01 = (fork_of("project01_cuda_kernel") / "pyproject.toml").read_text()
     assert 'name = "project01-cuda-kernel"' in p01
     assert 'include = ["shared*", "project01_cuda_kernel*"]' in p01
-    for absent in ("ray", "dali", "deepspeed", "apple =", "serve", "coremltools", "prometheus",
-                   "project02", "apple_track ="):  # fmt: skip
+    for absent in (
+        "ray",
+        "dali",
+        "deepspeed",
+        "apple =",
+        "serve",
+        "coremltools",
+        "prometheus",
+        "project02",
+        "apple_track =",
+    ):
         assert absent not in p01, absent
     assert "ninja" in p01 and "csrc/**/*.cu" in p01  # builds its CUDA sources
     assert "ai-infra-capstones" not in p01 and "three AI-infrastructure" not in p01
@@ -168,7 +179,10 @@ def test_each_fork_declares_what_it_imports_and_no_more(fork_of):
     assert "deepspeed" not in p03 and "apple =" not in p03
     p02 = (fork_of("project02_fsdp_scaling") / "pyproject.toml").read_text()
     assert "deepspeed = " in p02 and "ray =" not in p02
-    assert "OPTIONAL_EXTRAS ?= deepspeed\n" in (fork_of("project02_fsdp_scaling") / "Makefile").read_text()  # fmt: skip
+    assert (
+        "OPTIONAL_EXTRAS ?= deepspeed\n"
+        in (fork_of("project02_fsdp_scaling") / "Makefile").read_text()
+    )
     assert "OPTIONAL_EXTRAS ?=\n" in (fork_of("project01_cuda_kernel") / "Makefile").read_text()
 
 
@@ -176,7 +190,15 @@ def test_each_fork_declares_what_it_imports_and_no_more(fork_of):
 def test_the_fork_has_its_own_makefile_and_demo_plan(project, fork_of):
     dest = fork_of(project)
     makefile = (dest / "Makefile").read_text()
-    for target in ("test", "gpu-test", "demo", "publish", "lint", "setup", *fork_project.MAKE_TARGETS[project]):  # fmt: skip
+    for target in (
+        "test",
+        "gpu-test",
+        "demo",
+        "publish",
+        "lint",
+        "setup",
+        *fork_project.MAKE_TARGETS[project],
+    ):
         assert f"\n{target}:" in makefile, target
     others = {t for p, ts in fork_project.MAKE_TARGETS.items() if p != project for t in ts}
     for target in others | {"fork", "readme"}:
@@ -186,12 +208,25 @@ def test_the_fork_has_its_own_makefile_and_demo_plan(project, fork_of):
     r = subprocess.run(["make", "help"], cwd=dest, capture_output=True, text=True, timeout=60)
     assert "make test " in r.stdout and "make publish " in r.stdout
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-c", "from scripts import demo; print(*demo.PROJECTS)"],
-                       cwd=dest, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", "from scripts import demo; print(*demo.PROJECTS)"],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
-    short = {v: k for k, v in {"project01": "project01_cuda_kernel", "project02":
-             "project02_fsdp_scaling", "project03": "project03_capstone_infra", "project04":
-             "project04_llm_inference", "apple": "apple_track"}.items()}[project]  # fmt: skip
+    short = {
+        v: k
+        for k, v in {
+            "project01": "project01_cuda_kernel",
+            "project02": "project02_fsdp_scaling",
+            "project03": "project03_capstone_infra",
+            "project04": "project04_llm_inference",
+            "apple": "apple_track",
+        }.items()
+    }[project]
     assert r.stdout.split() == [short]
 
 
@@ -236,17 +271,23 @@ def test_the_fork_passes_its_own_tests(project, fork_of):
         "raise SystemExit(pytest.main(sys.argv[1:]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-c", guard, "-m", "not gpu and not slow", "-q",
-                        "-p", "no:cacheprovider"], cwd=dest, env=env, capture_output=True,
-                       text=True, timeout=900)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", guard, "-m", "not gpu and not slow", "-q", "-p", "no:cacheprovider"],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
 
 
 # --- the fork's own workflows -----------------------------------------------------------------
 
-GPU_PROJECTS = {p for p in PROJECTS
-                if any(uses_mark(f, "gpu") for f in (ROOT / "tests" / p).rglob("test_*.py"))}  # fmt: skip
+GPU_PROJECTS = {
+    p for p in PROJECTS if any(uses_mark(f, "gpu") for f in (ROOT / "tests" / p).rglob("test_*.py"))
+}
 CUDA_PROJECTS = {p for p in PROJECTS if any((ROOT / p).glob("csrc/**/*.cu"))}
 
 
@@ -270,7 +311,9 @@ def test_the_fork_has_workflows_of_its_own_that_pass_actionlint(project, fork_of
     ci = load_workflow(folder / "ci.yml")
     assert ("cuda-compile" in ci["jobs"]) == (project in CUDA_PROJECTS)
     assert ("apple-track" in ci["jobs"]) == (project == "apple_track")
-    assert "make test" in runs(ci["jobs"]["cpu-tier"]) and "make lint" in runs(ci["jobs"]["cpu-tier"])  # fmt: skip
+    assert "make test" in runs(ci["jobs"]["cpu-tier"]) and "make lint" in runs(
+        ci["jobs"]["cpu-tier"]
+    )
     text = "".join(f.read_text() for f in files)
     for other in set(PROJECTS) - {project}:
         assert other not in text, other
@@ -287,15 +330,23 @@ def test_the_fork_has_workflows_of_its_own_that_pass_actionlint(project, fork_of
                     assert (dest / script).is_file(), (f.name, script)
     assert ("\ngpu-smoke:" in makefile) == smoke == (dest / "scripts" / "gpu_smoke.py").is_file()
     cuda = project in CUDA_PROJECTS
-    assert ("\ncuda-compile:" in makefile) == cuda == (dest / "scripts" / "compile_cuda.py").is_file()  # fmt: skip
+    assert (
+        ("\ncuda-compile:" in makefile) == cuda == (dest / "scripts" / "compile_cuda.py").is_file()
+    )
     assert (dest / ".github" / "actionlint.yaml").is_file()
     assert ".github/workflows/" in (dest / "README.md").read_text()
 
 
 def test_drop_job_removes_one_job_and_keeps_the_rest():
-    text = "on: push\njobs:\n  a:\n    steps: []\n\n  b:\n    # b's note\n    steps:\n      - run: x\n\n  c:\n    steps: []\n"  # fmt: skip
-    assert fork_project.drop_job(text, "b") == "on: push\njobs:\n  a:\n    steps: []\n\n  c:\n    steps: []\n"  # fmt: skip
-    assert fork_project.drop_job(text, "c") == "on: push\njobs:\n  a:\n    steps: []\n\n  b:\n    # b's note\n    steps:\n      - run: x\n"  # fmt: skip
+    text = "on: push\njobs:\n  a:\n    steps: []\n\n  b:\n    # b's note\n    steps:\n      - run: x\n\n  c:\n    steps: []\n"
+    assert (
+        fork_project.drop_job(text, "b")
+        == "on: push\njobs:\n  a:\n    steps: []\n\n  c:\n    steps: []\n"
+    )
+    assert (
+        fork_project.drop_job(text, "c")
+        == "on: push\njobs:\n  a:\n    steps: []\n\n  b:\n    # b's note\n    steps:\n      - run: x\n"
+    )
     with pytest.raises(fork_project.ForkError, match="no job 'd'"):
         fork_project.drop_job(text, "d")
 
@@ -307,8 +358,14 @@ def test_the_forks_gpu_smoke_runs_inside_it_and_selects_its_own_tests(fork_of, t
     dest = fork_of("project03_capstone_infra")
     assert not (dest / "shared" / "cuda_build.py").exists()  # no kernels: no build tools either
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", str(tmp_path)],
-                       cwd=dest, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", str(tmp_path)],
+        cwd=dest,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     junit = (tmp_path / "junit.xml").read_text()
     assert 'classname="tests.project03_capstone_infra.test_gpu_trainer"' in junit
@@ -320,8 +377,13 @@ def test_the_forks_gpu_smoke_runs_inside_it_and_selects_its_own_tests(fork_of, t
 @pytest.mark.skipif(compile_cuda.find_nvcc() is None, reason="nvcc not found: CUDA toolkit absent")
 def test_the_forks_cuda_compile_job_compiles_its_own_sources(fork_of):
     dest = fork_of("project04_llm_inference")
-    r = subprocess.run([sys.executable, "scripts/compile_cuda.py", "--strict"], cwd=dest,
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "scripts/compile_cuda.py", "--strict"],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     compiled = re.findall(r"^ok   (\S+)", r.stdout, re.M)
     assert compiled and all(c.startswith("project04_llm_inference/csrc/") for c in compiled)

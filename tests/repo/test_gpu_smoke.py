@@ -62,17 +62,25 @@ def test_every_project_with_gpu_tests_has_smoke_tests():
     planted = ROOT / "tests" / "repo" / "test_gpu_smoke.py"  # names the mark in strings only
     assert "pytest.mark.smoke" in planted.read_text() and not gpu_smoke.uses_mark(planted)
     assert gpu_smoke.smoke_test_dirs() == [
-        "tests/project01_cuda_kernel", "tests/project02_fsdp_scaling",
-        "tests/project03_capstone_infra", "tests/project04_llm_inference",
-    ]  # fmt: skip
+        "tests/project01_cuda_kernel",
+        "tests/project02_fsdp_scaling",
+        "tests/project03_capstone_infra",
+        "tests/project04_llm_inference",
+    ]
 
 
 @pytest.fixture(scope="module")
 def cpu_smoke_run(tmp_path_factory):
     """`python -m scripts.gpu_smoke` with no GPU visible: builds skipped, every test skipped."""
     out = tmp_path_factory.mktemp("smoke")
-    r = subprocess.run([sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", str(out)],
-                       cwd=ROOT, env=NO_GPU, capture_output=True, text=True, timeout=600)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", str(out)],
+        cwd=ROOT,
+        env=NO_GPU,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return r, out
 
 
@@ -117,9 +125,14 @@ def test_without_a_gpu_it_says_what_it_skipped_and_why(cpu_smoke_run):
 
 
 def test_require_gpu_fails_where_no_gpu_is_usable(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "scripts.gpu_smoke", "--require-gpu", "--out-dir",
-                        str(tmp_path)], cwd=ROOT, env=NO_GPU, capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "scripts.gpu_smoke", "--require-gpu", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=NO_GPU,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert "cannot run here" in r.stdout and not (tmp_path / "junit.xml").exists()
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "no GPU"
@@ -153,10 +166,14 @@ def _planted_run(tmp_path, monkeypatch, extra: str):
 
 
 def test_a_failing_test_fails_the_run_and_skips_are_listed(tmp_path, monkeypatch):
-    rc, text, summary = _planted_run(tmp_path, monkeypatch, """
+    rc, text, summary = _planted_run(
+        tmp_path,
+        monkeypatch,
+        """
         def test_fails():
             assert 1 + 1 == 3
-        """)  # fmt: skip
+        """,
+    )
     assert rc == 1 and summary["status"] == "failed"
     assert summary["counts"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
     assert "1 skipped: a planted reason" in text and "FAILED" in text
@@ -171,20 +188,26 @@ def test_passes_and_skips_alone_pass(tmp_path, monkeypatch):
 
 
 def test_an_error_in_a_fixture_fails_the_run(tmp_path, monkeypatch):
-    rc, _, summary = _planted_run(tmp_path, monkeypatch, """
+    rc, _, summary = _planted_run(
+        tmp_path,
+        monkeypatch,
+        """
         @pytest.fixture
         def broken():
             raise RuntimeError("set-up failed")
 
         def test_uses_it(broken):
             pass
-        """)  # fmt: skip
+        """,
+    )
     assert rc == 1 and summary["counts"]["error"] == 1
 
 
 def test_a_failed_build_stops_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_smoke, "gpu_unavailable_reason", lambda need_compiler: None)
-    monkeypatch.setattr(gpu_smoke, "present_extensions", lambda root=ROOT: [("json", "no_such_loader")])  # fmt: skip
+    monkeypatch.setattr(
+        gpu_smoke, "present_extensions", lambda root=ROOT: [("json", "no_such_loader")]
+    )
     lines: list[str] = []
     rc = gpu_smoke.run(tmp_path, log=lines.append)
     assert rc == 1
@@ -198,7 +221,8 @@ def test_a_failed_build_stops_the_run(tmp_path, monkeypatch):
 
 def test_read_junit_names_files_and_reasons(tmp_path):
     xml = tmp_path / "j.xml"
-    xml.write_text(textwrap.dedent("""\
+    xml.write_text(
+        textwrap.dedent("""\
         <testsuites><testsuite>
           <testcase classname="tests.repo.test_gpu_smoke" name="test_a[x]" time="1.5"/>
           <testcase classname="tests.repo.test_gpu_smoke" name="test_b" time="0.1">
@@ -208,7 +232,8 @@ def test_read_junit_names_files_and_reasons(tmp_path):
             <failure message="assert 1 == 2">trace</failure>
           </testcase>
         </testsuite></testsuites>
-        """))  # fmt: skip
+        """)
+    )
     got = gpu_smoke.read_junit(xml)
     assert [(o.test, o.outcome) for o in got] == [
         ("tests/repo/test_gpu_smoke.py::test_a[x]", "passed"),
@@ -222,11 +247,20 @@ def test_read_junit_names_files_and_reasons(tmp_path):
 
 
 def test_bad_arguments_are_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", ""], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", ""],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and r.stderr.startswith("error: argument --out-dir")
     (tmp_path / "file").write_text("x")
-    r = subprocess.run([sys.executable, "-m", "scripts.gpu_smoke", "--out-dir",
-                        str(tmp_path / "file")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "scripts.gpu_smoke", "--out-dir", str(tmp_path / "file")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "is not a folder" in r.stderr

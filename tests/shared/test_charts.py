@@ -53,8 +53,9 @@ def test_power_of_two_sizes_on_a_log_axis_are_labelled_as_integers():
 
 
 def test_many_integer_steps_get_whole_number_ticks():
-    fig = _line({"loss": (list(range(1, 61)), [5.0 - 0.01 * s for s in range(60)])},
-                y_from_zero=False)  # fmt: skip
+    fig = _line(
+        {"loss": (list(range(1, 61)), [5.0 - 0.01 * s for s in range(60)])}, y_from_zero=False
+    )
     ticks = fig.axes[0].get_xticks()
     assert len(ticks) < 15 and all(float(t).is_integer() for t in ticks)
 
@@ -76,8 +77,9 @@ def test_a_rate_axis_starts_at_zero_unless_told_otherwise():
 
 
 def test_bars_start_at_zero_with_room_for_labels():
-    fig = charts.grouped_bar_figure(["a", "b"], {"x": [90.0, 95.0], "y": [92.0, None]},
-                                    title="t", ylabel="%")  # fmt: skip
+    fig = charts.grouped_bar_figure(
+        ["a", "b"], {"x": [90.0, 95.0], "y": [92.0, None]}, title="t", ylabel="%"
+    )
     lo, hi = fig.axes[0].get_ylim()
     assert lo == 0 and hi > 95
     fig = charts.stacked_bar_figure(["1", "2"], {"a": [1, 2], "b": [3, 1]}, title="t", ylabel="ms")
@@ -103,32 +105,47 @@ def test_footer_text_is_passed_through():
         charts.stacked_bar_figure(["a"], {"s": [1.0]}, title="t", ylabel="y", footnote=foot),
         charts.roofline_figure(
             [("k", 100.0, 2e14)], peak_flops=989e12, peak_bandwidth=4.8e12, title="t", footnote=foot
-        ),  # fmt: skip
+        ),
     ):
         assert _text(fig) == " ".join(foot.split())  # wrapped to the width, nothing lost
     assert _text(_line({"a": ([1, 2], [1.0, 2.0])})) == ""  # no footer unless given
 
 
 def test_footers_name_the_records_hardware_not_the_drawing_machine():
-    env = {"gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11.0", "cuda": "13.0",
-           "python": "3.12.3", "date": "2026-11-29T10:00:00+00:00", "git_commit": "abc1234",
-           "cpu_count": 2}  # fmt: skip
+    env = {
+        "gpu": "NVIDIA H200",
+        "driver": "580.1",
+        "torch": "2.11.0",
+        "cuda": "13.0",
+        "python": "3.12.3",
+        "date": "2026-11-29T10:00:00+00:00",
+        "git_commit": "abc1234",
+        "cpu_count": 2,
+    }
     line = charts.footer(env, "1b, batch 8")
     assert line.startswith("1b, batch 8; NVIDIA H200") and "2026-11-29" in line
     assert "CPU" not in line
     cpu = charts.footer({**env, "gpu": None}, None)
     assert cpu.startswith("CPU (2 cores)")
-    proj = charts.projection_footer("8x h200-sxm", ["reports/p/a.json", "reports/p/a.json",
-                                                    "reports/q/b.json"], date="2026-11-29T1")  # fmt: skip
+    proj = charts.projection_footer(
+        "8x h200-sxm",
+        ["reports/p/a.json", "reports/p/a.json", "reports/q/b.json"],
+        date="2026-11-29T1",
+    )
     assert proj == "PROJECTED for 8x h200-sxm from reports/p/a.json, reports/q/b.json; 2026-11-29"
 
 
 def test_bars_coloured_by_family_with_a_legend_and_their_own_labels():
     fig = charts.bar_figure(
-        ["s07", "h08", "h09"], [82.1, 47.9, 90.9], title="t", ylabel="% of cuBLAS",
-        groups=["float32", "bfloat16", "bfloat16"], bar_labels=["82.1%", "47.9%", "90.9%"],
-        baseline=100.0, baseline_label="cuBLAS",
-    )  # fmt: skip
+        ["s07", "h08", "h09"],
+        [82.1, 47.9, 90.9],
+        title="t",
+        ylabel="% of cuBLAS",
+        groups=["float32", "bfloat16", "bfloat16"],
+        bar_labels=["82.1%", "47.9%", "90.9%"],
+        baseline=100.0,
+        baseline_label="cuBLAS",
+    )
     ax = fig.axes[0]
     colours = [p.get_facecolor() for p in ax.patches[:3]]
     assert colours[0] != colours[1] and colours[1] == colours[2]
@@ -140,10 +157,14 @@ def test_bars_coloured_by_family_with_a_legend_and_their_own_labels():
 
 
 def test_family_baselines_span_only_their_bars():
-    fig = charts.bar_figure(["s1", "s2", "h1"], [10.0, 40.0, 600.0], title="t", ylabel="TFLOP/s",
-                            groups=["fp32", "fp32", "bf16"],
-                            group_baselines={"fp32": (50.0, "cuBLAS fp32"),
-                                             "bf16": (700.0, "cuBLAS bf16")})  # fmt: skip
+    fig = charts.bar_figure(
+        ["s1", "s2", "h1"],
+        [10.0, 40.0, 600.0],
+        title="t",
+        ylabel="TFLOP/s",
+        groups=["fp32", "fp32", "bf16"],
+        group_baselines={"fp32": (50.0, "cuBLAS fp32"), "bf16": (700.0, "cuBLAS bf16")},
+    )
     ax = fig.axes[0]
     segs = {c.get_label(): c.get_segments()[0] for c in ax.collections}
     assert segs["cuBLAS fp32"][0][0] < 0 < 1 < segs["cuBLAS fp32"][1][0] < 2
@@ -152,8 +173,11 @@ def test_family_baselines_span_only_their_bars():
 
 
 def test_a_labelled_peak_line():
-    fig = _line({"ours": ([512, 1024], [400.0, 600.0])}, logx=True,
-                hlines=[(989.0, "dense bf16 peak: 989 TFLOP/s")])  # fmt: skip
+    fig = _line(
+        {"ours": ([512, 1024], [400.0, 600.0])},
+        logx=True,
+        hlines=[(989.0, "dense bf16 peak: 989 TFLOP/s")],
+    )
     ax = fig.axes[0]
     assert "dense bf16 peak: 989 TFLOP/s" in [t.get_text() for t in ax.get_legend().get_texts()]
     assert "dense bf16 peak: 989 TFLOP/s" in [t.get_text() for t in ax.texts]
@@ -162,13 +186,22 @@ def test_a_labelled_peak_line():
 
 def test_large_values_read_as_k_and_m():
     assert [charts.fmt_number(v) for v in (0.498, 41.9, 148_568.0, 4.08e6)] == [
-        "0.498", "41.9", "149k", "4.08M"
-    ]  # fmt: skip
+        "0.498",
+        "41.9",
+        "149k",
+        "4.08M",
+    ]
 
 
 def test_the_writers_still_write_pngs_and_return_the_path(tmp_path):
-    p = charts.line_chart(tmp_path / "sub" / "l.png", {"a": ([1, 2], [1.0, 2.0])}, title="t",
-                          xlabel="x", ylabel="y", footnote="H200")  # fmt: skip
+    p = charts.line_chart(
+        tmp_path / "sub" / "l.png",
+        {"a": ([1, 2], [1.0, 2.0])},
+        title="t",
+        xlabel="x",
+        ylabel="y",
+        footnote="H200",
+    )
     assert p == tmp_path / "sub" / "l.png" and p.read_bytes()[:4] == b"\x89PNG"
     fig, ax = plt.subplots()
     ax.plot([1, 2], [1, 2])
