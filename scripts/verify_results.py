@@ -36,12 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.gpu_state import state_line
-from shared.repeat import Spread, read_flat
+from shared.repeat import Spread, ratio, read_flat
 from shared.results import REPO_ROOT, atomic_write_json, load_result, markdown_table
 
 EXIT_OK, EXIT_DISAGREE, EXIT_NO_GPU, EXIT_UNCHECKED = 0, 1, 3, 4
 BUDGET_S = 600.0  # the nightly GPU smoke workflow's allowance for this command on one H200
 P04 = "project04_llm_inference"
+P01 = "project01_cuda_kernel"
 COPY_TB_S = 4.3  # the copy bandwidth project04's decode-kernel target is a share of (H200)
 
 
@@ -85,6 +86,18 @@ PREFIX_OVERHEAD = Tolerance(abs=2.0, reason=(
 CHECKPOINT = Tolerance(rel=0.25, reason=(
     "time training is held by a checkpoint save: it depends on the filesystem and host memory "
     "bandwidth as much as on the GPU, so it compares only on the same GPU model and loosely"))  # fmt: skip
+GEMM_SHARE = Tolerance(rel=0.10, reason=(
+    "a kernel's share of cuBLAS at one shape, the two alternating in one process, so most of "
+    "the clock and thermal state falls on both; but the committed figure is a single run, not a "
+    "median of five, and the clock a compute-bound kernel settles at under the power limit "
+    "depends on its own power draw, so it need not cancel completely. Measured: step 9 read "
+    "90.9% and 92.4% of cuBLAS at 4096³ in two sessions of one day, while cuBLAS itself moved "
+    "by 5% (699 and 734 TFLOP/s); the allowance is twice that 5%"))  # fmt: skip
+ATTENTION_RATIO = Tolerance(rel=0.10, reason=(
+    "ours over an SDPA backend at one shape, alternating in one process; the committed figures "
+    "are a single run of short measurements (5 ms warm-up, 25 ms of calls: 4 to 30 calls), in "
+    "which SDPA FLASH alone moved by 5% between two runs at one shape (341 and 358 TFLOP/s, "
+    "project01's csrc/attention/NOTES.md); the allowance is twice that"))  # fmt: skip
 MFU = Tolerance(rel=0.10, reason=(
     "model FLOP utilisation on the same GPU model: a compute-bound training step, so the SM "
     "clock moves it; the peak it is divided by is the same datasheet figure both times"))  # fmt: skip
@@ -204,6 +217,37 @@ def _latency_max_model_len(committed: dict) -> list[str]:
     return ["--max-model-len", str(n)]
 
 
+def best_gemm_share(dtype: str, size: int) -> Callable[[dict], Spread | None]:
+    """project01's GEMM targets: the % of cuBLAS of the best ladder kernel in `dtype` at size³
+    (the report's definition, `report.gemm.best_row`), with that row's range."""
+
+    def extract(record: dict) -> Spread | None:
+        from project01_cuda_kernel.report.gemm import best_row
+
+        if not (record.get("results") or {}).get("rows"):
+            return None
+        row = best_row(record, dtype, size)
+        return read_flat(row, "pct_of_cublas") if row else None
+
+    return extract
+
+
+def attention_ratio(mode: str, base: str, *, head_dim: int = 128, seq_len: int = 4096,
+                    causal: bool = False) -> Callable[[dict], Spread | None]:  # fmt: skip
+    """ours / `base` in TFLOP/s for one attention shape and mode: per repetition (the rows'
+    `tflops_reps`, paired by repetition) or the plain ratio for a record of one run."""
+    shape = dict(head_dim=head_dim, seq_len=seq_len, causal=causal, mode=mode)
+
+    def extract(record: dict) -> Spread | None:
+        ours = lookup(record, ("results", "rows", {**shape, "provider": "ours"}, "tflops"))
+        ref = lookup(record, ("results", "rows", {**shape, "provider": base}, "tflops"))
+        if ours is None or ref is None or any(v == 0 for v in ref.values):
+            return None
+        return ratio(ours, ref)
+
+    return extract
+
+
 _NOT_WIRED = ("{what}'s benchmark entry points are being reworked; its re-run at "
               "reduced size is to be added here once they settle (re-measure with make {target})")  # fmt: skip
 
@@ -232,10 +276,22 @@ RERUNS: dict[str, Rerun] = {r.key: r for r in (
           "prefix caching's cost with nothing shared, the committed workload, 5 paired runs",
           P04, "prefix", ("--overhead-repeats", "5"),
           ("num_requests", "prefix_len", "unique_len", "output_len", "shape", "seed")),
-    Rerun("p01-gemm", "project01_cuda_kernel/gemm.json",
-          not_wired=_NOT_WIRED.format(what="project01", target="project01")),
-    Rerun("p01-attention", "project01_cuda_kernel/attention.json",
-          not_wired=_NOT_WIRED.format(what="project01", target="project01")),
+    Rerun("p01-gemm", f"{P01}/gemm.json",
+          "the ladder's top steps (7 in float32, 8 and 9 in bfloat16) against cuBLAS at 4096³ and "
+          "8192³ only (the committed run: every step on seven shapes), 5 interleaved repetitions, "
+          "timing budgets as committed",
+          P01, "bench-gemm", ("--sizes", "4096", "8192", "--shapes", "--kernels",
+                              "sgemm_07_warptiling", "hgemm_08_mma_sync", "hgemm_09_wgmma_tma",
+                              "--repeats", "5", "--no-charts"),
+          ("half_dtypes", "warmup_ms", "rep_ms")),
+    Rerun("p01-attention", f"{P01}/attention.json",
+          "attention forward, backward and fwd+bwd of ours, SDPA FLASH and SDPA cuDNN at head "
+          "dim 128, seq 4,096, non-causal, batch 4 x 16 heads (the committed run: 24 shapes, "
+          "eight providers), 5 interleaved repetitions, timing budgets as committed",
+          P01, "bench-attention", ("--head-dims", "128", "--seq-lens", "4096", "--causal",
+                                   "False", "--providers", "ours", "flash", "cudnn",
+                                   "--repeats", "5", "--no-charts"),
+          ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms")),
     Rerun("p02-scaling", "project02_fsdp_scaling/scaling_gpu.json",
           not_wired=_NOT_WIRED.format(what="project02", target="project02")),
     Rerun("p03-checkpoint", "project03_capstone_infra/checkpoint_bench.json",
@@ -260,26 +316,23 @@ FIGURES: tuple[Figure, ...] = (
            ("results", "rows", dict(batch=256, context=32768), "speedup_vs_sdpa")),
     Figure("p04.prefix.overhead", "prefix caching cost, nothing shared", "% wall time", "ratio",
            PREFIX_OVERHEAD, "p04-prefix", ("results", "unshared", "overhead_pct")),
-    Figure("p01.gemm.bf16_4096", "hgemm_09_wgmma_tma / cuBLAS, 4096³", "% of cuBLAS", "ratio",
-           RATIO, "p01-gemm",
-           ("results", "rows", dict(kernel="hgemm_09_wgmma_tma", shape="4096x4096x4096"),
-            "pct_of_cublas")),
-    Figure("p01.gemm.bf16_8192", "hgemm_09_wgmma_tma / cuBLAS, 8192³", "% of cuBLAS", "ratio",
-           RATIO, "p01-gemm",
-           ("results", "rows", dict(kernel="hgemm_09_wgmma_tma", shape="8192x8192x8192"),
-            "pct_of_cublas")),
-    Figure("p01.gemm.fp32_4096", "sgemm_07_warptiling / cuBLAS, 4096³", "% of cuBLAS", "ratio",
-           RATIO, "p01-gemm",
-           ("results", "rows", dict(kernel="sgemm_07_warptiling", shape="4096x4096x4096"),
-            "pct_of_cublas")),
-    Figure("p01.attention.fwd", "attention forward / SDPA FLASH, d128, seq 2,048, causal", "x",
-           "ratio", RATIO, "p01-attention",
-           ("results", "ratios_vs_flash",
-            dict(head_dim=128, seq_len=2048, causal=True, mode="fwd"), "ratio")),
-    Figure("p01.attention.bwd", "attention backward / SDPA FLASH, d128, seq 16,384", "x",
-           "ratio", RATIO, "p01-attention",
-           ("results", "ratios_vs_flash",
-            dict(head_dim=128, seq_len=16384, causal=False, mode="bwd"), "ratio")),
+    Figure("p01.gemm.bf16_4096", "best bfloat16 GEMM kernel / cuBLAS, 4096³", "% of cuBLAS",
+           "ratio", GEMM_SHARE, "p01-gemm", extract=best_gemm_share("bfloat16", 4096)),
+    Figure("p01.gemm.bf16_8192", "best bfloat16 GEMM kernel / cuBLAS, 8192³", "% of cuBLAS",
+           "ratio", GEMM_SHARE, "p01-gemm", extract=best_gemm_share("bfloat16", 8192)),
+    Figure("p01.gemm.fp32_4096", "best float32 GEMM kernel / cuBLAS, 4096³", "% of cuBLAS",
+           "ratio", GEMM_SHARE, "p01-gemm", extract=best_gemm_share("float32", 4096)),
+    Figure("p01.attention.fwd", "attention forward / SDPA FLASH, d128, seq 4,096", "x", "ratio",
+           ATTENTION_RATIO, "p01-attention", extract=attention_ratio("fwd", "flash")),
+    Figure("p01.attention.fwd_cudnn", "attention forward / SDPA cuDNN, d128, seq 4,096", "x",
+           "ratio", ATTENTION_RATIO, "p01-attention", extract=attention_ratio("fwd", "cudnn")),
+    Figure("p01.attention.fwd_bwd", "attention fwd+bwd / SDPA FLASH, d128, seq 4,096", "x",
+           "ratio", ATTENTION_RATIO, "p01-attention", extract=attention_ratio("fwd_bwd", "flash")),
+    Figure("p01.attention.fwd_bwd_cudnn", "attention fwd+bwd / SDPA cuDNN, d128, seq 4,096",
+           "x", "ratio", ATTENTION_RATIO, "p01-attention",
+           extract=attention_ratio("fwd_bwd", "cudnn")),
+    Figure("p01.attention.bwd", "attention backward / SDPA FLASH, d128, seq 4,096", "x",
+           "ratio", ATTENTION_RATIO, "p01-attention", extract=attention_ratio("bwd", "flash")),
     Figure("p02.mfu.ws1", "FSDP 1b, one GPU, MFU", "%", "absolute", MFU, "p02-scaling",
            ("results", "runs", dict(world_size=1), "mfu"), scale=100.0),
     Figure("p02.efficiency.ws2", "FSDP 1b, 2 GPUs, scaling efficiency", "%", "ratio", RATIO,

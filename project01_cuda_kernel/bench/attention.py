@@ -4,10 +4,16 @@ Shapes (FlashAttention-2 paper, section 4.1): 16k tokens per batch (batch = 1638
 2048 (heads = 2048 / head_dim), head dims 64 and 128, sequence 512 to 16k, causal and not.
 For each shape: forward, backward and forward+backward of ours and of SDPA's FLASH (the
 FlashAttention-2 kernels in PyTorch), CUDNN, EFFICIENT and MATH backends (MATH only up to
-`math_max_seq`: it materialises the S x S matrix). Each figure is the median of
+`math_max_seq`: it materialises the S x S matrix). A measurement is the median of
 `triton.testing.do_bench` (L2 flushed); FLOPs as in the papers: 4·B·H·S²·D forward (half when
 causal), 2.5x that backward. Also the peak memory of one forward+backward and our output's
 error against SDPA FLASH at every shape (the run fails if it is out of line).
+
+Each shape and mode is timed `--repeats` times (default 5), ours and the SDPA backends
+alternating (`shared.repeat.interleave`: ours, ..., MATH, then the reverse); every figure is the
+median over repetitions with `_min`, `_max` and `_reps` beside it, and a ratio (ours / FLASH,
+ours / cuDNN) is the median of the per-repetition ratios. The record's environment holds the
+GPU's clocks, temperature and power at the start and the end.
 
 Writes <reports-dir>/project01_cuda_kernel/attention.json (with the environment); the charts
 attention_{fwd,bwd,fwd_bwd}.png and attention_memory.png are drawn from it (report.attention).
@@ -18,13 +24,17 @@ attention_{fwd,bwd,fwd_bwd}.png and attention_memory.png are drawn from it (repo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from shared.repeat import DEFAULT_REPEATS, flat, ratio, read_flat
+
+from .interleaved import time_interleaved, timing_fields
 
 PROJECT = "project01_cuda_kernel"
 PROVIDERS = ("ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math")
@@ -62,7 +72,10 @@ class AttentionBenchConfig:
     warmup_ms: float = 10.0
     """warm-up time before each measurement, ms"""
     rep_ms: float = 50.0
-    """time spent on the timed repetitions of each measurement, ms"""
+    """time spent on the timed calls of each measurement, ms"""
+    repeats: int = DEFAULT_REPEATS
+    """repetitions per shape and mode, ours and the SDPA backends alternating; each figure is
+    the median over them with its min-max range"""
     quick: bool = False
     """head dim 128, sequences 1k and 4k only (a smoke run)"""
     reports_dir: str | None = None
@@ -93,6 +106,8 @@ class AttentionBenchConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"--repeats: expected an integer >= 1, got {self.repeats}")
         if not self.head_dims or not self.seq_lens or not self.causal or not self.providers:
             raise ValueError("head_dims, seq_lens, causal and providers need at least one value")
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -178,6 +193,30 @@ def peak_memory_mib(fn: Callable[[], object]) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
+def time_mode(
+    shape: dict,
+    mode: str,
+    timers: Mapping[str, Callable[[], object]],
+    repeats: int,
+    flops: float,
+) -> tuple[list[dict], dict[str, str]]:
+    """The providers of one shape and mode, timed `repeats` times alternating: (one row per
+    provider timed in every repetition, {provider: why it was not} for the others).
+
+    timers: provider -> a callable timing it once (returning a `shared.timing.Timing`), in the
+    order of the first repetition. A provider whose timing raises a RuntimeError (a backend that
+    does not take this shape) is left out, as it always was."""
+    timed = time_interleaved(timers, repeats, catch=(RuntimeError,))
+    rows, failed = [], {}
+    for provider in timers:
+        if not timed.ok(provider):
+            failed[provider] = timed.error(provider) or "not timed"
+            continue
+        rows.append({**shape, "provider": provider, "mode": mode,
+                     **timing_fields(timed.timings[provider], flops), "flops": flops})  # fmt: skip
+    return rows, failed
+
+
 def measure(cfg: AttentionBenchConfig) -> dict:
     """Every provider at every shape of `cfg`, on this GPU: the record's results."""
     from shared.flops import attention_flops
@@ -193,6 +232,10 @@ def measure(cfg: AttentionBenchConfig) -> dict:
     checks: list[dict] = []
     memory: list[dict] = []
     skipped: list[dict] = []
+
+    def timer(fn: Callable[[], object]) -> Callable[[], object]:
+        return lambda: benchmark(fn, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms)
+
     with progress(len(shapes), "attention", unit="shape", every=1) as bar:
         for d, s, causal in shapes:
             b, h = cfg.total_tokens // s, cfg.hidden // d
@@ -212,38 +255,51 @@ def measure(cfg: AttentionBenchConfig) -> dict:
             if not math.isfinite(err) or err > 0.05:
                 raise RuntimeError(f"ours differs from SDPA FLASH by {err} at {shape}")
             del ours_out, ref_out
+
+            def skip(provider: str, reason: str, shape: dict = shape) -> None:
+                skipped.append({**shape, "provider": provider, "reason": reason[:200]})
+
+            # Peak memory of one forward+backward each, before any timing; a backend that does
+            # not take this shape is left out here.
+            live: dict[str, Callable] = {}
             for provider in cfg.providers:
                 if provider == "math" and s > cfg.math_max_seq:
                     continue
                 attn = attention_fn(provider, causal)
-                modes = (VARIANT_MODE[provider],) if provider in VARIANT_MODE else MODES
                 try:
                     if provider not in VARIANT_MODE:
                         mem = peak_memory_mib(mode_fn(attn, "fwd_bwd", q, k, v, do))
                         memory.append({**shape, "provider": provider, "peak_mib": mem})
-                    for mode in modes:
+                    live[provider] = attn
+                except RuntimeError as e:
+                    skip(provider, str(e))
+                torch.cuda.empty_cache()
+            # Mode by mode: every provider of the mode timed in each repetition, alternating.
+            for mode in MODES:
+                timers = {}
+                for provider, attn in list(live.items()):
+                    if VARIANT_MODE.get(provider, mode) != mode:
+                        continue
+                    try:
                         fn = (
                             backward_k64_fn(q, k, v, do, causal)
                             if provider == "ours_k64"
                             else mode_fn(attn, mode, q, k, v, do)
                         )
-                        t = benchmark(fn, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms)
-                        flops = attention_flops(b, h, s, s, d, causal=causal, mode=mode)
-                        rows.append(
-                            {
-                                **shape,
-                                "provider": provider,
-                                "mode": mode,
-                                "median_ms": t.median_ms,
-                                "p20_ms": t.p20_ms,
-                                "p80_ms": t.p80_ms,
-                                "tflops": t.tflops(flops),
-                                "flops": flops,
-                            }
-                        )
-                        del fn
-                except RuntimeError as e:  # a backend that does not take this shape
-                    skipped.append({**shape, "provider": provider, "reason": str(e)[:200]})
+                    except RuntimeError as e:
+                        skip(provider, str(e))
+                        del live[provider]
+                        continue
+                    timers[provider] = timer(fn)
+                if not timers:
+                    continue
+                flops = attention_flops(b, h, s, s, d, causal=causal, mode=mode)
+                got, failed = time_mode(shape, mode, timers, cfg.repeats, flops)
+                rows += got
+                for provider, why in failed.items():  # not measured in the later modes either
+                    skip(provider, why)
+                    live.pop(provider, None)
+                del timers
                 torch.cuda.empty_cache()
             del q, k, v, do
             torch.cuda.empty_cache()
@@ -255,29 +311,40 @@ def measure(cfg: AttentionBenchConfig) -> dict:
         "checks": checks,
         "memory": memory,
         "skipped": skipped,
+        "repeats": cfg.repeats,
         "ours_forward_kernel": resolve_fwd_kernel("auto"),  # what "ours" ran forward
     }
 
 
 def ratios(rows: list[dict], base: str = "flash") -> list[dict]:
-    """ours / base throughput for every (shape, mode) both were measured at."""
+    """ours / base throughput for every (shape, mode) both were measured at: the median of the
+    per-repetition ratios with its range (`ratio_min`, `ratio_max`, `ratio_reps`); `ours` and
+    `base` are the two throughput medians. Rows of one run give the plain ratio."""
     key = ("head_dim", "seq_len", "causal", "mode")
-    by = {(tuple(r[k] for k in key), r["provider"]): r["tflops"] for r in rows}
+    by = {(tuple(r[k] for k in key), r["provider"]): r for r in rows}
     out = []
     for r in rows:
         if r["provider"] != "ours":
             continue
         b = by.get((tuple(r[k] for k in key), base))
-        if b:
-            out.append(
-                {**{k: r[k] for k in key}, "ours": r["tflops"], base: b, "ratio": r["tflops"] / b}
-            )
+        ours, ref = read_flat(r, "tflops"), read_flat(b or {}, "tflops")
+        if ours is None or ref is None or not ref.median:
+            continue
+        out.append({**{k: r[k] for k in key}, "ours": r["tflops"], base: b["tflops"],
+                    **flat("ratio", ratio(ours, ref))})  # fmt: skip
     return out
 
 
 def print_summary(result: dict) -> None:
     from shared.results import markdown_table
 
+    def cell(r: dict, key: str) -> str:
+        if len(r.get(f"{key}_reps") or ()) < 2:
+            return f"{r[key]:.3g}"
+        return f"{r[key]:.3g} ({r[f'{key}_min']:.3g}-{r[f'{key}_max']:.3g})"
+
+    cudnn = {(r["head_dim"], r["seq_len"], r["causal"], r["mode"]): r
+             for r in ratios(result["rows"], "cudnn")}  # fmt: skip
     table = [
         {
             "D": r["head_dim"],
@@ -286,35 +353,52 @@ def print_summary(result: dict) -> None:
             "mode": r["mode"],
             "ours TFLOP/s": r["ours"],
             "FLASH TFLOP/s": r["flash"],
-            "ours/FLASH": r["ratio"],
+            "ours/FLASH": cell(r, "ratio"),
+            "ours/cuDNN": cell(c, "ratio")
+            if (c := cudnn.get((r["head_dim"], r["seq_len"], r["causal"], r["mode"])))
+            else None,
         }
         for r in ratios(result["rows"])
     ]
     print(markdown_table(table, floatfmt=".3g"))
+    repeats = result.get("repeats", 1)
+    if repeats > 1:
+        print(f"medians of {repeats} repetitions; ratios: median (min-max) of the "
+              "per-repetition ratios")  # fmt: skip
 
 
 def run(cfg: AttentionBenchConfig) -> Path:
-    """Measure and write <reports-dir>/project01_cuda_kernel/<name>.json (with the environment);
-    returns its path."""
+    """Measure and write <reports-dir>/project01_cuda_kernel/<name>.json (with the environment
+    and the GPU's state at the start and the end); returns its path."""
     from shared.cli import writable_dir
+    from shared.gpu_state import gpu_state, state_line
     from shared.results import REPORTS_DIR, save_result
+
+    from .._build import require_cuda
 
     reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
     writable_dir("--reports-dir", reports_dir / PROJECT)  # before the GPU work, not after
+    require_cuda()  # no GPU: one line, before anything else is printed
+    start = gpu_state()
+    print(f"GPU at start: {state_line(start)}", flush=True)
     result = measure(cfg)
     result["ratios_vs_flash"] = ratios(result["rows"])
+    result["ratios_vs_cudnn"] = ratios(result["rows"], "cudnn")
     return save_result(
         PROJECT,
         cfg.name,
         result,
-        baseline="SDPA backends (FLASH, CUDNN, EFFICIENT, MATH) measured in the same process",
+        baseline="SDPA backends (FLASH, CUDNN, EFFICIENT, MATH) measured in the same process, "
+        "alternating with ours",
         config={k: v for k, v in asdict(cfg).items() if k != "reports_dir"},
         reports_dir=reports_dir,
+        gpu_state_start=start,
     )
 
 
 def main(cfg: AttentionBenchConfig) -> int:
     """`bench-attention`: run, then the charts from the record, and a summary table."""
+    from shared.gpu_state import state_line
     from shared.results import load_result
 
     from ..report.attention import render_charts
@@ -324,7 +408,9 @@ def main(cfg: AttentionBenchConfig) -> int:
     if cfg.charts:
         for p in render_charts(path):
             print(f"wrote {p}")
-    print_summary(load_result(path)["results"])
+    record = load_result(path)
+    print_summary(record["results"])
+    print(f"GPU at end: {state_line(record['environment'].get('gpu_state', {}).get('end'))}")
     return 0
 
 

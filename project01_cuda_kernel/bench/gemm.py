@@ -1,13 +1,18 @@
 """Benchmark the GEMM ladder against cuBLAS, measured in the same process.
 
-For each shape (square 512..8192 and transformer FFN shapes) and dtype, cuBLAS (torch.matmul,
-TF32 off for float32) is timed first, then every ladder kernel that takes the dtype. Every
-result is checked against a float64 reference before it is timed: a kernel passes when its
-relative error is at most twice cuBLAS's own in the same dtype (plus a small floor).
+For each shape (square 512..8192 and transformer FFN shapes) and dtype, every ladder kernel
+that takes the dtype is checked against a float64 reference before it is timed: a kernel passes
+when its relative error is at most twice cuBLAS's own (torch.matmul, TF32 off for float32) in the
+same dtype (plus a small floor). Then cuBLAS and the kernels that passed are timed `--repeats`
+times (default 5), alternating (`shared.repeat.interleave`: cuBLAS, step 1, ..., step 9, then
+the reverse), each repetition timed as a single run is (`shared.timing.benchmark`).
 
-Reported per kernel and shape: median latency (ms, with p20/p80), TFLOP/s, % of cuBLAS, achieved
-bandwidth (GB/s over the minimum bytes: A and B read once, C written once) and the roofline
-position against the GPU's datasheet peaks (shared.hardware).
+Reported per kernel and shape, each as the median over repetitions with `_min`, `_max` and
+`_reps` beside it: latency (ms, with p20/p80 of each repetition), TFLOP/s, % of cuBLAS (the
+median of the per-repetition ratios), achieved bandwidth (GB/s over the minimum bytes: A and B
+read once, C written once) and the roofline position against the GPU's datasheet peaks
+(shared.hardware). The record's environment holds the GPU's clocks, temperature and power at
+the start and the end.
 
     python -m project01_cuda_kernel bench-gemm                  # the full sweep
     python -m project01_cuda_kernel bench-gemm --quick          # small sizes, a smoke run
@@ -21,11 +26,15 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from shared.repeat import DEFAULT_REPEATS, Spread, flat
+
 from ..gemm import GEMM_KERNELS
+from .interleaved import time_interleaved, timing_fields
 
 PROJECT = "project01_cuda_kernel"
 SQUARE_SIZES = (512, 1024, 2048, 4096, 8192)
@@ -62,7 +71,10 @@ class GemmBenchConfig:
     warmup_ms: float = 25.0
     """warm-up time before each measurement, ms"""
     rep_ms: float = 100.0
-    """time spent on the timed repetitions of each measurement, ms"""
+    """time spent on the timed calls of each measurement, ms"""
+    repeats: int = DEFAULT_REPEATS
+    """repetitions per shape, cuBLAS and the ladder alternating; each figure is the median over
+    them with its min-max range"""
     quick: bool = False
     """sizes 256 and 512 only (a smoke run)"""
     reports_dir: str | None = None
@@ -83,6 +95,8 @@ class GemmBenchConfig:
             if not (math.isfinite(v) and v > 0):
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag}: expected a finite number > 0, got {v}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"--repeats: expected an integer >= 1, got {self.repeats}")
         if self.reports_dir is not None and not str(self.reports_dir).strip():
             raise ValueError("--reports-dir: expected a folder, got an empty path")
 
@@ -110,7 +124,8 @@ def _shape_label(m: int, n: int, k: int) -> str:
     return f"{m}x{n}x{k}"
 
 
-def _row(kind, kernel, dtype_name, shape, timing, err, torch_err, spec, tdtype):
+def _row(kind, kernel, dtype_name, shape, timings, err, torch_err, spec, tdtype):
+    """One record row; `timings`: the kernel's `Timing` in each repetition (None: not timed)."""
     from shared.flops import dtype_bytes, matmul_bytes, matmul_flops
     from shared.roofline import roofline
 
@@ -131,25 +146,112 @@ def _row(kind, kernel, dtype_name, shape, timing, err, torch_err, spec, tdtype):
         "cublas_rel_err": torch_err,
         "correct": err <= 2 * torch_err + err_floor(dtype_name, k),
     }
-    if timing is not None:
-        row.update(
-            median_ms=timing.median_ms,
-            p20_ms=timing.p20_ms,
-            p80_ms=timing.p80_ms,
-            n_timed=timing.n,
-            timing_method=timing.method,
-            tflops=timing.tflops(flops),
-            gbps=timing.gbps(nbytes),
-        )
+    if timings:
+        row.update(timing_fields(timings, flops, nbytes))
         if spec is not None:
             rp = roofline(flops, nbytes, spec.peak_flops(tdtype), spec.bandwidth())
+            ms = Spread.of(t.median_ms for t in timings)
             row.update(
                 intensity=rp.intensity,
                 bound=rp.bound,
                 attainable_tflops=rp.attainable_flops / 1e12,
-                pct_of_roof=100 * rp.fraction_of_roof(flops / (timing.median_ms * 1e-3)),
+                **flat(
+                    "pct_of_roof", ms.map(lambda t: 100 * rp.fraction_of_roof(flops / (t * 1e-3)))
+                ),
             )
     return row
+
+
+def _failed_row(kernel: str, dtype_name: str, shape: tuple[int, int, int], error: str) -> dict:
+    m, n, k = shape
+    return {"kind": "ladder", "kernel": kernel, "dtype": dtype_name, "shape": _shape_label(*shape),
+            "m": m, "n": n, "k": k, "correct": False, "error": error}  # fmt: skip
+
+
+def time_shape(
+    shape: tuple[int, int, int],
+    tdtype,
+    checked: Mapping[str, float | str],
+    timers: Mapping[str, Callable[[], object]],
+    repeats: int,
+    *,
+    cublas_err: float,
+    spec=None,
+) -> tuple[dict, list[dict]]:
+    """cuBLAS and the ladder kernels at one shape and dtype, timed `repeats` times alternating:
+    (cuBLAS's row, the kernels' rows in `checked`'s order).
+
+    checked: kernel -> its relative error against float64 (float) or why its check run failed
+    (str), in ladder order. timers: "cublas" and each kernel to time -> a callable timing it
+    once (returning a `shared.timing.Timing`); a kernel that failed its check has none. A kernel
+    whose timing raises is recorded as failed; cuBLAS failing stops the run."""
+    dn = str(tdtype).removeprefix("torch.")
+    timed = time_interleaved(timers, repeats, catch=(Exception,))
+    if not timed.ok("cublas"):
+        raise RuntimeError(f"cuBLAS {dn} {_shape_label(*shape)}: {timed.error('cublas')}")
+    base = _row("cublas", "cublas", dn, shape, timed.timings["cublas"], cublas_err, cublas_err,
+                spec, tdtype)  # fmt: skip
+    rows = []
+    for kernel, err in checked.items():
+        if isinstance(err, str):
+            rows.append(_failed_row(kernel, dn, shape, err))
+            continue
+        if kernel in timers and not timed.ok(kernel):
+            rows.append(_failed_row(kernel, dn, shape, timed.error(kernel) or "not timed"))
+            continue
+        timings = timed.timings[kernel] if kernel in timers else None
+        row = _row("ladder", kernel, dn, shape, timings, err, cublas_err, spec, tdtype)
+        pct = timed.ratio("cublas", kernel) if timings else None  # cuBLAS time / ours, per rep
+        if pct is not None:
+            row.update(flat("pct_of_cublas", pct.map(lambda r: 100 * r)))
+        rows.append(row)
+    return base, rows
+
+
+def _span(row: dict, key: str, fmt: str) -> str:
+    """'668.2' or '668.2 (655.0-671.3)' when the row holds two or more repetitions."""
+    text = format(row[key], fmt)
+    if len(row.get(f"{key}_reps") or ()) < 2:
+        return text
+    return f"{text} ({row[f'{key}_min']:{fmt}}-{row[f'{key}_max']:{fmt}})"
+
+
+def _measure_group(shape, dt, kernels: list[str], args: GemmBenchConfig, spec):
+    """cuBLAS and `kernels` at one shape and dtype on this GPU: each kernel checked against a
+    float64 reference first (ladder order), then cuBLAS and those that passed timed
+    (`time_shape`)."""
+    import torch
+
+    from shared.timing import benchmark
+
+    from .. import gemm
+
+    m, n, k = shape
+    dn = str(dt).removeprefix("torch.")
+    timing_kw = dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k * 17)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(dt)
+    b = torch.randn(k, n, device="cuda", generator=gen).to(dt)
+    ref = a.double() @ b.double()
+    cublas_err = _rel_err(a @ b, ref)
+    timers = {"cublas": lambda: benchmark(lambda: torch.matmul(a, b), **timing_kw)}
+    checked: dict[str, float | str] = {}
+    for kernel in kernels:
+        try:
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
+            gemm.matmul(a, b, kernel=kernel, out=out)
+            err = _rel_err(out, ref) if torch.isfinite(out).all() else float("inf")
+        except Exception as e:  # record and go on: the report shows the failure
+            checked[kernel] = f"{type(e).__name__}: {e}"
+            continue
+        checked[kernel] = err
+        if err <= 2 * cublas_err + err_floor(dn, k):
+            timers[kernel] = lambda out=out, kernel=kernel: benchmark(
+                lambda: gemm.matmul(a, b, kernel=kernel, out=out), **timing_kw
+            )
+    del ref
+    return time_shape(shape, dt, checked, timers, args.repeats, cublas_err=cublas_err,
+                      spec=spec)  # fmt: skip
 
 
 def measure(args: GemmBenchConfig) -> dict:
@@ -159,7 +261,6 @@ def measure(args: GemmBenchConfig) -> dict:
 
     from shared.hardware import detect_gpu
     from shared.progress import progress
-    from shared.timing import benchmark
 
     from .. import gemm
     from .._build import require_cuda
@@ -173,96 +274,54 @@ def measure(args: GemmBenchConfig) -> dict:
     kernels = args.kernels or list(gemm.available_kernels())
     half = [getattr(torch, DTYPE_NAMES[d]) for d in args.half_dtypes]
     dtypes = [torch.float32, *half]
-    timing_kw = dict(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
 
-    inputs: dict = {}  # (shape, dtype) -> (a, b, ref, cublas error)
-    baseline: list[dict] = []
+    def ladder_at(shape, dt) -> list[str]:
+        flops = 2 * shape[0] * shape[1] * shape[2]
+        return [kernel for kernel in kernels if dt in gemm.kernel_dtypes(kernel)
+                and flops <= MAX_FLOPS.get(gemm.step_of(kernel), float("inf"))]  # fmt: skip
+
+    groups = [(shape, dt) for shape in shapes for dt in dtypes]
+    n_ladder = sum(len(ladder_at(shape, dt)) for shape, dt in groups)
     t0 = time.perf_counter()
-    ladder = [
-        (kernel, dt, shape)
-        for kernel in kernels
-        for dt in gemm.kernel_dtypes(kernel)
-        if dt in dtypes
-        for shape in shapes
-        if 2 * shape[0] * shape[1] * shape[2] <= MAX_FLOPS.get(gemm.step_of(kernel), float("inf"))
-    ]
     print(
-        f"cuBLAS baselines: {len(shapes)} shapes x {len(dtypes)} dtypes, then "
-        f"{len(ladder)} ladder measurements",
+        f"{len(groups)} shape x dtype groups, each cuBLAS and its ladder kernels "
+        f"({n_ladder} in all) timed {args.repeats} times, alternating",
         flush=True,
     )
-    with progress(
-        len(shapes) * len(dtypes) + len(ladder),
-        "gemm",
-        unit="measurement",
-        every=max(1, len(ladder) // 10),
-        stream=sys.stdout,
-    ) as bar:
-        for shape in shapes:
-            m, n, k = shape
-            for dt in dtypes:
-                gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 13 + k * 17)
-                a = torch.randn(m, k, device="cuda", generator=gen).to(dt)
-                b = torch.randn(k, n, device="cuda", generator=gen).to(dt)
-                ref = a.double() @ b.double()
-                c = a @ b
-                err = _rel_err(c, ref)
-                inputs[(shape, dt)] = (a, b, ref, err)
-                timing = benchmark(lambda a=a, b=b: torch.matmul(a, b), **timing_kw)
-                dn = str(dt).removeprefix("torch.")
-                baseline.append(_row("cublas", "cublas", dn, shape, timing, err, err, spec, dt))
-                bar.log(
-                    f"  cublas {dn:8s} {_shape_label(*shape):>16s} "
-                    f"{baseline[-1]['tflops']:8.1f} TFLOP/s"
-                )
-                bar.advance(status=f"cuBLAS {dn} {_shape_label(*shape)}")
-
-        cublas = {(r["shape"], r["dtype"]): r for r in baseline}
-        rows: list[dict] = []
-        # Kernel by kernel (ladder order), so a kernel that faults cannot poison earlier results.
-        for kernel, dt, shape in ladder:
+    baseline: list[dict] = []
+    rows: list[dict] = []
+    with progress(len(groups), "gemm", unit="group", every=1, stream=sys.stdout) as bar:
+        for shape, dt in groups:
             dn = str(dt).removeprefix("torch.")
-            m, n, k = shape
-            a, b, ref, cublas_err = inputs[(shape, dt)]
             try:
-                out = torch.full((m, n), float("nan"), device="cuda", dtype=dt)
-                gemm.matmul(a, b, kernel=kernel, out=out)
-                err = _rel_err(out, ref) if torch.isfinite(out).all() else float("inf")
-                timing = None
-                if err <= 2 * cublas_err + err_floor(dn, k):
-                    timing = benchmark(
-                        lambda a=a, b=b, out=out, kernel=kernel: gemm.matmul(
-                            a, b, kernel=kernel, out=out
-                        ),
-                        **timing_kw,
-                    )
-                row = _row("ladder", kernel, dn, shape, timing, err, cublas_err, spec, dt)
-            except Exception as e:  # record and go on: the report shows the failure
-                row = {
-                    "kind": "ladder",
-                    "kernel": kernel,
-                    "dtype": dn,
-                    "shape": _shape_label(*shape),
-                    "m": m,
-                    "n": n,
-                    "k": k,
-                    "correct": False,
-                    "error": f"{type(e).__name__}: {e}",
-                }
-            base = cublas[(row["shape"], dn)]
-            if row.get("tflops") is not None:
-                row["pct_of_cublas"] = 100 * row["tflops"] / base["tflops"]
-            rows.append(row)
-            status = (
-                f"{row['tflops']:8.2f} TFLOP/s {row['pct_of_cublas']:6.1f}% of cuBLAS"
-                if row.get("tflops") is not None
-                else f"FAILED CHECK rel_err={row.get('rel_err')} {row.get('error', '')}"
-            )
-            bar.log(f"  {kernel:24s} {dn:8s} {row['shape']:>16s} {status}")
-            bar.advance(status=f"{kernel} {dn} {row['shape']}")
+                base, ladder = _measure_group(shape, dt, ladder_at(shape, dt), args, spec)
+            except Exception as e:  # a fault poisons what follows, never what was measured
+                why = f"not measured: {type(e).__name__}: {e}"[:300]
+                base, ladder = (
+                    None,
+                    [_failed_row(kn, dn, shape, why) for kn in ladder_at(shape, dt)],
+                )
+                bar.log(f"  cublas {dn:8s} {_shape_label(*shape):>16s} {why}")
+            torch.cuda.empty_cache()  # the group's inputs are gone: give their memory back
+            if base is not None:
+                baseline.append(base)
+                bar.log(
+                    f"  cublas {dn:8s} {base['shape']:>16s} {_span(base, 'tflops', '.1f')} TFLOP/s"
+                )
+            rows += ladder
+            for row in ladder:
+                status = (
+                    f"{_span(row, 'tflops', '.2f')} TFLOP/s "
+                    f"{_span(row, 'pct_of_cublas', '.1f')}% of cuBLAS"
+                    if row.get("pct_of_cublas") is not None
+                    else f"FAILED CHECK rel_err={row.get('rel_err')} {row.get('error', '')}"
+                )
+                bar.log(f"  {row['kernel']:24s} {dn:8s} {row['shape']:>16s} {status}")
+            bar.advance(status=f"{dn} {_shape_label(*shape)}")
     return {
         "rows": rows,
         "baseline": baseline,
+        "repeats": args.repeats,
         "gpu_spec": None
         if spec is None
         else {
@@ -279,14 +338,17 @@ def measure(args: GemmBenchConfig) -> dict:
 def print_summary(result: dict) -> None:
     from shared.results import markdown_table
 
+    def cell(r: dict, key: str) -> str | None:
+        return _span(r, key, ".4g") if r.get(key) is not None else None
+
     table = [
         {
             "kernel": r["kernel"],
             "dtype": r["dtype"],
             "shape": r["shape"],
-            "ms": r.get("median_ms"),
-            "TFLOP/s": r.get("tflops"),
-            "% cuBLAS": r.get("pct_of_cublas"),
+            "ms": cell(r, "median_ms"),
+            "TFLOP/s": cell(r, "tflops"),
+            "% cuBLAS": cell(r, "pct_of_cublas"),
             "ok": r.get("correct"),
         }
         for r in result["rows"]
@@ -297,34 +359,48 @@ def print_summary(result: dict) -> None:
             "kernel": "cuBLAS",
             "dtype": r["dtype"],
             "shape": r["shape"],
-            "ms": r["median_ms"],
-            "TFLOP/s": r["tflops"],
-            "% cuBLAS": 100.0,
+            "ms": cell(r, "median_ms"),
+            "TFLOP/s": cell(r, "tflops"),
+            "% cuBLAS": "100",
             "ok": True,
         }
         for r in result["baseline"]
         if r["shape"] in ("4096x4096x4096", "8192x8192x8192")
     ]
-    print(markdown_table(table, floatfmt=".4g"))
+    print(markdown_table(table))
+    repeats = result.get("repeats", 1)
+    if repeats > 1:
+        print(f"medians of {repeats} repetitions (min-max); % of cuBLAS: median of the "
+              "per-repetition ratios")  # fmt: skip
 
 
 def run(args: GemmBenchConfig) -> Path:
-    """Measure and write <reports-dir>/project01_cuda_kernel/gemm.json (with the environment);
-    returns its path."""
+    """Measure and write <reports-dir>/project01_cuda_kernel/gemm.json (with the environment and
+    the GPU's state at the start and the end); returns its path."""
     from shared.cli import writable_dir
+    from shared.gpu_state import gpu_state, state_line
     from shared.results import REPORTS_DIR, save_result
+
+    from .._build import require_cuda
 
     reports_dir = Path(args.reports_dir) if args.reports_dir is not None else REPORTS_DIR
     writable_dir("--reports-dir", reports_dir / PROJECT)  # before the GPU work, not after
+    require_cuda()  # no GPU: one line, before anything else is printed
+    start = gpu_state()
+    print(f"GPU at start: {state_line(start)}", flush=True)
     result = measure(args)
     config = {
         "sizes": list(args.sizes) if not args.quick else [256, 512],
         "shapes": result.pop("shapes"),
+        "kernels": list(args.kernels) if args.kernels else None,
         "half_dtypes": list(args.half_dtypes),
         "warmup_ms": args.warmup_ms,
         "rep_ms": args.rep_ms,
+        "repeats": args.repeats,
         "tf32": False,
-        "timing": "shared.timing.benchmark: median of do_bench repetitions, L2 flushed before each",
+        "timing": "shared.timing.benchmark: median of do_bench repetitions, L2 flushed before "
+        "each; repeated --repeats times per shape, cuBLAS and the ladder alternating "
+        "(shared.repeat.interleave); figures are medians over repetitions with _min/_max/_reps",
         "correctness": "rel. Frobenius error vs float64 <= 2 x cuBLAS's error + floor",
         "error_floor": ERR_FLOOR,
         "max_flops_per_step": MAX_FLOPS,
@@ -333,15 +409,18 @@ def run(args: GemmBenchConfig) -> Path:
         PROJECT,
         "gemm",
         result,
-        baseline="cuBLAS through torch.matmul (TF32 off), same process, same inputs",
+        baseline="cuBLAS through torch.matmul (TF32 off), same process, same inputs, "
+        "alternating with the ladder",
         config=config,
         reports_dir=reports_dir,
+        gpu_state_start=start,
     )
 
 
 def main(args: GemmBenchConfig) -> int:
     """`bench-gemm`: run, then the charts from the record, and a summary table; exit code 1 when
     a kernel failed its correctness check."""
+    from shared.gpu_state import state_line
     from shared.results import load_result
 
     from ..report.gemm import render_charts
@@ -351,8 +430,10 @@ def main(args: GemmBenchConfig) -> int:
     if args.charts:
         for p in render_charts(path):
             print(f"wrote {p}")
-    result = load_result(path)["results"]
+    record = load_result(path)
+    result = record["results"]
     print_summary(result)
+    print(f"GPU at end: {state_line(record['environment'].get('gpu_state', {}).get('end'))}")
     failed = [r for r in result["rows"] if not r.get("correct")]
     if failed:
         print(f"{len(failed)} kernel results FAILED the correctness check (see the table above)")

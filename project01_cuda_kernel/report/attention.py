@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from ..bench.attention import MODES, PROVIDERS, VARIANT_MODE
+from .ranged import ranged, row_ratio, spread_text
 
 PROJECT = "project01_cuda_kernel"
 TARGET_FWD = 0.90  # FlashAttention-2-style forward / SDPA FLASH, head dim 128, seq >= 2k
@@ -70,15 +71,24 @@ def _fmt(x: float | None, nd: int = 0) -> str:
     return "n/a" if x is None else f"{x:,.{nd}f}"
 
 
-def _tflops(rows: list[dict]) -> dict:
-    return {
-        (r["head_dim"], r["seq_len"], r["causal"], r["mode"], r["provider"]): r["tflops"]
-        for r in rows
-    }
+def _by_key(rows: list[dict]) -> dict:
+    """(head_dim, seq_len, causal, mode, provider) -> the row."""
+    return {(r["head_dim"], r["seq_len"], r["causal"], r["mode"], r["provider"]): r for r in rows}
+
+
+def _cell(row: dict | None) -> str:
+    """A throughput cell: TFLOP/s, 'median (min–max)' for a row of two or more repetitions."""
+    v = ranged(row, "tflops", _fmt)
+    return v if isinstance(v, str) else _fmt(v)
+
+
+def _ratio_cell(ours: dict | None, base: dict | None) -> str:
+    """ours / base: the median of the per-repetition ratios (with its range when repeated)."""
+    return spread_text(row_ratio(ours, base, "tflops"), lambda v: f"{v:.2f}")
 
 
 def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
-    t = _tflops(rows)
+    t = _by_key(rows)
     seqs = sorted({r["seq_len"] for r in rows if r["head_dim"] == head_dim})
     variants = [
         name
@@ -97,22 +107,23 @@ def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
                 continue
             flash = t.get((head_dim, s, causal, mode, "flash"))
             b, h = shapes[s]
-            cells = ["yes" if causal else "no", f"{s:,}", f"{b} x {h}", _fmt(ours)]
-            cells += [_fmt(t.get((head_dim, s, causal, mode, name))) for name in variants]
-            cells += [_fmt(t.get((head_dim, s, causal, mode, p))) for p, _ in SDPA_COLUMNS]
-            cells.append(f"{ours / flash:.2f}" if flash else "n/a")
+            cells = ["yes" if causal else "no", f"{s:,}", f"{b} x {h}", _cell(ours)]
+            cells += [_cell(t.get((head_dim, s, causal, mode, name))) for name in variants]
+            cells += [_cell(t.get((head_dim, s, causal, mode, p))) for p, _ in SDPA_COLUMNS]
+            cells.append(_ratio_cell(ours, flash))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def _ratios(t: dict, provider: str, mode: str, base: str = "flash") -> list[tuple]:
-    """(provider / base, seq, causal) at head dim 128, seq >= 2k."""
+    """(provider / base, seq, causal) at head dim 128, seq >= 2k; `t` maps keys to rows, the
+    ratio is the median of the per-repetition ratios (the plain ratio for one run)."""
     out = []
-    for (d, s, causal, m, p), v in t.items():
+    for (d, s, causal, m, p), row in t.items():
         if p == provider and m == mode and d == 128 and s >= 2048:
-            ref = t.get((d, s, causal, m, base))
-            if ref:
-                out.append((v / ref, s, causal))
+            r = row_ratio(row, t.get((d, s, causal, m, base)), "tflops")
+            if r is not None:
+                out.append((r.median, s, causal))
     return out
 
 
@@ -130,7 +141,7 @@ def _target_line(what: str, ratios: list[tuple], target: float) -> str:
 
 
 def _target_lines(rows: list[dict], forward_kernel: str = "fa2") -> list[str]:
-    t = _tflops(rows)
+    t = _by_key(rows)
     hopper = forward_kernel == "hopper"
     # "ours" runs the Hopper forward on a CC 9.0 GPU: the FlashAttention-2 forward is "ours_fa2".
     fa2_fwd = "ours_fa2" if hopper else "ours"
@@ -213,6 +224,17 @@ def _ncu_table(ncu: dict | None) -> str:
     return "\n".join(lines)
 
 
+def _repeats_sentence(n: int) -> str:
+    """For a record of two or more repetitions (none for a single run)."""
+    if n < 2:
+        return ""
+    return (
+        f"Each shape and mode was timed {n} times, ours and SDPA's backends alternating: cells "
+        "show the median (min–max) of the repetitions, and ours / FLASH is the median of the "
+        "per-repetition ratios. "
+    )
+
+
 def render_markdown(
     reports_dir: str | os.PathLike, *, image_prefix: str = "../reports/project01_cuda_kernel/"
 ) -> str:
@@ -237,7 +259,8 @@ def render_markdown(
         f"Measured on {environment_line(env)}; dtype {cfg.get('dtype', 'bfloat16')}; "
         f"{cfg.get('total_tokens', 16384):,} tokens per batch, hidden {cfg.get('hidden', 2048)}; "
         "medians of `triton.testing.do_bench` (L2 flushed), all providers in the same process. "
-        "TFLOP/s count 4·B·H·S²·D forward (half when causal) and 2.5x that backward, as the "
+        + _repeats_sentence(res.get("repeats") or 1)
+        + "TFLOP/s count 4·B·H·S²·D forward (half when causal) and 2.5x that backward, as the "
         "FlashAttention papers do. SDPA columns pin one backend each with `sdpa_kernel`. "
         + (
             "'ours' runs the Hopper forward (wgmma + TMA) and the FlashAttention-2-style "

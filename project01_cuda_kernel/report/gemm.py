@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .ranged import number, ranged
+
 TARGET_PCT = 90.0  # % of cuBLAS, from the issue
 LADDER_SIZE = 4096  # the ladder chart's square size
+_G = number(",.3g")  # the tables' number format, for "median (min–max)" cells
 
 
 def _shape_label(m: int, n: int, k: int) -> str:
@@ -75,11 +78,11 @@ def render_ladder(gemm: dict) -> str:
                 entry[f"TFLOP/s {size}³"] = "FAILED check"
                 entry[f"% cuBLAS {size}³"] = None
             else:
-                entry[f"TFLOP/s {size}³"] = r.get("tflops")
-                entry[f"% cuBLAS {size}³"] = r.get("pct_of_cublas")
+                entry[f"TFLOP/s {size}³"] = ranged(r, "tflops", _G)
+                entry[f"% cuBLAS {size}³"] = ranged(r, "pct_of_cublas", _G)
         r4 = _pick(rows, kernel=kernel, shape="4096x4096x4096", dtype=dtype) or {}
-        entry["GB/s 4096³"] = r4.get("gbps")
-        entry["% of roof 4096³"] = r4.get("pct_of_roof")
+        entry["GB/s 4096³"] = ranged(r4, "gbps", _G)
+        entry["% of roof 4096³"] = ranged(r4, "pct_of_roof", _G)
         entry["rel. error 4096³"] = r4.get("rel_err")
         table.append(entry)
     for dtype in ("float32", "bfloat16"):
@@ -91,21 +94,32 @@ def render_ladder(gemm: dict) -> str:
                     "step": "",
                     "kernel": f"cuBLAS {dtype}",
                     "what changed": "baseline, same run",
-                    "TFLOP/s 4096³": (b4 or {}).get("tflops"),
+                    "TFLOP/s 4096³": ranged(b4, "tflops", _G),
                     "% cuBLAS 4096³": 100.0 if b4 else None,
-                    "TFLOP/s 8192³": (b8 or {}).get("tflops"),
+                    "TFLOP/s 8192³": ranged(b8, "tflops", _G),
                     "% cuBLAS 8192³": 100.0 if b8 else None,
-                    "GB/s 4096³": (b4 or {}).get("gbps"),
-                    "% of roof 4096³": (b4 or {}).get("pct_of_roof"),
+                    "GB/s 4096³": ranged(b4, "gbps", _G),
+                    "% of roof 4096³": ranged(b4, "pct_of_roof", _G),
                     "rel. error 4096³": (b4 or {}).get("rel_err"),
                 }
             )
     note = (
         "float32 steps (1-7) are compared with cuBLAS float32 (TF32 off), tensor-core steps with "
         "cuBLAS bfloat16; '% of roof' is achieved FLOP/s over the roofline's attainable FLOP/s "
-        "at the minimum-bytes intensity (datasheet peaks)."
+        "at the minimum-bytes intensity (datasheet peaks)." + _repeats_note(res)
     )
     return "\n".join([markdown_table(table, floatfmt=",.3g"), "", note, "", _caption(gemm)])
+
+
+def _repeats_note(res: dict) -> str:
+    """A sentence on the repetitions, for a record of two or more (none for a single run)."""
+    n = res.get("repeats") or 1
+    if n < 2:
+        return ""
+    return (
+        f" Each figure is the median of {n} repetitions with its range (min–max), cuBLAS and "
+        "the ladder alternating; % of cuBLAS is the median of the per-repetition ratios."
+    )
 
 
 def render_shapes(gemm: dict) -> str:
@@ -121,25 +135,37 @@ def render_shapes(gemm: dict) -> str:
             {
                 "shape (MxNxK)": b["shape"],
                 "dtype": b["dtype"],
-                "cuBLAS TFLOP/s": b["tflops"],
-                "cuBLAS ms": b["median_ms"],
+                "cuBLAS TFLOP/s": ranged(b, "tflops", _G),
+                "cuBLAS ms": ranged(b, "median_ms", _G),
                 "best ladder kernel": f"`{best['kernel']}`" if best else "n/a",
-                "TFLOP/s": best["tflops"] if best else None,
-                "ms": best["median_ms"] if best else None,
-                "% cuBLAS": best["pct_of_cublas"] if best else None,
+                "TFLOP/s": ranged(best, "tflops", _G),
+                "ms": ranged(best, "median_ms", _G),
+                "% cuBLAS": ranged(best, "pct_of_cublas", _G),
             }
         )
-    return "\n".join([markdown_table(table, floatfmt=",.3g"), "", _caption(gemm)])
+    note = _repeats_note(res).strip()
+    return "\n".join([markdown_table(table, floatfmt=",.3g"), "", *([note, ""] if note else []),
+                      _caption(gemm)])  # fmt: skip
+
+
+TARGETS = (("float32", 4096), ("bfloat16", 4096), ("bfloat16", 8192))
+
+
+def best_row(gemm: dict, dtype: str, size: int) -> dict | None:
+    """The ladder row with the highest % of cuBLAS (its median) at size³ in `dtype`, among the
+    kernels that passed their check."""
+    shape = f"{size}x{size}x{size}"
+    cands = [r for r in gemm["results"]["rows"] if r.get("correct") and r.get("pct_of_cublas")
+             and r["shape"] == shape and r["dtype"] == dtype]  # fmt: skip
+    return max(cands, key=lambda r: r["pct_of_cublas"], default=None)
 
 
 def targets(gemm: dict) -> list[dict]:
-    """The issue's targets against the measurements: one dict per target."""
-    rows = [r for r in gemm["results"]["rows"] if r.get("correct") and r.get("pct_of_cublas")]
+    """The issue's targets against the measurements: one dict per target (met or not by the
+    median)."""
     out = []
-    for dtype, size in (("float32", 4096), ("bfloat16", 4096), ("bfloat16", 8192)):
-        shape = f"{size}x{size}x{size}"
-        cands = [r for r in rows if r["shape"] == shape and r["dtype"] == dtype]
-        best = max(cands, key=lambda r: r["pct_of_cublas"], default=None)
+    for dtype, size in TARGETS:
+        best = best_row(gemm, dtype, size)
         out.append(
             {
                 "target": f"best {dtype} kernel >= {TARGET_PCT:.0f}% of cuBLAS at {size}³",
@@ -154,7 +180,13 @@ def targets(gemm: dict) -> list[dict]:
 def render_targets(gemm: dict) -> str:
     from shared.results import markdown_table
 
-    return "\n".join([markdown_table(targets(gemm), floatfmt=".1f"), "", _caption(gemm)])
+    table = targets(gemm)
+    for entry, (dtype, size) in zip(table, TARGETS):  # the median with its range, when repeated
+        best = best_row(gemm, dtype, size)
+        entry["measured % of cuBLAS"] = ranged(best, "pct_of_cublas", number(".1f"))
+    note = _repeats_note(gemm["results"]).strip()
+    return "\n".join([markdown_table(table, floatfmt=".1f"), "", *([note, ""] if note else []),
+                      _caption(gemm)])  # fmt: skip
 
 
 def render_compile(compile_rec: dict) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from project01_cuda_kernel.bench.attention import ratios
 from project01_cuda_kernel.report.attention import render_markdown
+from shared.repeat import Spread, flat
 
 
 def fake_rows(ours_fwd: float, flash_fwd: float, fa2_fwd: float | None = None) -> list[dict]:
@@ -103,3 +104,30 @@ def test_report_on_hopper_judges_each_forward_against_its_target(tmp_path):
 
 def test_report_without_measurements(tmp_path):
     assert "No attention measurements yet" in render_markdown(tmp_path)
+
+
+def test_a_repeated_record_shows_median_and_range(tmp_path):
+    """Rows of two or more repetitions: 'median (min–max)' cells, ours / FLASH as the median of
+    the per-repetition ratios with its range, and a sentence saying so."""
+    rows = fake_rows(300.0, 400.0)
+    spreads = {"ours": [300.0, 290.0, 310.0], "flash": [400.0, 380.0, 390.0]}
+    for r in rows:
+        if r["provider"] in spreads and r["mode"] == "fwd":
+            r.update(flat("tflops", Spread.of(spreads[r["provider"]])))
+    write_bench(tmp_path, rows)
+    record = json.loads((tmp_path / "project01_cuda_kernel" / "attention.json").read_text())
+    record["results"]["repeats"] = 3
+    (tmp_path / "project01_cuda_kernel" / "attention.json").write_text(json.dumps(record))
+    md = render_markdown(tmp_path)
+    # per repetition 300/400, 290/380, 310/390: 0.75, 0.763, 0.795 -> 0.76 (0.75–0.79)
+    assert "| no | 4,096 | 4 x 16 | 300 (290–310) | 250 | 390 (380–400) | 600 |" in md
+    assert "| 0.76 (0.75–0.79) |" in md
+    assert "timed 3 times, ours and SDPA's backends alternating" in md
+    # the target is judged on the median of the ratios
+    assert "Ours / FLASH ranges 0.76 (seq 4,096" in md
+
+
+def test_a_single_run_record_has_no_ranges(tmp_path):
+    write_bench(tmp_path, fake_rows(300.0, 400.0))
+    md = render_markdown(tmp_path)
+    assert "–" not in md and "alternating" not in md

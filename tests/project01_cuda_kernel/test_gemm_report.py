@@ -14,6 +14,7 @@ from project01_cuda_kernel import report
 from project01_cuda_kernel.bench import gemm as bench_gemm
 from project01_cuda_kernel.report import gemm as report_gemm
 from shared.hardware import get_gpu
+from shared.repeat import Spread, flat
 
 
 class _Timing:
@@ -42,7 +43,7 @@ def _record(tmp_path, ladder_tflops: dict[tuple[str, int], float]) -> None:
             t = getattr(torch, dt)
             base.append(
                 bench_gemm._row(
-                    "cublas", "cublas", dt, shape, _Timing(_ms(size, tf)), 1e-3, 1e-3, spec, t
+                    "cublas", "cublas", dt, shape, [_Timing(_ms(size, tf))], 1e-3, 1e-3, spec, t
                 )
             )
         for (kernel, s), tf in ladder_tflops.items():
@@ -54,7 +55,7 @@ def _record(tmp_path, ladder_tflops: dict[tuple[str, int], float]) -> None:
                 kernel,
                 dt,
                 shape,
-                _Timing(_ms(size, tf)),
+                [_Timing(_ms(size, tf))],
                 1e-3,
                 1e-3,
                 spec,
@@ -203,3 +204,35 @@ def test_charts_regenerate_from_a_recorded_json(recorded, tmp_path):
     names = {p.name for p in paths}
     assert {"gemm_ladder.png", "gemm_sizes.png", "gemm_roofline_bf16.png"} <= names
     assert all(p.stat().st_size > 10_000 for p in paths)  # real PNGs, not empty files
+
+
+def test_a_repeated_record_shows_each_figure_as_median_and_range():
+    """Two or more repetitions: 'median (min–max)' and a sentence saying so; the same figures
+    from one run stay plain numbers (as every committed record renders)."""
+    spec, shape, bf16 = get_gpu("h200-sxm"), (4096, 4096, 4096), torch.bfloat16
+
+    def record(cublas_tf: list[float], ours_tf: list[float], pct: list[float]) -> dict:
+        times = [[_Timing(_ms(4096, tf)) for tf in tfs] for tfs in (cublas_tf, ours_tf)]
+        base = bench_gemm._row(
+            "cublas", "cublas", "bfloat16", shape, times[0], 1e-3, 1e-3, spec, bf16
+        )
+        row = bench_gemm._row("ladder", "hgemm_09_wgmma_tma", "bfloat16", shape, times[1], 1e-3,
+                              1e-3, spec, bf16)  # fmt: skip
+        row.update(flat("pct_of_cublas", Spread.of(pct)))
+        results = {"rows": [row], "baseline": [base], "repeats": len(pct)}
+        return {"environment": {"gpu": "NVIDIA H200"}, "config": {}, "results": results}
+
+    gemm = record([700.0, 690.0, 720.0], [630.0, 650.0, 640.0], [90.0, 94.2, 88.9])
+    ladder = report_gemm.render_ladder(gemm)
+    assert "| 640 (630–650) | 90 (88.9–94.2) |" in ladder
+    assert "| 700 (690–720) | 100 |" in ladder  # cuBLAS's own spread
+    assert "median of 3 repetitions" in ladder
+    targets = report_gemm.render_targets(gemm)
+    assert "| `hgemm_09_wgmma_tma` | 90.0 (88.9–94.2) | yes |" in targets
+    assert "88.9–94.2" in report_gemm.render_shapes(gemm)
+    single = record([700.0], [640.0], [91.4])
+    assert "| 640 | 91.4 |" in report_gemm.render_ladder(single)
+    assert "| `hgemm_09_wgmma_tma` | 91.4 | yes |" in report_gemm.render_targets(single)
+    assert "repetitions" not in report_gemm.render_ladder(single) + report_gemm.render_targets(
+        single
+    )

@@ -1,0 +1,70 @@
+"""GPU tier: both benchmarks end to end at a tiny size with two repetitions: the record holds every
+figure as a median with its range and repetitions, ratios paired by repetition, and the GPU's
+state at the start and the end. Speed itself is never asserted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from project01_cuda_kernel.bench import attention as bench_attention
+from project01_cuda_kernel.bench import gemm as bench_gemm
+from shared.results import load_result
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def assert_repeated(row: dict, key: str, n: int) -> None:
+    reps = row[f"{key}_reps"]
+    assert len(reps) == n and row[f"{key}_min"] <= row[key] <= row[f"{key}_max"], (key, row)
+    assert min(reps) == row[f"{key}_min"] and max(reps) == row[f"{key}_max"]
+
+
+def assert_gpu_state(record: dict) -> None:
+    state = record["environment"]["gpu_state"]
+    assert set(state) == {"start", "end"}
+    assert all("available" in state[k] for k in ("start", "end"))
+
+
+@pytest.mark.smoke  # the benchmark's repetitions, once, on a small odd-sized extra shape
+def test_gemm_bench_records_medians_with_ranges(tmp_path):
+    kernels = ("sgemm_07_warptiling", "hgemm_08_mma_sync")
+    cfg = bench_gemm.GemmBenchConfig(sizes=(256,), shapes=("200x136x72",), kernels=kernels,
+                                     warmup_ms=2.0, rep_ms=5.0, repeats=2,
+                                     reports_dir=str(tmp_path), charts=False)  # fmt: skip
+    record = load_result(bench_gemm.run(cfg))
+    res = record["results"]
+    assert res["repeats"] == 2 and record["config"]["repeats"] == 2
+    assert len(res["baseline"]) == 2 * 2  # two shapes x float32, bfloat16
+    assert len(res["rows"]) == 2 * 2  # each kernel in its own dtype at both shapes
+    for row in res["rows"]:
+        assert row["correct"], row
+        for key in ("median_ms", "tflops", "gbps", "pct_of_cublas"):
+            assert_repeated(row, key, 2)
+    for row in res["baseline"]:
+        assert_repeated(row, "median_ms", 2)
+    assert_gpu_state(record)
+
+
+def test_attention_bench_records_medians_with_ranges(tmp_path):
+    cfg = bench_attention.AttentionBenchConfig(
+        head_dims=(64,), seq_lens=(256,), causal=(False,), total_tokens=512, hidden=256,
+        providers=("ours", "ours_k64", "flash", "math"), warmup_ms=2.0, rep_ms=5.0, repeats=2,
+        reports_dir=str(tmp_path), charts=False,
+    )  # fmt: skip
+    record = load_result(bench_attention.run(cfg))
+    res = record["results"]
+    assert res["repeats"] == 2
+    modes = {(r["provider"], r["mode"]) for r in res["rows"]}
+    assert ("ours_k64", "bwd") in modes and ("ours_k64", "fwd") not in modes
+    assert {("ours", m) for m in bench_attention.MODES} <= modes
+    for row in res["rows"]:
+        assert_repeated(row, "tflops", 2)
+    assert len(res["ratios_vs_flash"]) == 3
+    for r in res["ratios_vs_flash"]:
+        assert_repeated(r, "ratio", 2)
+    assert res["ratios_vs_cudnn"] == []  # cuDNN was not among the providers
+    assert_gpu_state(record)
