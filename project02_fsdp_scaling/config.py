@@ -68,6 +68,10 @@ class JobConfig:
     """model initialisation seed"""
     data_seed: int = 0
     """seed of the synthetic token stream"""
+    bf16_rounded_init: bool = False
+    """start from the bfloat16 image of the initial weights (kept as float32 master weights):
+    where DeepSpeed's bf16 mode starts its master copy; `compare` sets it on both sides of a
+    bf16 pair so that both start from the same weights"""
     out: str = ""
     """JSON result file written by rank 0 (empty: print only)"""
     save_params: str = ""
@@ -243,6 +247,11 @@ class DeepSpeedConfig(JobConfig):
         if train.profile:
             raise ValueError("profiling is implemented for the FSDP path only: drop --profile")
         _check_deepspeed_dtype(train.param_dtype)
+        if train.reduce_dtype != "float32":
+            raise ValueError(
+                "the DeepSpeed path reduces gradients in float32 (communication_data_type fp32): "
+                "use --reduce-dtype float32"
+            )
         return cls(**{f.name: getattr(train, f.name) for f in fields(cls)})
 
 

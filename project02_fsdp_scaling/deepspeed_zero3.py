@@ -31,6 +31,7 @@ from project02_fsdp_scaling.train import (
     param_groups,
     peak_memory_gib,
     resolve_device,
+    round_params_to_bf16_,
     save_tensors,
     summarize_times,
     train_flops_per_token,
@@ -89,6 +90,8 @@ def run_deepspeed(
 
     t0 = time.perf_counter()
     model = build_cpu_model(args, cfg.seed)
+    if cfg.bf16_rounded_init:  # in bf16 a no-op for the weights DeepSpeed trains: see the flag
+        round_params_to_bf16_(model)
     n_params = model.num_params()
     kind = {"fused": True} if device == "cuda" else {"foreach": True}
     opt = torch.optim.AdamW(

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from project02_fsdp_scaling.compare_report import compare_charts, compare_markdown
 from shared.results import (
     REPORTS_DIR,
     atomic_write_text,
@@ -380,80 +381,6 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
     )
 
 
-# ---- FSDP vs DeepSpeed --------------------------------------------------------------------------
-def compare_markdown(rec: dict, heading: str = "#", name: str | None = None) -> str:
-    res = rec["results"]
-    name = name or rec.get("name", "compare")
-    h = heading
-    rows = []
-    for key, label in (("fsdp", "FSDP2 (torch)"), ("deepspeed", "DeepSpeed ZeRO-3")):
-        r = res.get(key)
-        if not r:
-            continue
-        if r.get("status") != "ok":
-            rows.append({"path": label, "status": r.get("status"), "note": r.get("note", "")})
-            continue
-        rows.append(
-            {
-                "path": label,
-                "status": "ok",
-                "tokens/s": round(r["tokens_per_s"]),
-                "step time (s)": r["step_time_s"],
-                "peak memory (GiB)": r["peak_memory_gib"],
-                "final loss": r["last_loss"],
-            }
-        )
-    parity = res.get("parity") or {}
-    lines = [
-        f"{h} FSDP2 vs DeepSpeed ZeRO-3: `{res['preset']}`, world size {res['world_size']}, "
-        f"{res['param_dtype']}, {res['steps_total']} steps",
-        "",
-        f"Measured on: {environment_line(rec['environment'])}.",
-        "",
-        markdown_table(rows),
-        "",
-    ]
-    if parity:
-        lines += [
-            f"Loss parity: largest per-step loss difference {parity['max_loss_diff']:.3g}; "
-            f"final parameters: largest absolute difference {parity['max_param_abs_diff']:.3g} "
-            f"(relative L2 {parity['param_rel_l2']:.3g}). Same model, data, AdamW "
-            f"(torch's, as DeepSpeed's client optimizer), gradient clipping at "
-            f"{res['grad_clip']} set explicitly in both.",
-            "",
-        ]
-    if res.get("note"):
-        lines += [res["note"], ""]
-    if any((res.get(k) or {}).get("status") == "ok" for k in ("fsdp", "deepspeed")):
-        lines += [f"![loss curves]({name}_loss.png)", ""]
-    return "\n".join(lines)
-
-
-def compare_chart(rec: dict, out_dir: Path, name: str | None = None) -> Path | None:
-    """<name>_loss.png: the loss per step of each side that ran, from the compare record."""
-    from shared import charts
-
-    res = rec["results"]
-    name = name or rec.get("name", "compare")
-    series = {
-        label: (list(range(1, len(res[k]["losses"]) + 1)), res[k]["losses"])
-        for k, label in (("fsdp", "FSDP2"), ("deepspeed", "DeepSpeed ZeRO-3"))
-        if (res.get(k) or {}).get("status") == "ok"
-    }
-    if not series:
-        return None
-    return charts.line_chart(
-        Path(out_dir) / f"{name}_loss.png",
-        series,
-        title=f"Loss per step, {res['preset']}, world size {res['world_size']}, "
-        f"{res['param_dtype']}",
-        xlabel="optimizer step",
-        ylabel="training loss (nats/token)",
-        y_from_zero=False,  # a loss curve: its shape, not its distance from 0
-        footnote=charts.footer(rec["environment"]),
-    )
-
-
 # ---- README -----------------------------------------------------------------------------------
 def _section(out_dir: Path, stem: str, fn, missing: str) -> str:
     path = out_dir / f"{stem}.json"
@@ -566,7 +493,7 @@ def render_all(out_dir: Path) -> None:
             rec = load_result(path)
             atomic_write_text(path.with_suffix(".md"), fn(rec))
             if kind == "compare":
-                compare_chart(rec, out_dir, path.stem)
+                compare_charts(rec, out_dir, path.stem)
 
 
 @dataclass

@@ -104,6 +104,15 @@ def build_cpu_model(args: ModelArgs, seed: int) -> Transformer:
     return model
 
 
+@torch.no_grad()
+def round_params_to_bf16_(model: nn.Module) -> nn.Module:
+    """Replace every parameter by its bfloat16 image, kept in its own dtype: where DeepSpeed's
+    bf16 mode starts its float32 master weights (it copies them from the bf16 model)."""
+    for p in model.parameters():
+        p.copy_(p.to(torch.bfloat16))
+    return model
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
     for p in model.parameters():
@@ -240,6 +249,8 @@ def run_training(
 
     t0 = time.perf_counter()
     model = build_cpu_model(args, cfg.seed) if template is None else _copy_model(template)
+    if cfg.bf16_rounded_init:
+        round_params_to_bf16_(model)
     n_params = model.num_params()
     fp64 = cfg.param_dtype == "float64"  # no mixed precision: FSDP keeps and reduces float64
     if fp64:

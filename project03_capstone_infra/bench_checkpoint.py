@@ -1,8 +1,10 @@
 """How long a checkpoint holds training, sync vs async, and how long a resume takes (GPU).
 
     python -m project03_capstone_infra.bench_checkpoint --preset 1b --out-dir reports/project03_capstone_infra
+    python -m project03_capstone_infra.bench_checkpoint --preset 1b --nproc 2 --global-batch 16
 
-One process trains the preset with the project's trainer (FSDP2, bf16, AdamW) and measures:
+One process (or `--nproc` processes, one GPU each, started here with torch.multiprocessing)
+trains the preset with the project's trainer (FSDP2, bf16, AdamW) and measures:
 - the median step time over `timed_steps` steps (after warm-up): the baseline;
 - a synchronous save: training is held for the whole save (D2H copy, write, fsync, sha256,
   manifest, rename);
@@ -19,10 +21,16 @@ The fraction of time blocked at one checkpoint every `ckpt_interval` steps is
 blocking / (ckpt_interval x median step time + blocking): the steps in between are not run,
 they are extrapolated from the measured median.
 
-Then a second process is launched like a restarted job (`train --resume auto`) and killed after
-its first step: the time from its launch to the end of that step is the time to resume
-(interpreter and torch start, CUDA/NCCL init, pre-flight, model build, checksum verification,
-load and resharding, first step).
+Then a second job is launched like a restarted one (`train --resume auto`; under torchrun with
+as many ranks when there are several) and killed after its first step: the time from its launch
+to the end of that step is the time to resume (interpreter and torch start, CUDA/NCCL init,
+pre-flight, model build, checksum verification, load and resharding, first step).
+
+With several ranks every step is a collective, so rank 0's step times are the job's, and the
+ranks agree before each step on whether any of them still has a save (or a staging build) in
+flight. The record is `checkpoint_bench.json` for one rank and `checkpoint_bench_ws<N>.json`
+for N (it carries `world_size`); the N-rank report sets its figures beside the one-rank record
+found in the same folder.
 """
 
 from __future__ import annotations
@@ -48,8 +56,9 @@ class BenchConfig:
     """Sync vs async checkpoint blocking time and time to resume, on the current GPU."""
 
     preset: str = "1b"
-    global_batch: int = 8
+    global_batch: int = 8  # sequences per step over all ranks (8 x nproc: 8 per GPU, as 1 rank)
     seq_len: int = 0  # 0: the preset's max_seq_len
+    nproc: int = 1  # ranks: one GPU each (gloo processes on CPU); > 1 spawns them from here
     ckpt_interval: int = 100  # steps between checkpoints for the blocking fraction
     warmup_steps: int = 3
     timed_steps: int = 10
@@ -74,7 +83,7 @@ class BenchConfig:
                 f"--preset: unknown {self.preset!r}; expected one of {sorted(PRESETS)}"
             )
         for name in ("global_batch", "ckpt_interval", "timed_steps", "max_steps_during_write",
-                     "write_threads"):  # fmt: skip
+                     "write_threads", "nproc"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
@@ -84,6 +93,10 @@ class BenchConfig:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}"
                 )
+        if self.global_batch % self.nproc:
+            raise ValueError(
+                f"--global-batch ({self.global_batch}) must be divisible by --nproc ({self.nproc})"
+            )
         if not (math.isfinite(self.budget_s) and self.budget_s >= 0):
             raise ValueError(f"--budget-s must be a finite number >= 0, got {self.budget_s}")
         if self.stager not in ("persistent", "dcp"):
@@ -117,6 +130,24 @@ def _write(out: dict, paths: list[Path]) -> None:
         atomic_write_json(p, out)
 
 
+def bench_name(world_size: int) -> str:
+    """The record's file stem: the one-rank name stays what the cost model and summary read."""
+    return "checkpoint_bench" if world_size == 1 else f"checkpoint_bench_ws{world_size}"
+
+
+def _any_rank(tr, flag: bool) -> bool:
+    """True when `flag` holds on any rank (a collective: every rank calls it), so that all ranks
+    run the same number of training steps."""
+    if tr.world == 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(flag)], device=tr.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def _async_save(tr, cap: int) -> dict:
     """Start an async save and keep training until it has committed; raw timings only."""
     before = tr.ckpt.staging_info() or {}
@@ -124,7 +155,7 @@ def _async_save(tr, cap: int) -> dict:
     call_s = stats.blocking_s
     info = tr.ckpt.staging_info() or {}
     during = []
-    while tr.ckpt.in_flight and len(during) < cap:
+    while _any_rank(tr, tr.ckpt.in_flight) and len(during) < cap:
         during.append(tr.train_step()["step_s"])
     tr.ckpt.wait()
     built = info.get("builds", 0) > before.get("builds", 0)
@@ -149,7 +180,7 @@ def _prestage(tr, cap: int) -> dict:
     tr.ckpt.prestage(tr._model_optim_state(), background=True)
     call_s = time.perf_counter() - t0
     during = []
-    while tr.ckpt.prestaging and len(during) < cap:
+    while _any_rank(tr, tr.ckpt.prestaging) and len(during) < cap:
         during.append(tr.train_step()["step_s"])
     tr.ckpt.wait_prestage()
     info = tr.ckpt.staging_info() or {}
@@ -277,23 +308,72 @@ def write_chart(record: dict, out_dir: Path) -> Path:
     for label, _, x in _rows(res, d):
         labels.append(label)
         pct.append(100 * x.get("fraction", x["held_s"] / (d["interval_s"] + x["held_s"])))
+    ranks = res.get("world_size", 1)
     foot = footer(env, f"{record['config']['preset']}, {res['n_params'] / 1e9:.2f} B params, bf16 "
                   f"FSDP2, batch {record['config']['global_batch']}x"
-                  f"{res['tokens_per_step'] // record['config']['global_batch']}")  # fmt: skip
+                  f"{res['tokens_per_step'] // record['config']['global_batch']}"
+                  + (f", {ranks} ranks" if ranks > 1 else ""))  # fmt: skip
     if labels and labels[0] == "sync":  # tallest bar last: clear of the legend at the top left
         labels, pct = labels[1:] + labels[:1], pct[1:] + pct[:1]
-    return bar_chart(out_dir / "checkpoint_bench.png", labels, pct,
+    return bar_chart(out_dir / f"{record.get('name', 'checkpoint_bench')}.png", labels, pct,
                      title=f"Training time held by checkpoints ({gib:.1f} GiB, 1 per {n} steps)",
                      ylabel="% of training time", baseline=1.0, baseline_label="target: 1%",
                      footnote=foot)  # fmt: skip
 
 
+def _side_by_side(records: list[dict]) -> str:
+    """The headline figures of records of different world sizes, one column each."""
+    from shared.results import markdown_table
+
+    def col(rec: dict) -> str:
+        env, ranks = rec["environment"], rec["results"].get("world_size", 1)
+        return (f"{ranks} rank{'s' if ranks > 1 else ''} ({str(env.get('date', '?'))[:10]}, "
+                f"{str(env.get('git_commit') or '?')[:10]})")  # fmt: skip
+
+    def fig(rec: dict) -> dict:
+        res, d = rec["results"], rec["results"]["derived"]
+        ranks, batch = res.get("world_size", 1), rec["config"]["global_batch"]
+        r, st = res.get("resume") or {}, d.get("steady_state") or {}
+
+        def held(x: dict | None) -> str:
+            return "n/a" if not x else f"{x['held_s']:.3g} s ({100 * x['fraction']:.2f}%)"
+
+        def sec(x) -> str:
+            return "n/a" if x is None else f"{x:.1f} s"
+
+        commits = [d[k]["write_to_commit_s"] for k in _steady_keys(res) if k in d]
+        return {
+            "GPU": rec["environment"].get("gpu") or "CPU",
+            "global batch (per rank)": f"{batch} ({batch // ranks})",
+            "baseline step, tokens/s": f"{1e3 * res['baseline']['median_step_s']:.1f} ms, "
+            f"{res['baseline']['tokens_per_s']:,.0f}",
+            "checkpoint (per rank)": f"{res['sync']['bytes'] / 2**30:.2f} GiB "
+            f"({res['sync']['bytes'] / ranks / 2**30:.2f})",
+            "sync save, held": held(d.get("sync")),
+            "1st async save of a process, held": held(d.get("async_cold")),
+            "steady-state async save, held (median)": "n/a" if not st else
+            f"{st['median_held_s']:.3g} s ({100 * st['fraction']:.2f}%) of {st['saves']}",
+            "async save, to committed": sec(_median(commits)),
+            "resume: launch to first new step": sec(r.get("to_first_new_step_s")),
+            "resume: verify + load + reshard": sec(r.get("load_s")),
+        }  # fmt: skip
+
+    figs = [fig(rec) for rec in records]
+    rows = [{"": k, **{col(rec): f[k] for rec, f in zip(records, figs)}} for k in figs[0]]
+    n = records[0]["results"]["derived"]["ckpt_interval_steps"]
+    return (markdown_table(rows) + f"\n\nHeld: the training time a save holds (defined below), "
+            f"and in brackets its share of the time at one checkpoint per {n} steps. Each column "
+            "is its own run, measured on the date and commit it names.")  # fmt: skip
+
+
 def write_report(record: dict, out_dir: Path) -> Path:
-    """checkpoint_bench.md and checkpoint_bench.png from a record (raw + derived)."""
+    """<name>.md and <name>.png from a record (raw + derived); a record of several ranks also
+    sets its headline figures beside those of the one-rank record in `out_dir`, if any."""
     from shared.results import atomic_write_text, environment_line, markdown_table
 
     res, d = record["results"], record["results"]["derived"]
     env, n = record["environment"], d["ckpt_interval_steps"]
+    name, ranks = record.get("name", "checkpoint_bench"), res.get("world_size", 1)
     gib = res["sync"]["bytes"] / 2**30
     pct_col = f"% of time at 1 per {n} steps"
     rows = []
@@ -335,9 +415,17 @@ def write_report(record: dict, out_dir: Path) -> Path:
             f"tensors ({b['pinned_bytes'] / 2**30:.2f} GiB page-locked) in {b['seconds']:.2f} s, "
             f"of which cudaHostRegister {b['register_s']:.2f} s."
         )  # fmt: skip
+    compared = []
+    one = out_dir / f"{bench_name(1)}.json"
+    if ranks > 1 and one.is_file():
+        base = json.loads(one.read_text())
+        if base.get("results", {}).get("world_size", 1) == 1 and "derived" in base["results"]:
+            compared = [f"One rank against {ranks}:", "", _side_by_side([base, record]), ""]
+    where = f", {ranks} ranks" if ranks > 1 else ""
     md = "\n".join([
-        f"### Checkpoint cost and resume time ({env.get('gpu') or 'CPU'}, {record['config']['preset']})",
+        f"### Checkpoint cost and resume time ({env.get('gpu') or 'CPU'}, {record['config']['preset']}{where})",
         "",
+        *compared,
         f"Checkpoint: {gib:.2f} GiB (fp32 weights + AdamW moments, {res['n_params'] / 1e9:.2f} B "
         f"parameters) on {res.get('checkpoint_fs', '?')}. Baseline step "
         f"{res['baseline']['median_step_s'] * 1e3:.1f} ms median ({res['baseline']['tokens_per_s']:,.0f} tok/s), "
@@ -346,7 +434,7 @@ def write_report(record: dict, out_dir: Path) -> Path:
         markdown_table(rows, floatfmt=".3g"),
         "",
         *[x + "\n" for x in lines],
-        f"Resume (a new process, `--resume auto`): first new step {r.get('to_first_new_step_s') or float('nan'):.1f} s "
+        f"Resume (a new {'torchrun job' if ranks > 1 else 'process'}, `--resume auto`): first new step {r.get('to_first_new_step_s') or float('nan'):.1f} s "
         f"after launch, of which checksum verification {r.get('verify_s') or float('nan'):.1f} s and "
         f"verify + load + reshard {r.get('load_s') or float('nan'):.1f} s (target < 30 s).",
         "",
@@ -355,12 +443,12 @@ def write_report(record: dict, out_dir: Path) -> Path:
         "",
         f"Measured: {environment_line(env)}.",
     ])  # fmt: skip
-    atomic_write_text(out_dir / "checkpoint_bench.md", md + "\n")
+    atomic_write_text(out_dir / f"{name}.md", md + "\n")
     if out_dir.name == PROJECT:  # the reports folder (not $OUT): refresh the project summary
         from .report import write_summary
 
         write_summary(out_dir.parent)
-    return out_dir / "checkpoint_bench.md"
+    return out_dir / f"{name}.md"
 
 
 RAW_ASYNC_KEYS = ("call_s", "staging_wait_s", "to_commit_s", "bytes", "step_s_during_write",
@@ -384,43 +472,25 @@ def rederive(cfg: BenchConfig) -> dict:
     if cfg.code_commit and not record["environment"].get("git_commit"):
         record["environment"]["git_commit"] = cfg.code_commit
     out_dir = Path(cfg.out_dir or REPORTS_DIR / PROJECT)
-    atomic_write_json(out_dir / "checkpoint_bench.json", record)
+    atomic_write_json(out_dir / f"{record.get('name', bench_name(1))}.json", record)
     write_report(record, out_dir)
     return record
 
 
-def run(cfg: BenchConfig) -> dict:
+def _measure(cfg: BenchConfig, train_cfg, out: dict, outs: list[Path], t_start: float) -> None:
+    """Phase 1 on this rank: baseline, sync save, async saves, background build. Rank 0 fills
+    `out` and writes it to `outs` as it goes; every rank runs the same steps and saves."""
     import torch
 
-    from shared.results import REPORTS_DIR, environment
-
-    from .config import TrainConfig
-    from .faults import read_events
-    from .runner import REPO_ROOT, child_env
     from .train import Trainer
 
-    t_start = time.time()
-    run_dir = Path(cfg.run_dir)
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    outs = [Path(os.environ["OUT"]) / "checkpoint_bench.json"] if os.environ.get("OUT") else []
-    outs.append(Path(cfg.out_dir or REPORTS_DIR / PROJECT) / "checkpoint_bench.json")
-    train_cfg = TrainConfig(
-        preset=cfg.preset, steps=100_000, global_batch=cfg.global_batch, seq_len=cfg.seq_len,
-        run_dir=str(run_dir), ckpt_every=10**9, ckpt_mode="async", keep_last=1,
-        ckpt_write_threads=cfg.write_threads, log_every=10**9,
-    )  # fmt: skip
-    env = environment()
-    out: dict = {
-        "schema": 1, "project": PROJECT, "name": "checkpoint_bench", "environment": env,
-        "config": {**asdict(cfg), "train": train_cfg.to_dict()}, "results": {},
-    }  # fmt: skip
     res = out["results"]
-    res["checkpoint_fs"] = _fs_of(run_dir.parent)
-
     tr = Trainer(train_cfg)
     t0 = time.perf_counter()
     tr.setup()
+    main = tr.rank == 0
+    write = _write if main else (lambda out, outs: None)
+    say = print if main else (lambda *a, **k: None)
     res["setup_fresh_s"] = time.perf_counter() - t0
     res["n_params"] = sum(p.numel() for p in tr.model.parameters())
     res["tokens_per_step"] = tr.tokens_per_step
@@ -433,11 +503,11 @@ def run(cfg: BenchConfig) -> dict:
     res["peak_gpu_mem_gib"] = (
         torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     )
-    print(
+    say(
         f"baseline: {median * 1e3:.1f} ms/step, {tr.tokens_per_step / median:,.0f} tok/s",
         flush=True,
     )
-    _write(out, outs)
+    write(out, outs)
 
     stats = tr.save("sync")
     res["sync"] = {
@@ -445,20 +515,21 @@ def run(cfg: BenchConfig) -> dict:
         "to_commit_s": stats.total_s,
         "bytes": stats.bytes,
     }
-    print(f"sync save: {stats.blocking_s:.2f} s, {stats.bytes / 2**30:.2f} GiB", flush=True)
-    _write(out, outs)
+    say(f"sync save: {stats.blocking_s:.2f} s, {stats.bytes / 2**30:.2f} GiB", flush=True)
+    write(out, outs)
     tr.ckpt.stager_kind = cfg.stager
 
-    def over_budget() -> bool:
-        return bool(cfg.budget_s) and time.time() - t_start > cfg.budget_s
+    def over_budget() -> bool:  # rank 0's clock decides, for every rank
+        late = main and bool(cfg.budget_s) and time.time() - t_start > cfg.budget_s
+        return _any_rank(tr, late)
 
     def record(name: str, raw: dict) -> None:
         res[name] = raw
         res["derived"] = derive(res, cfg.ckpt_interval)
         held = res["derived"].get(name, {}).get("held_s")
-        print(f"{name}: held {held:.3f} s" + (f" (buffers built in {raw['build']['seconds']:.2f} s)"
-              if raw.get("build") else ""), flush=True)  # fmt: skip
-        _write(out, outs)
+        say(f"{name}: held {held:.3f} s" + (f" (buffers built in {raw['build']['seconds']:.2f} s)"
+            if raw.get("build") else ""), flush=True)  # fmt: skip
+        write(out, outs)
 
     record("async_cold", _async_save(tr, cfg.max_steps_during_write))
     for i in range(1, cfg.steady_saves + 1):
@@ -468,27 +539,87 @@ def run(cfg: BenchConfig) -> dict:
     if cfg.prestage and cfg.stager == "persistent" and not over_budget():
         record("prestage", _prestage(tr, cfg.max_steps_during_write))
         record("async_after_prestage", _async_save(tr, cfg.max_steps_during_write))
-    saved_step = tr.step
+    res["steps_run"] = tr.step  # the resumed job resumes from the last save before it
     tr.close()
-    del tr  # free this process's GPU memory: the resumed job's pre-flight checks it
+    tr = None  # free this process's GPU memory: the resumed job's pre-flight checks it
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     res["phase1_s"] = time.time() - t_start
-    _write(out, outs)
+    write(out, outs)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, cfg, train_cfg, out, outs, t_start) -> None:
+    """One spawned rank of phase 1: the environment torchrun would give it, then `_measure`."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    _measure(cfg, train_cfg, out, outs if rank == 0 else [], t_start)
+
+
+def run(cfg: BenchConfig) -> dict:
+    import torch
+
+    from shared.results import REPORTS_DIR, environment
+
+    from .config import TrainConfig
+    from .faults import read_events
+    from .runner import REPO_ROOT, child_env, torchrun_cmd
+
+    if torch.cuda.is_available() and cfg.nproc > torch.cuda.device_count():
+        raise ValueError(f"--nproc {cfg.nproc}: only {torch.cuda.device_count()} GPUs are visible")
+    t_start = time.time()
+    run_dir = Path(cfg.run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    name = bench_name(cfg.nproc)
+    outs = [Path(os.environ["OUT"]) / f"{name}.json"] if os.environ.get("OUT") else []
+    outs.append(Path(cfg.out_dir or REPORTS_DIR / PROJECT) / f"{name}.json")
+    train_cfg = TrainConfig(
+        preset=cfg.preset, steps=100_000, global_batch=cfg.global_batch, seq_len=cfg.seq_len,
+        run_dir=str(run_dir), ckpt_every=10**9, ckpt_mode="async", keep_last=1,
+        ckpt_write_threads=cfg.write_threads, log_every=10**9,
+    )  # fmt: skip
+    env = environment()
+    out: dict = {
+        "schema": 1, "project": PROJECT, "name": name, "environment": env,
+        "config": {**asdict(cfg), "train": train_cfg.to_dict()}, "results": {},
+    }  # fmt: skip
+    out["results"]["world_size"] = cfg.nproc
+    out["results"]["checkpoint_fs"] = _fs_of(run_dir.parent)
+    if cfg.nproc == 1:
+        _measure(cfg, train_cfg, out, outs, t_start)
+    else:
+        import torch.multiprocessing as mp
+
+        mp.start_processes(_rank_main, nprocs=cfg.nproc, start_method="spawn",
+                           args=(cfg.nproc, _free_port(), cfg, train_cfg, out, outs, t_start))  # fmt: skip
+        out = json.loads(outs[-1].read_text())  # rank 0's record of phase 1
+    res = out["results"]
 
     if cfg.resume:
-        # A restarted job: same command, --resume auto; killed (SIGKILL) before its 2nd step so
-        # that it does not write a 13 GB final checkpoint.
+        # A restarted job: same command, --resume auto; every rank kills itself (SIGKILL) before
+        # its 2nd step, so that it does not write a 13 GB final checkpoint.
         from .runner import cli_args
 
         args = cli_args(**{k: v for k, v in train_cfg.to_dict().items() if k in ("preset", "global_batch", "seq_len", "run_dir", "ckpt_write_threads")},
-                        steps=saved_step + 10, ckpt_every=10**9, resume="auto", log_every=1)  # fmt: skip
-        env_vars = child_env(faults=[{"kind": "kill", "after": 1, "rank": 0}])
+                        steps=res["steps_run"] + 10, ckpt_every=10**9, resume="auto", log_every=1,
+                        fault_injection=True)  # fmt: skip
+        kills = [{"kind": "kill", "after": 1, "rank": r} for r in range(cfg.nproc)]
+        env_vars = child_env(faults=kills)
         env_vars["P03_LAUNCH_T"] = repr(time.time())
+        cmd = (torchrun_cmd(cfg.nproc, args) if cfg.nproc > 1
+               else [sys.executable, "-m", "project03_capstone_infra.train", *args])  # fmt: skip
         t_launch = time.time()
-        proc = subprocess.run([sys.executable, "-m", "project03_capstone_infra.train", *args],
-                              cwd=REPO_ROOT, env=env_vars, capture_output=True, text=True, timeout=300)  # fmt: skip
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env_vars, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
         wall = time.time() - t_launch
         events = read_events(run_dir / "events.jsonl")
         resume = next((e for e in events if e["event"] == "resume"), None)
@@ -506,7 +637,7 @@ def run(cfg: BenchConfig) -> dict:
             "verify_s": resume["verify_s"] if resume else None,
             "load_s": resume["load_s"] if resume else None,  # verify + read + reshard
             "process_wall_s": wall,
-            "returncode": proc.returncode,  # -9: killed by design after the first step
+            "returncode": proc.returncode,  # killed by design after the first step
             "stderr_tail": proc.stderr[-1500:] if first is None else "",
         }
         print(

@@ -109,7 +109,8 @@ def test_harness_configs_nest_a_train_config_under_its_own_flag_names():
     assert (scaling.gpus, scaling.train.preset, scaling.train.lr) == ("1,2", "tiny", 1e-3)
     # each harness keeps its own defaults for the training flags
     assert (scaling.train.compile, scaling.train.profile, scaling.train.steps) == (True, True, 0)
-    assert CompareConfig().train.param_dtype == "float32"
+    assert CompareConfig().precisions == ("bfloat16", "float32")  # the harness sets the dtype
+    assert CompareConfig().train.steps == 6
     assert SweepConfig().train.preset == "1b"
 
 
