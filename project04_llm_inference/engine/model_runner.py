@@ -47,7 +47,7 @@ class ModelRunner:
         self._pool = None  # the CUDA graphs' shared memory pool
         # multi-token steps padded to mt_q tokens per sequence (speculative verification, a
         # draft's catch-up): replayed from mt_graphs on a GPU, run eagerly padded elsewhere
-        self.mt_q = 0
+        self.mt_q, self.mt_sizes = 0, ()
         self.mt_graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     # --- the KV pool -------------------------------------------------------------------------
@@ -364,20 +364,24 @@ class ModelRunner:
 
     # --- multi-token steps in CUDA graphs ------------------------------------------------------
 
-    def enable_multi_token(self, q_len: int, max_batch: int, *, capture: bool = True) -> None:
+    def enable_multi_token(
+        self, q_len: int, max_batch: int, *, capture: bool = True, pad_batch: bool = False
+    ) -> None:
         """Run steps whose items each have 1..q_len new tokens (speculative verification: the
         last token and up to q_len - 1 drafts; a draft model's catch-up) with every item padded
         to q_len tokens, so the step has a fixed shape: on a GPU (unless `capture` is False) it
         replays a CUDA graph captured per batch size, up to `max_batch` sequences. Padding
         tokens write no cache slot (slot -1) and their rows are never returned; causality keeps
         them out of the real rows' attention. Without graphs the padded step runs eagerly (the
-        CPU tier tests the padding that way)."""
+        CPU tier tests the padding that way); `pad_batch` then also pads the batch to the graph
+        sizes with padding sequences, as graph replay does."""
         if q_len < 2 or max_batch < 1:
             raise ValueError(
                 f"multi-token steps need q_len >= 2 and max_batch >= 1, got {q_len}, {max_batch}"
             )
         self.mt_q, self.mt_max_batch = q_len, max_batch
         sizes = graph_batch_sizes(max_batch)
+        self.mt_sizes = sizes if pad_batch else ()
         dev, mb, t = self.device, self.max_blocks_per_seq, max(sizes) * q_len
         self.mt_ids = torch.zeros(t, dtype=torch.int64, device=dev)
         self.mt_pos = torch.zeros(t, dtype=torch.int64, device=dev)
@@ -463,7 +467,8 @@ class ModelRunner:
 
     def _run_multi_token(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
         b, q = len(items), self.mt_q
-        width = min(s for s in self.mt_graphs if s >= b) if self.mt_graphs else b
+        sizes = self.mt_graphs or self.mt_sizes
+        width = min(s for s in sizes if s >= b) if sizes else b
         plan, tables, rows = self._mt_plan(items, width)
         dev = plan.to(self.device, non_blocking=True)
         t = width * q

@@ -330,14 +330,16 @@ def test_greedy_speculation_is_identical(setup, greedy_reference, hf_model_dir, 
         assert s["spec_acceptance_rate"] < 0.2  # mostly rejected, and still the same output
 
 
+@pytest.mark.parametrize("pad_batch", [False, True], ids=["tokens", "tokens-and-batch"])
 @pytest.mark.parametrize("setup", ["ngram", "draft-same", "draft-other", "draft-small-pool"])
 def test_padded_multi_token_steps_give_the_same_tokens(
-    setup, greedy_reference, hf_model_dir, other_model_dir
+    setup, pad_batch, greedy_reference, hf_model_dir, other_model_dir
 ):
     """Verification and the draft's catch-up padded to a fixed number of tokens per sequence
     (what the GPU replays as CUDA graphs), run eagerly on the CPU: padding tokens write no
     cache slot and no real row sees them, so the output is the plain greedy output (float32:
-    the reference's smallest top-two gap exceeds TIE, checked by the fixture)."""
+    the reference's smallest top-two gap exceeds TIE, checked by the fixture). With pad_batch
+    the batch is also padded to the graph sizes with padding sequences, as graph replay does."""
     prompts, params, want = greedy_reference
     kw = dict(num_speculative_tokens=4)
     if setup == "ngram":
@@ -352,7 +354,7 @@ def test_padded_multi_token_steps_give_the_same_tokens(
     runners = [eng.runner] + ([eng.proposer.runner] if setup.startswith("draft") else [])
     calls = []
     for r, q in zip(runners, (5, 2)):
-        r.enable_multi_token(q, 16, capture=False)  # the whole batch of 16 prompts
+        r.enable_multi_token(q, 16, capture=False, pad_batch=pad_batch)  # all 16 prompts
         run_mt = r._run_multi_token
 
         def counted(items, _run=run_mt, _r=r):
@@ -369,6 +371,11 @@ def test_padded_multi_token_steps_give_the_same_tokens(
     if setup in ("draft-same", "draft-small-pool"):
         assert any(c[0] is runners[1] for c in calls), "no padded draft catch-up ran"
     assert max(n for _, n in calls) <= 16
+    if pad_batch and setup in ("ngram", "draft-small-pool"):
+        # requests finish at different steps (n-gram), or the pool admits 8 at a time, so some
+        # step ran fewer sequences than its padded width (with a draft of the target's quality
+        # all 16 run to the end together: every width is exact)
+        assert any(n not in (1, 2, 4, 8, 16) for _, n in calls)
 
 
 def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir):
