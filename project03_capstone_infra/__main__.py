@@ -10,6 +10,8 @@ ENTRY_POINTS = {
     "train": "fault-tolerant FSDP training (run under torchrun for several ranks)",
     "ckpt": "list | verify | prune | compare checkpoints",
     "chaos": "reference run vs the same run under injected faults; writes the report",
+    "reshard": "train on A ranks, continue on B (2 -> 1, 1 -> 2): loss continuity, bitwise before",
+    "determinism_cost": "tokens/s of the same short run, default vs --deterministic kernels",
     "health": "GPU health snapshot, pre-flight checks, Prometheus metrics",
     "bench_checkpoint": "GPU: sync vs async checkpoint blocking time and time to resume (1b)",
     "tune": "Ray Tune HPO over lr, weight decay and warm-up with ASHA (and a random-search baseline)",

@@ -1,7 +1,9 @@
 """The demonstration: a reference run, then the same run under injected faults, compared.
 
     python -m project03_capstone_infra.chaos            # CPU: 2 gloo ranks, tiny model, ~1-2 min
-    python -m project03_capstone_infra.chaos --nproc 4 --preset 125m --steps 200   # on GPUs
+    python -m project03_capstone_infra.chaos --nproc 2 --deterministic      # 2 GPUs: chaos_gpu.*
+    python -m project03_capstone_infra.chaos --nproc 2 --deterministic --preset 125m --steps 40 \\
+        --ckpt-every 4 --sigterm-deadline-s 20    # 1.6 GB checkpoints: the preemption save needs >5 s
 
 The faulted run is one torchrun job with --max-restarts, as on a cluster, followed by a
 requeue after its preemption. What happens to it, in order (steps drawn at random from --seed):
@@ -17,12 +19,18 @@ requeue after its preemption. What happens to it, in order (steps drawn at rando
 Then it checks that the final model and optimizer state are bitwise identical to the reference
 run's and that both loss curves are the same, and writes to reports/project03_capstone_infra/:
 chaos.json (with the environment), chaos.md (the fault table), chaos_loss.png (both curves)
-and chaos_timeline.png (training progress against wall time, faults marked).
+and chaos_timeline.png (training progress against wall time, faults marked). On GPUs the stem
+is chaos_gpu (chaos_gpu.json, ...), so a GPU run never overwrites the CPU report; `--report-name`
+chooses another. On GPUs the bitwise claim needs `--deterministic` (shared.determinism): the
+default kernels differ run to run. On NCCL a hung rank's peers are ended by NCCL's watchdog
+after --pg-timeout-s (the process is torn down, so no `collective_failure` event is written:
+the fault table shows "n/a" for its detection time), and torchrun restarts the group.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import signal
 import sys
@@ -35,6 +43,7 @@ from shared.cli import main_guard, parse_dataclass
 from shared.progress import progress
 
 from . import runner
+from .chaos_report import render_markdown, write_charts
 from .checkpoint import compare_states, read_full_state
 from .faults import read_events
 
@@ -52,10 +61,13 @@ class ChaosConfig:
     ckpt_every: int = 5
     seed: int = 0  # draws the fault steps and ranks
     pg_timeout_s: float = 5.0  # how long the hung rank's peers wait
+    sigterm_deadline_s: float = 0.0  # preemption save deadline; 0: max(5, pg_timeout_s) (125m: 20)
     workdir: str = ""  # where the runs go (default: a temporary directory, removed after)
     keep: bool = False  # keep the run directories
     reports_dir: str = ""  # default: reports/ of this repository
     timeout_s: float = 900.0  # per launch
+    deterministic: bool = False  # deterministic kernels in every launch (needed for bitwise on GPU)
+    report_name: str = ""  # file stem of the outputs; default chaos (CPU) or chaos_gpu (GPUs)
 
     def validate(self) -> ChaosConfig:
         from shared.cli import require_finite, writable_dir
@@ -69,18 +81,32 @@ class ChaosConfig:
             raise ValueError(
                 f"ChaosConfig.preset must be one of ('tiny', '125m', '1b'), got {self.preset!r}"
             )
-        require_finite("ChaosConfig", self, ("pg_timeout_s", "timeout_s"))
+        require_finite("ChaosConfig", self, ("pg_timeout_s", "timeout_s", "sigterm_deadline_s"))
+        if self.sigterm_deadline_s < 0:
+            raise ValueError(f"ChaosConfig.sigterm_deadline_s must be >= 0 (0: automatic), got "
+                             f"{self.sigterm_deadline_s}")  # fmt: skip
         for name in ("pg_timeout_s", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ChaosConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.steps < 10 * self.ckpt_every:
             raise ValueError(f"ChaosConfig.steps ({self.steps}) must be at least 10 x ckpt_every "
                              f"({self.ckpt_every}) to fit the faults")  # fmt: skip
+        if self.report_name and not _STEM.match(self.report_name):
+            raise ValueError("ChaosConfig.report_name must be a file stem of letters, digits, '_' "
+                             f"and '-' (e.g. chaos_gpu), got {self.report_name!r}")  # fmt: skip
         if self.workdir:
             writable_dir("--workdir", self.workdir)
         if self.reports_dir:
             writable_dir("--reports-dir", self.reports_dir)
         return self
+
+
+_STEM = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def report_name(cfg: ChaosConfig, cuda: bool) -> str:
+    """The outputs' file stem: --report-name, else chaos_gpu on GPUs and chaos on CPU."""
+    return cfg.report_name or ("chaos_gpu" if cuda else "chaos")
 
 
 def _log(msg: str) -> None:
@@ -159,7 +185,13 @@ def fault_table(events: list[dict], sigterm_sent_t: float | None) -> list[dict]:
             "flip": "sha256 check failed; checkpoint quarantined, fell back one",
             "sigterm": "saved within the deadline, exited 75; the requeued job resumed",
         }[f["kind"]]
-        timeout = _first(events, f["t"], lambda e: e["event"] == "collective_failure")
+        # The peers' own report of the timeout, before the recovery (a later fault's does not
+        # count). Under NCCL the watchdog tears the process down without one.
+        timeout = _first(events, f["t"], lambda e, r=rec["t"]: e["event"] == "collective_failure"
+                         and e["t"] <= r)  # fmt: skip
+        if f["kind"] == "hang" and timeout is None:
+            how = ("peers' collective timed out; NCCL's watchdog ended them; torchrun restarted "
+                   "the group")  # fmt: skip
         rows.append({
             "fault": f["kind"],
             "rank": f["rank"],
@@ -195,81 +227,6 @@ def timeline(ref_events: list[dict], fault_events: list[dict], marks) -> dict:
         "faulted": points(fault_events),
         "faults": [{"t": round(t - t0, 3), "kind": k, "step": step} for t, k, step in marks],
     }
-
-
-def _stagger(xs: list[float], min_gap: float, rows: int = 3) -> list[int]:
-    """A row for each label at x (sorted) so that labels closer than min_gap never share a row."""
-    last = [-float("inf")] * rows
-    out = []
-    for x in xs:
-        row = next(
-            (r for r in range(rows) if x - last[r] >= min_gap),
-            min(range(rows), key=last.__getitem__),
-        )
-        last[row] = x
-        out.append(row)
-    return out
-
-
-def timeline_chart(path: Path, tl: dict, footnote: str) -> Path:
-    """Step reached against wall time for both runs, each fault a dotted line with its label
-    written horizontally in staggered rows at the top (labels of close faults never overlap)."""
-    from shared.charts import COLORS, _finish, plt, save_figure
-
-    fig, ax = plt.subplots(figsize=(9, 4.6))
-    end = 1.0
-    for i, (name, key) in enumerate((("reference", "reference"), ("under faults", "faulted"))):
-        pts = tl.get(key) or []
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=".", ms=3,
-                    color=COLORS[i], label=name)  # fmt: skip
-            end = max(end, max(p[0] for p in pts))
-    faults = sorted(tl.get("faults") or [], key=lambda f: f["t"])
-    top = max([p[1] for k in ("reference", "faulted") for p in tl.get(k) or []] or [1])
-    ax.set_ylim(0, top * 1.35)  # room above the curves for three rows of labels
-    rows = _stagger([f["t"] for f in faults], min_gap=0.11 * end)
-    for f, row in zip(faults, rows):
-        ax.axvline(f["t"], color="#C44E52", ls=":", lw=1)
-        ax.annotate(f"{f['kind']} @{f['step']}", (f["t"], 1 - 0.075 * row),
-                    xycoords=("data", "axes fraction"), xytext=(3, -2),
-                    textcoords="offset points", ha="left", va="top", fontsize=8,
-                    color="#C44E52", bbox={"boxstyle": "round,pad=0.15", "fc": "white",
-                                           "ec": "none", "alpha": 0.9})  # fmt: skip
-    ax.set_xlim(0, end * 1.03)
-    ax.set_xlabel("wall time since launch, s")
-    ax.set_ylabel("optimizer step reached")
-    ax.set_title("Training progress: reference vs under injected faults (fault @ step it hit)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    return save_figure(_finish(fig, footnote), path)
-
-
-def chaos_footer(record: dict) -> str:
-    from shared.charts import footer
-
-    c, env = record["config"], record["environment"]
-    backend = "NCCL" if env.get("gpu") else "gloo"
-    return footer(env, f"{c['preset']}, {c['nproc']} ranks over {backend}, seed {c['seed']}")
-
-
-def write_charts(record: dict, out_dir: Path) -> list[Path]:
-    """chaos_loss.png and (when the record carries it) chaos_timeline.png from a chaos record."""
-    from shared.charts import line_chart
-
-    res, foot = record["results"], chaos_footer(record)
-    ref = {int(k): v for k, v in res["loss_curve"]["reference"].items()}
-    run = {int(k): v for k, v in res["loss_curve"]["faulted"].items()}
-    same = "bitwise identical" if res["identical"] else "DIFFERENT"
-    paths = [line_chart(
-        out_dir / "chaos_loss.png",
-        {"reference (no faults)": (sorted(ref), [ref[s] for s in sorted(ref)]),
-         "under faults (final trajectory)": (sorted(run), [run[s] for s in sorted(run)])},
-        title=f"Loss: reference vs faulted run ({same})",
-        xlabel="optimizer step", ylabel="training loss (nats)", y_from_zero=False, footnote=foot,
-    )]  # fmt: skip
-    if res.get("timeline"):
-        paths.append(timeline_chart(out_dir / "chaos_timeline.png", res["timeline"], foot))
-    return paths
 
 
 def _steps_done(events: list[dict]) -> int:
@@ -331,18 +288,12 @@ def run(cfg: ChaosConfig) -> dict:
     import torch
 
     from shared.cli import writable_dir
-    from shared.results import (
-        REPORTS_DIR,
-        atomic_write_text,
-        environment,
-        environment_line,
-        load_result,
-        markdown_table,
-        save_result,
-    )
+    from shared.results import REPORTS_DIR, atomic_write_text, load_result, save_result
 
     cfg.validate()
-    nproc = cfg.nproc or (torch.cuda.device_count() if torch.cuda.is_available() else 2)
+    cuda = torch.cuda.is_available()
+    nproc = cfg.nproc or (torch.cuda.device_count() if cuda else 2)
+    name = report_name(cfg, cuda)
     faults, sigterm_step = plan_faults(cfg, nproc)
     out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
     writable_dir("--reports-dir", out_dir / PROJECT)  # before two training runs, not after
@@ -353,11 +304,12 @@ def run(cfg: ChaosConfig) -> dict:
             shutil.rmtree(d)
     train_args = dict(preset=cfg.preset, steps=cfg.steps, global_batch=cfg.global_batch,
                       ckpt_every=cfg.ckpt_every, keep_last=3, log_every=cfg.steps,
-                      pg_timeout_s=cfg.pg_timeout_s, sigterm_deadline_s=max(5.0, cfg.pg_timeout_s))  # fmt: skip
+                      pg_timeout_s=cfg.pg_timeout_s, sigterm_deadline_s=cfg.sigterm_deadline_s or max(5.0, cfg.pg_timeout_s),
+                      deterministic=cfg.deterministic)  # fmt: skip
 
-    _log(
-        f"reference run: {nproc} ranks, {cfg.preset}, {cfg.steps} steps, checkpoint every {cfg.ckpt_every}"
-    )
+    mode = "deterministic mode" if cfg.deterministic else "default kernels"
+    _log(f"reference run: {nproc} ranks ({'NCCL' if cuda else 'gloo'}, {mode}), {cfg.preset}, "
+         f"{cfg.steps} steps, checkpoint every {cfg.ckpt_every}")  # fmt: skip
     ref = _launch_followed(ref_dir, "reference", cfg, nproc=nproc, **train_args)
     if ref.returncode != 0:
         raise RuntimeError(f"the reference run failed (rc {ref.returncode}):\n{ref.output[-3000:]}")
@@ -397,8 +349,12 @@ def run(cfg: ChaosConfig) -> dict:
         {(e["attempt"], e["pid"]) for e in events if e["event"] == "start" and e["rank"] == 0}
     )
 
+    launch_modes = {bool(e.get("deterministic")) for e in events + ref_events
+                    if e["event"] == "start"}  # fmt: skip
     results = {
         "identical": identical,
+        "deterministic": cfg.deterministic,
+        "every_launch_in_that_mode": launch_modes == {cfg.deterministic},
         "final_state_bitwise_equal": not diffs,
         "tensors_compared": n_tensors,
         "state_differences": diffs[:20],
@@ -419,59 +375,21 @@ def run(cfg: ChaosConfig) -> dict:
     config = {
         **asdict(cfg),
         "nproc": nproc,
+        "backend": "nccl" if cuda else "gloo",
+        "report_name": name,
         "fault_plan": faults,
         "sigterm_after_step": sigterm_step,
         "train": train_args,
     }
-    env = environment()
-    json_path = save_result(PROJECT, "chaos", results, baseline={"reference_wall_s": ref.seconds},
-                            config=config, reports_dir=out_dir, env=env)  # fmt: skip
-    write_charts(load_result(json_path), out_dir / PROJECT)
-
-    table = markdown_table(
-        rows,
-        ["fault", "rank", "at_step", "resumed_from", "steps_lost", "detected_s", "to_first_new_step_s", "to_caught_up_s", "recovery"],
-        headers=["fault", "rank", "steps done", "resumed from", "steps lost", "detected (s)", "to first new step (s)", "to caught up (s)", "recovery"],
-        floatfmt=".2f",
-    )  # fmt: skip
-    skipped = [
-        f"- {r['fault']}: {r['detail']}; loader: {r['skipped']}" for r in rows if r.get("skipped")
-    ]
-    md = "\n".join([
-        "# Chaos run: the same training run, with and without injected faults",
-        "",
-        f"{cfg.preset} model, {cfg.steps} steps, global batch {cfg.global_batch}, checkpoint every "
-        f"{cfg.ckpt_every} steps (async), {nproc} ranks under `torchrun --max-restarts {len(faults)}`, "
-        f"then one requeue after the preemption. Fault steps drawn with seed {cfg.seed}.",
-        "",
-        f"**Result: {'bitwise identical' if identical else 'NOT identical'}** — final model and optimizer "
-        f"state ({n_tensors} tensors) {'equal bit for bit' if not diffs else 'differ'}; loss curves "
-        f"{'equal' if ref_curve == curve else 'differ'} at all {len(curve)} steps; final loss "
-        f"{results['final_loss']:.6f} (reference {results['reference_final_loss']:.6f}).",
-        "",
-        f"Wall time: reference {ref.seconds:.1f} s, faulted {faulted_s:.1f} s "
-        f"({attempts} worker-group launches, {results['steps_lost_total']} steps recomputed).",
-        "",
-        table,
-        "",
-        "Times are seconds from the fault to the first step completed after recovery and to the",
-        "step the run had reached when the fault hit (they include process start-up, ~3-5 s of",
-        "Python and torch imports per launch on this machine). Corrupted checkpoints detected:",
-        "",
-        *skipped,
-        "",
-        "![loss curves](chaos_loss.png)",
-        "",
-        "![progress](chaos_timeline.png)",
-        "",
-        f"Measured: {environment_line(env)}.",
-        "",
-    ])  # fmt: skip
-    atomic_write_text(out_dir / PROJECT / "chaos.md", md)
+    json_path = save_result(PROJECT, name, results, baseline={"reference_wall_s": ref.seconds},
+                            config=config, reports_dir=out_dir)  # fmt: skip
+    record = load_result(json_path)
+    write_charts(record, out_dir / PROJECT)
+    atomic_write_text(out_dir / PROJECT / f"{name}.md", render_markdown(record))
     from .report import write_summary
 
     write_summary(out_dir)
-    _log(f"{'IDENTICAL' if identical else 'DIFFERENT'}: wrote {json_path} and chaos.md / .png")
+    _log(f"{'IDENTICAL' if identical else 'DIFFERENT'}: wrote {json_path} and {name}.md / .png")
     if not cfg.keep and not cfg.workdir:
         shutil.rmtree(work, ignore_errors=True)
     elif cfg.keep:
@@ -482,7 +400,8 @@ def run(cfg: ChaosConfig) -> dict:
 @main_guard
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_dataclass(ChaosConfig, argv, description=__doc__.split("\n\n")[0]).validate()
-    results = run(cfg)
+    with runner.jobs_end_with_this_process():
+        results = run(cfg)
     return 0 if results["identical"] else 1
 
 

@@ -3,7 +3,8 @@
 `config_hash()` covers the fields that decide the trajectory (model, data, optimiser, schedule,
 seed, precision); it goes into every checkpoint manifest so that a checkpoint of another run is
 recognised when it is resumed. Paths, checkpoint cadence, ports and fault handling are left out:
-changing them does not change the numbers.
+changing them does not change the numbers. So is `deterministic`: it picks other kernels for the
+same arithmetic (a run may switch it on or off across a resume; each launch records it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class TrainConfig:
 
     preset: Literal["tiny", "125m", "1b"] = "tiny"  # model size (shared.model presets)
     steps: int = 40  # total optimiser steps of the run
+    stop_after: int = 0  # end this launch after that step, saved; schedule still over --steps
     global_batch: int = 8  # sequences per step, over all ranks
     seq_len: int = 0  # 0: the preset's max_seq_len
     seed: int = 0  # initial weights and data stream
@@ -39,6 +41,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when torch sees a GPU
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     activation_checkpointing: bool = False  # recompute block activations in backward
+    deterministic: bool = False  # GPU runs repeat bit for bit (slower): shared.determinism
     run_dir: str = ".scratch/project03_capstone_infra/run"  # checkpoints/ and events.jsonl
     resume: str = "auto"  # "auto" (newest good checkpoint, else fresh), "never", or a step dir
     ckpt_every: int = 10  # steps between checkpoints; the last step is always saved
@@ -69,7 +72,8 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
-        for name in ("seq_len", "warmup_steps", "milestone_every", "max_nan_retries"):
+        for name in ("seq_len", "warmup_steps", "milestone_every", "max_nan_retries",
+                     "stop_after"):  # fmt: skip
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {v!r}")

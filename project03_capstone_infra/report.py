@@ -1,11 +1,12 @@
 """reports/project03_capstone_infra/summary.md: the project's results in one place (the top-level
-README's results block is refreshed from it by `make readme`). Written by the chaos run and the
-checkpoint benchmark from whatever result files exist; each part names its own context.
+README's results block is refreshed from it by `make readme`). Written by the chaos run, the
+resharding demo and the checkpoint benchmark from whatever result files exist; each part names
+its own context.
 
     python -m project03_capstone_infra.report [--reports-dir DIR]
 
-redraws every chart from the JSON records alone (cost, chaos, checkpoint_bench, data, tune;
-nothing is rerun) and rewrites summary.md."""
+redraws every chart from the JSON records alone (cost, chaos, chaos_gpu, checkpoint_bench, data,
+tune, reshard; nothing is rerun) and rewrites summary.md (which also names determinism_cost)."""
 
 from __future__ import annotations
 
@@ -18,29 +19,82 @@ from shared.cli import main_guard
 PROJECT = "project03_capstone_infra"
 
 
+def _chaos_summary(d: Path, stem: str) -> list[str]:
+    from shared.results import environment_line, markdown_table
+
+    path = d / f"{stem}.json"
+    if not path.exists():
+        return []
+    rec = json.loads(path.read_text())
+    r, c = rec["results"], rec["config"]
+    verdict = "bitwise identical" if r["identical"] else "NOT identical"
+    mode = ", deterministic mode" if c.get("deterministic") else ""
+    rows = [{"fault": f["fault"], "steps lost": f.get("steps_lost"),
+             "to first new step (s)": f.get("to_first_new_step_s")} for f in r["faults"]]  # fmt: skip
+    return [
+        f"**Chaos run** ({c['preset']}, {c['nproc']} ranks{mode}, {c['steps']} steps, "
+        f"{environment_line(rec['environment'])}): after kill -9, NaN, a hung rank, a truncated "
+        f"and a bit-flipped checkpoint and a SIGTERM, the final model and optimizer state is "
+        f"**{verdict}** to the uninterrupted run ({r['tensors_compared']} tensors), loss curves "
+        f"{'equal' if r['loss_curves_equal'] else 'differ'}. [Details](reports/{PROJECT}/{stem}.md)",
+        "",
+        markdown_table(rows, floatfmt=".1f"),
+        "",
+    ]
+
+
+def _fewer(cost: float) -> str:
+    return f"{100 * cost:.1f}% fewer" if cost >= 0 else f"{-100 * cost:.1f}% more"
+
+
+def _determinism_summary(d: Path) -> list[str]:
+    """One line each for the resharding demo and the cost of deterministic mode."""
+    from shared.results import environment_line
+
+    parts = []
+    path = d / "reshard.json"
+    if path.exists():
+        rec = json.loads(path.read_text())
+        r = rec["results"]
+        dirs = "; ".join(
+            f"{x['from_world']} -> {x['to_world']}: first loss after the change off by "
+            f"{x['first_after']['rel_diff']:.1e} relative (tolerance {x['first_after']['tolerance']:.0e})"
+            for x in r["directions"] if x["first_after"]["rel_diff"] is not None
+        )  # fmt: skip
+        before = "bitwise equal" if r["bitwise_before_switch"] else "NOT bitwise equal"
+        parts += [
+            f"**Resharding** ({rec['config']['preset']}, {r['dtype']}, {r['backend']}"
+            f"{', deterministic mode' if r.get('deterministic') else ''}, "
+            f"{environment_line(rec['environment'])}): steps 1-{r['switch_after']} and the state "
+            f"at the change {before} to the uninterrupted run; {dirs}. "
+            f"[Chart](reports/{PROJECT}/reshard.png)",
+            "",
+        ]
+    path = d / "determinism_cost.json"
+    if path.exists():
+        rec = json.loads(path.read_text())
+        r, m = rec["results"], rec["results"]["modes"]
+        rep = {k: v.get("repeats_bitwise_equal") for k, v in m.items()}
+        rep_txt = "; ".join(f"{k} runs {'repeat bit for bit' if v else 'differ run to run'}"
+                            for k, v in rep.items() if v is not None)  # fmt: skip
+        parts += [
+            f"**Deterministic mode's cost** ({rec['config']['preset']}, {r['nproc']} ranks, "
+            f"{r['dtype']}, {environment_line(rec['environment'])}): "
+            f"{m['deterministic']['tokens_per_s']:,.0f} tokens/s vs {m['default']['tokens_per_s']:,.0f} "
+            f"by default ({_fewer(r['throughput_cost'])}){'; ' + rep_txt if rep_txt else ''}.",
+            "",
+        ]
+    return parts
+
+
 def write_summary(reports_dir: str | Path | None = None) -> Path:
-    from shared.results import REPORTS_DIR, atomic_write_text, environment_line, markdown_table
+    from shared.results import REPORTS_DIR, atomic_write_text
 
     root = Path(reports_dir) if reports_dir else REPORTS_DIR
     d = root / PROJECT
     parts = []
-    chaos = d / "chaos.json"
-    if chaos.exists():
-        rec = json.loads(chaos.read_text())
-        r, c = rec["results"], rec["config"]
-        verdict = "bitwise identical" if r["identical"] else "NOT identical"
-        rows = [{"fault": f["fault"], "steps lost": f.get("steps_lost"),
-                 "to first new step (s)": f.get("to_first_new_step_s")} for f in r["faults"]]  # fmt: skip
-        parts += [
-            f"**Chaos run** ({c['preset']}, {c['nproc']} ranks, {c['steps']} steps, "
-            f"{environment_line(rec['environment'])}): after kill -9, NaN, a hung rank, a truncated "
-            f"and a bit-flipped checkpoint and a SIGTERM, the final model and optimizer state is "
-            f"**{verdict}** to the uninterrupted run ({r['tensors_compared']} tensors), loss curves "
-            f"{'equal' if r['loss_curves_equal'] else 'differ'}. [Details](reports/{PROJECT}/chaos.md)",
-            "",
-            markdown_table(rows, floatfmt=".1f"),
-            "",
-        ]
+    for stem in ("chaos", "chaos_gpu"):
+        parts += _chaos_summary(d, stem)
     bench = d / "checkpoint_bench.json"
     if bench.exists():
         rec = json.loads(bench.read_text())
@@ -60,8 +114,9 @@ def write_summary(reports_dir: str | Path | None = None) -> Path:
                 f"resume to the first new step {resume['to_first_new_step_s']:.1f} s after launch"
             )
         parts += ["; ".join(line) + f". [Details](reports/{PROJECT}/checkpoint_bench.md)", ""]
+    parts += _determinism_summary(d)
     others = [f"[{p.stem}](reports/{PROJECT}/{p.name})" for p in sorted(d.glob("*.md"))
-              if p.stem not in ("summary", "chaos", "checkpoint_bench")]  # fmt: skip
+              if p.stem not in ("summary", "chaos", "chaos_gpu", "checkpoint_bench")]  # fmt: skip
     if others:
         parts.append("Also: " + ", ".join(others) + ".")
     text = "\n".join(parts).strip() or "_No project03 results yet._"
@@ -75,12 +130,14 @@ def render_charts(reports_dir: str | Path | None = None) -> list[Path]:
     `timeline` (chaos runs since it was added); the loss chart redraws from any chaos record."""
     from shared.results import REPORTS_DIR, load_result
 
-    from . import bench_checkpoint, chaos, cost, data_pipeline, tune
+    from . import bench_checkpoint, chaos_report, cost, data_pipeline, reshard, tune
 
     d = (Path(reports_dir) if reports_dir else REPORTS_DIR) / PROJECT
-    drawers = {"cost": cost.write_charts, "chaos": chaos.write_charts,
+    drawers = {"cost": cost.write_charts, "chaos": chaos_report.write_charts,
+               "chaos_gpu": chaos_report.write_charts,
                "checkpoint_bench": lambda rec, out: [bench_checkpoint.write_chart(rec, out)],
-               "data": data_pipeline.write_charts, "tune": tune.write_charts}  # fmt: skip
+               "data": data_pipeline.write_charts, "tune": tune.write_charts,
+               "reshard": reshard.write_chart}  # fmt: skip
     paths: list[Path] = []
     for stem, draw in drawers.items():
         if (d / f"{stem}.json").is_file():

@@ -10,7 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,18 +44,74 @@ def torchrun_cmd(nproc: int, train_args: list[str], *, max_restarts: int = 0) ->
     ]  # fmt: skip
 
 
-def child_env(faults: list[dict] | None = None, extra: dict | None = None) -> dict:
+# NCCL's watchdog, on a collective past the process-group timeout: tear the process down (3,
+# PyTorch's default; 0 would leave a hung peer waiting forever) after a pause for its flight
+# recorder to dump traces, which is 4 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC: a minute at the
+# default 15 s, 4 s here. Defaults only: a value in the caller's environment wins.
+NCCL_FAILURE_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "1000",
+}
+
+
+def child_env(faults: list[dict] | None = None, extra: dict | None = None, *,
+              deterministic: bool = False) -> dict:  # fmt: skip
+    """The environment of torchrun and its workers: this process's, plus the repository on
+    PYTHONPATH, the fault plan (`faults`), NCCL's failure handling (`NCCL_FAILURE_ENV`), with
+    `deterministic` the variables of `shared.determinism.deterministic_env()` (they override
+    the caller's: a worker must start with them), and `extra` last."""
     import json
+
+    from shared.determinism import deterministic_env
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")  # small CPU runs: threads only contend
     env["PYTHONUNBUFFERED"] = "1"
+    for name, value in NCCL_FAILURE_ENV.items():
+        env.setdefault(name, value)
+    if deterministic:
+        env.update(deterministic_env())
     env.pop(FAULTS_ENV, None)
     if faults:
         env[FAULTS_ENV] = json.dumps(faults)
     env.update(extra or {})
     return env
+
+
+_STARTED: list[subprocess.Popen] = []  # every torchrun job `start` made, for `stop_started`
+
+
+def stop_started() -> None:
+    """SIGKILL every torchrun job this process started that still runs, workers included: each
+    runs in a session of its own (so that a signal reaches only it) and would outlive us."""
+    for proc in _STARTED:
+        if proc.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    _STARTED.clear()
+
+
+@contextmanager
+def jobs_end_with_this_process():
+    """For the demos' entry points: SIGTERM to this process (a `timeout`, a scheduler) first
+    ends the torchrun jobs it started, then exits 143; leaving the block by any road stops
+    those still running. The handler is installed on the main thread only."""
+    old = None
+    if threading.current_thread() is threading.main_thread():
+
+        def on_term(signum, frame):
+            stop_started()
+            raise SystemExit(128 + signum)
+
+        old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        stop_started()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 @dataclass
@@ -66,19 +124,23 @@ class Finished:
 def start(run_dir: str | Path, *, nproc: int = 2, max_restarts: int = 0, faults: list[dict] | None = None,
           env: dict | None = None, **overrides) -> subprocess.Popen:  # fmt: skip
     """Start torchrun on the trainer (its own process group, so a signal reaches only it).
-    `faults` are injected: they go into P03_FAULTS together with --fault-injection."""
+    `faults` are injected: they go into P03_FAULTS together with --fault-injection.
+    `deterministic=True` among the overrides also puts deterministic mode's variables into
+    the workers' environment (`child_env`)."""
     if faults:
         overrides.setdefault("fault_injection", True)
     args = cli_args(run_dir=str(run_dir), **overrides)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         torchrun_cmd(nproc, args, max_restarts=max_restarts),
         cwd=REPO_ROOT,
-        env=child_env(faults, env),
+        env=child_env(faults, env, deterministic=bool(overrides.get("deterministic"))),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+    _STARTED[:] = [p for p in _STARTED if p.poll() is None] + [proc]
+    return proc
 
 
 def finish(proc: subprocess.Popen, t0: float, timeout: float) -> Finished:

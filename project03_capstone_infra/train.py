@@ -9,7 +9,13 @@ What it does, and why:
 - Deterministic: the data stream is indexed by step (`shared.data.SyntheticTokens`), the
   initial weights come from a seeded CPU generator, and a checkpoint holds model, optimizer,
   LR schedule, data position, step and every RNG; on CPU/gloo a resumed run ends bit-for-bit
-  where an uninterrupted one does (the tests check this after kill -9).
+  where an uninterrupted one does (the tests check this after kill -9). On GPUs the kernels
+  must be made deterministic as well: `--deterministic` (`shared.determinism`: deterministic
+  algorithms, flash/math attention, cuBLAS workspace, NCCL ring/simple, seeds per rank; the
+  launcher passes its environment variables, `runner.child_env`). The trainer runs eager (no
+  torch.compile), so the mode has no compiler setting to fix.
+- `--stop-after N` ends a launch after step N with a checkpoint, the schedule still spanning
+  `--steps`: the next launch (on as many ranks as wanted: DCP reshards) continues the run.
 - `--resume auto`: newest checkpoint that verifies (checksums), else a fresh start. A launcher
   restart (torchrun --max-restarts, Slurm requeue) therefore just runs the same command again.
 - SIGTERM / SIGUSR1 (spot preemption, Slurm's pre-timeout signal): every rank agrees on the
@@ -129,8 +135,12 @@ class Trainer:
         self._consecutive_skips = 0
         self._first_step_logged = False
         self._state_on_disk: int | None = None  # the step whose state the newest checkpoint holds
+        self.determinism = None  # shared.determinism.DeterminismState under --deterministic
 
     # -- set-up --
+
+    def _determinism_record(self) -> dict | None:
+        return self.determinism.record() if self.determinism is not None else None
 
     def setup(self) -> None:
         from shared.distributed import get_logger, init_distributed
@@ -141,6 +151,17 @@ class Trainer:
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         self.dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if use_cuda else "float32")
         self.log = get_logger("project03.train")
+        if cfg.deterministic:
+            # Before the pre-flight matmul and the process group: cuBLAS and NCCL read their
+            # settings when first used.
+            from shared.cli import env_int
+            from shared.determinism import enable_determinism
+
+            self.determinism = enable_determinism(
+                cfg.seed, env_int("RANK", 0, minimum=0), device_type="cuda" if use_cuda else "cpu"
+            )
+            for note in self.determinism.notes:
+                self.log.warning("deterministic mode: %s", note)
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if cfg.preflight:
             self._preflight(use_cuda, local_rank)
@@ -169,7 +190,8 @@ class Trainer:
         )
         self.events = EventLog(self.run_dir / "events.jsonl", rank=self.rank, attempt=self.attempt)
         self.events.write("start", world_size=self.world, device=str(self.device), dtype=self.dtype,
-                          t_launch=self.t_launch)  # fmt: skip
+                          t_launch=self.t_launch, deterministic=cfg.deterministic,
+                          determinism=self._determinism_record())  # fmt: skip
         self._install_signal_handlers()
         if cfg.metrics_port >= 0 and info.local_rank == 0:
             from .health import MetricsServer, TrainingMetrics
@@ -555,6 +577,8 @@ class Trainer:
             "skipped_steps": self.skipped,
             "attempt": self.attempt,
             "world_size": self.world,
+            "deterministic": self.cfg.deterministic,
+            "determinism": self._determinism_record(),
             "resume": self.resume_info,
             "checkpoints": [s.__dict__ for s in self.saves],
             "metrics_url": self.server.url if self.server is not None else None,
@@ -570,7 +594,8 @@ class Trainer:
     def _run(self, bar) -> dict:
         cfg = self.cfg
         prestage = cfg.ckpt_mode == "async" and self.device.type == "cuda"
-        while self.step < cfg.steps:
+        end = min(cfg.steps, cfg.stop_after) if cfg.stop_after else cfg.steps
+        while self.step < end:
             out = self.train_step()
             self._after_step(out)
             status = {"ok": "", "rolled_back": "non-finite loss: rolled back, ",
@@ -587,7 +612,7 @@ class Trainer:
                 return self._preempt()
             if out["outcome"] != "ok":
                 continue
-            if self.step == cfg.steps:
+            if self.step == end:
                 self.save("sync")
             elif self.step % cfg.ckpt_every == 0:
                 self.save(cfg.ckpt_mode)
@@ -598,6 +623,12 @@ class Trainer:
             self.log.warning("step %d was skipped: saving the last good state as step %d",
                              self.step, self.step)  # fmt: skip
             self.save("sync")
+        if self.step < cfg.steps:  # --stop-after: this launch ends here, the run goes on
+            self.log.info("--stop-after %d: stopping at step %d of %d (saved); the next launch "
+                          "continues", cfg.stop_after, self.step, cfg.steps)  # fmt: skip
+            if self.rank == 0:
+                self.events.write("stopped", step=self.step, loss=self.losses.get(self.step))
+            return self._summary(status="stopped")
         if self.rank == 0:
             self.events.write("done", step=self.step, loss=self.losses.get(self.step))
         return self._summary(status="completed")
@@ -624,6 +655,8 @@ class Trainer:
             signal.signal(sig, handler)
         if self.server is not None:
             self.server.close()
+        if self.determinism is not None:  # process-wide flags: an in-process caller gets them back
+            self.determinism.restore()
         ckpt = getattr(self, "ckpt", None)
         if clean:
             if ckpt is not None:

@@ -16,6 +16,8 @@
 - `shared.data`: a deterministic, resumable synthetic token stream sharded by rank.
 - `shared.distributed`: process-group set-up from torchrun variables, rank-aware logging.
 - `shared.parallelize`: FSDP2 / activation checkpointing / torch.compile applied from outside.
+- `shared.determinism`: deterministic mode (kernels, attention backends, NCCL and cuBLAS
+  environment, seeds) for runs that must repeat bit for bit on GPUs.
 - `shared.cli`: command lines that answer bad input with one `error:` line naming the argument
   (exit code 2, no traceback); checks of numbers, paths and environment variables.
 - `shared.progress`: progress bars with rate and ETA (periodic lines in a log), `human_count`.

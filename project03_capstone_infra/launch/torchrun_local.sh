@@ -17,6 +17,12 @@ cd "$(dirname "$0")/../.."
 NPROC="${1:-2}"
 shift || true
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+for arg in "$@"; do  # --deterministic: its variables must be in the workers' environment at start
+    if [[ $arg == --deterministic ]]; then
+        eval "$("${PYTHON:-python3}" -c 'import shlex; from shared.determinism import deterministic_env as e
+print("\n".join(f"export {k}={shlex.quote(v)}" for k, v in e().items()))')"
+    fi
+done
 "${PYTHON:-python3}" -m torch.distributed.run \
     --standalone --nproc-per-node "$NPROC" \
     --max-restarts "${MAX_RESTARTS:-3}" --monitor-interval 1 \

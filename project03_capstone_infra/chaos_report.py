@@ -1,0 +1,145 @@
+"""The chaos demonstration's report, from its JSON record alone: the Markdown (verdict, fault
+table, images) and the two charts (loss curves; progress against wall time with the faults).
+
+    python -m project03_capstone_infra.report      # redraws these (and every other chart)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _stagger(xs: list[float], min_gap: float, rows: int = 3) -> list[int]:
+    """A row for each label at x (sorted) so that labels closer than min_gap never share a row."""
+    last = [-float("inf")] * rows
+    out = []
+    for x in xs:
+        row = next(
+            (r for r in range(rows) if x - last[r] >= min_gap),
+            min(range(rows), key=last.__getitem__),
+        )
+        last[row] = x
+        out.append(row)
+    return out
+
+
+def timeline_chart(path: Path, tl: dict, footnote: str) -> Path:
+    """Step reached against wall time for both runs, each fault a dotted line with its label
+    written horizontally in staggered rows at the top (labels of close faults never overlap)."""
+    from shared.charts import COLORS, _finish, plt, save_figure
+
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    end = 1.0
+    for i, (name, key) in enumerate((("reference", "reference"), ("under faults", "faulted"))):
+        pts = tl.get(key) or []
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=".", ms=3,
+                    color=COLORS[i], label=name)  # fmt: skip
+            end = max(end, max(p[0] for p in pts))
+    faults = sorted(tl.get("faults") or [], key=lambda f: f["t"])
+    top = max([p[1] for k in ("reference", "faulted") for p in tl.get(k) or []] or [1])
+    ax.set_ylim(0, top * 1.35)  # room above the curves for three rows of labels
+    rows = _stagger([f["t"] for f in faults], min_gap=0.11 * end)
+    for f, row in zip(faults, rows):
+        ax.axvline(f["t"], color="#C44E52", ls=":", lw=1)
+        ax.annotate(f"{f['kind']} @{f['step']}", (f["t"], 1 - 0.075 * row),
+                    xycoords=("data", "axes fraction"), xytext=(3, -2),
+                    textcoords="offset points", ha="left", va="top", fontsize=8,
+                    color="#C44E52", bbox={"boxstyle": "round,pad=0.15", "fc": "white",
+                                           "ec": "none", "alpha": 0.9})  # fmt: skip
+    ax.set_xlim(0, end * 1.03)
+    ax.set_xlabel("wall time since launch, s")
+    ax.set_ylabel("optimizer step reached")
+    ax.set_title("Training progress: reference vs under injected faults (fault @ step it hit)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return save_figure(_finish(fig, footnote), path)
+
+
+def chaos_footer(record: dict) -> str:
+    from shared.charts import footer
+
+    c, env = record["config"], record["environment"]
+    backend = "NCCL" if env.get("gpu") else "gloo"
+    mode = ", deterministic mode" if c.get("deterministic") else ""
+    return footer(env, f"{c['preset']}, {c['nproc']} ranks over {backend}{mode}, seed {c['seed']}")
+
+
+def write_charts(record: dict, out_dir: Path) -> list[Path]:
+    """<stem>_loss.png and (when the record carries it) <stem>_timeline.png from a chaos record
+    (the stem is the record's name: chaos, chaos_gpu, ...)."""
+    from shared.charts import line_chart
+
+    stem = record.get("name") or "chaos"
+    res, foot = record["results"], chaos_footer(record)
+    ref = {int(k): v for k, v in res["loss_curve"]["reference"].items()}
+    run = {int(k): v for k, v in res["loss_curve"]["faulted"].items()}
+    same = "bitwise identical" if res["identical"] else "DIFFERENT"
+    paths = [line_chart(
+        out_dir / f"{stem}_loss.png",
+        {"reference (no faults)": (sorted(ref), [ref[s] for s in sorted(ref)]),
+         "under faults (final trajectory)": (sorted(run), [run[s] for s in sorted(run)])},
+        title=f"Loss: reference vs faulted run ({same})",
+        xlabel="optimizer step", ylabel="training loss (nats)", y_from_zero=False, footnote=foot,
+    )]  # fmt: skip
+    if res.get("timeline"):
+        paths.append(timeline_chart(out_dir / f"{stem}_timeline.png", res["timeline"], foot))
+    return paths
+
+
+def render_markdown(record: dict) -> str:
+    """The report's Markdown (fault table, verdict, images), from the chaos record alone."""
+    from shared.results import environment_line, markdown_table
+
+    c, r, env = record["config"], record["results"], record["environment"]
+    stem = record.get("name") or "chaos"
+    rows, diffs, curve = r["faults"], r["state_differences"], r["loss_curve"]["faulted"]
+    identical = r["identical"]
+    backend = (
+        "NCCL" if (c.get("backend") or ("nccl" if env.get("gpu") else "gloo")) == "nccl" else "gloo"
+    )
+    mode = ("deterministic mode (`--deterministic`: shared.determinism)" if c.get("deterministic")
+            else "default kernels (not `--deterministic`)")  # fmt: skip
+    table = markdown_table(
+        rows,
+        ["fault", "rank", "at_step", "resumed_from", "steps_lost", "detected_s", "to_first_new_step_s", "to_caught_up_s", "recovery"],
+        headers=["fault", "rank", "steps done", "resumed from", "steps lost", "detected (s)", "to first new step (s)", "to caught up (s)", "recovery"],
+        floatfmt=".2f",
+    )  # fmt: skip
+    skipped = [
+        f"- {f['fault']}: {f['detail']}; loader: {f['skipped']}" for f in rows if f.get("skipped")
+    ]
+    final, ref_final = r.get("final_loss"), r.get("reference_final_loss")
+    losses = (f"final loss {final:.6f} (reference {ref_final:.6f})"
+              if final is not None and ref_final is not None else "no final loss")  # fmt: skip
+    return "\n".join([
+        "# Chaos run: the same training run, with and without injected faults",
+        "",
+        f"{c['preset']} model, {c['steps']} steps, global batch {c['global_batch']}, checkpoint every "
+        f"{c['ckpt_every']} steps (async), {c['nproc']} ranks over {backend} "
+        f"under `torchrun --max-restarts {len(c.get('fault_plan') or [])}`, then one requeue after the "
+        f"preemption; {mode}. Fault steps drawn with seed {c['seed']}.",
+        "",
+        f"**Result: {'bitwise identical' if identical else 'NOT identical'}** — final model and optimizer "
+        f"state ({r['tensors_compared']} tensors) {'equal bit for bit' if not diffs else 'differ'}; loss curves "
+        f"{'equal' if r['loss_curves_equal'] else 'differ'} at all {len(curve)} steps; {losses}.",
+        "",
+        f"Wall time: reference {r['reference_wall_s']:.1f} s, faulted {r['faulted_wall_s']:.1f} s "
+        f"({r['process_launches']} worker-group launches, {r['steps_lost_total']} steps recomputed).",
+        "",
+        table,
+        "",
+        "Times are seconds from the fault to the first step completed after recovery and to the",
+        "step the run had reached when the fault hit (they include each launch's start-up: Python",
+        "and torch imports, process group, model build, checkpoint load). Corrupted checkpoints",
+        "detected:",
+        "",
+        *skipped,
+        "",
+        f"![loss curves]({stem}_loss.png)",
+        "",
+        f"![progress]({stem}_timeline.png)",
+        "",
+        f"Measured: {environment_line(env)}.",
+        "",
+    ])  # fmt: skip
