@@ -15,16 +15,7 @@ from project04_llm_inference.report import render, targets
 from shared.repeat import Spread, flat
 from shared.results import save_result
 
-ENV = {
-    "gpu": "NVIDIA H200",
-    "driver": "570.0",
-    "torch": "2.9.0",
-    "cuda": "12.8",
-    "python": "3.11.9",
-    "date": "2026-12-01T10:00:00+00:00",
-    "git_commit": "abcdef1234567",
-    "git_dirty": False,
-}
+from .conftest import RECORD_ENV as ENV
 
 
 class _Engine:

@@ -17,6 +17,8 @@ from project04_llm_inference.bench.baselines import StaticCudaGraphDecoder, Stat
 from project04_llm_inference.config import DUMMY_SHAPES
 from project04_llm_inference.report import render, targets
 
+from .conftest import RECORD_ENV as ENV
+
 LLAMA_1B = DUMMY_SHAPES["llama-3.2-1b"]
 # A tiny Llama with GQA 4/2, Llama-3 RoPE scaling (positions past 32 are rescaled), untied head.
 TINY = dict(
@@ -397,17 +399,6 @@ def test_no_gpu_is_one_line_and_no_record(tmp_path, capsys, monkeypatch):
 
 
 # --- report ----------------------------------------------------------------------------------
-
-ENV = {
-    "gpu": "NVIDIA H200",
-    "driver": "570.0",
-    "torch": "2.9.0",
-    "cuda": "12.8",
-    "python": "3.11.9",
-    "date": "2026-12-01T10:00:00+00:00",
-    "git_commit": "abcdef1234567",
-    "git_dirty": False,
-}
 
 
 def _records(tmp_path: Path, *, fast: bool) -> Path:

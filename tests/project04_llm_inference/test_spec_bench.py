@@ -21,18 +21,10 @@ import torch
 from project04_llm_inference.bench import spec
 from project04_llm_inference.report import render
 
+from .conftest import RECORD_ENV as ENV
+
 TIE = 1e-4
 PROJECT = "project04_llm_inference"
-ENV = {
-    "gpu": "NVIDIA H200",
-    "driver": "570.0",
-    "torch": "2.9.0",
-    "cuda": "12.8",
-    "python": "3.11.9",
-    "date": "2026-12-01T10:00:00+00:00",
-    "git_commit": "abcdef1234567",
-    "git_dirty": False,
-}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
