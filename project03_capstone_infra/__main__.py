@@ -25,8 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in ("-h", "--help"):
         if argv[0] not in ENTRY_POINTS:
-            print(f"error: unknown command {argv[0]!r}; expected one of {list(ENTRY_POINTS)} "
-                  "(see python -m project03_capstone_infra --help)", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: unknown command {argv[0]!r}; expected one of {list(ENTRY_POINTS)} "
+                "(see python -m project03_capstone_infra --help)",
+                file=sys.stderr,
+            )
             return 2
         module = importlib.import_module(f"project03_capstone_infra.{argv[0]}")
         return module.main(argv[1:])

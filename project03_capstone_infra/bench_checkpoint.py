@@ -82,8 +82,14 @@ class BenchConfig:
             raise ValueError(
                 f"--preset: unknown {self.preset!r}; expected one of {sorted(PRESETS)}"
             )
-        for name in ("global_batch", "ckpt_interval", "timed_steps", "max_steps_during_write",
-                     "write_threads", "nproc"):  # fmt: skip
+        for name in (
+            "global_batch",
+            "ckpt_interval",
+            "timed_steps",
+            "max_steps_during_write",
+            "write_threads",
+            "nproc",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
@@ -257,9 +263,15 @@ def derive(res: dict, ckpt_interval: int) -> dict:
         ss = [out[k]["held_s"] for k in keys]
         held = _median(ss)
         frac = held / (interval_s + held)
-        out["steady_state"] = {"saves": len(ss), "median_held_s": held, "max_held_s": max(ss),
-                               "median_net_held_s": _median([out[k]["net_held_s"] for k in keys]),
-                               "fraction": frac, "target_fraction": 0.01, "met": frac < 0.01}  # fmt: skip
+        out["steady_state"] = {
+            "saves": len(ss),
+            "median_held_s": held,
+            "max_held_s": max(ss),
+            "median_net_held_s": _median([out[k]["net_held_s"] for k in keys]),
+            "fraction": frac,
+            "target_fraction": 0.01,
+            "met": frac < 0.01,
+        }
         # The same figure under the name the cost model and the project summary read.
         out["async_warm"] = {"held_s": held, "fraction": frac, "from": keys}
     out["method"] = (
@@ -282,18 +294,34 @@ def _rows(res: dict, d: dict) -> list[tuple[str, str, dict]]:
     if "sync" in d:
         rows.append(("sync", "sync", d["sync"]))
     if "async_cold" in d:
-        rows.append(("async 1st", "async, 1st of the process (allocates and pins the staging "
-                     "buffers)", d["async_cold"]))  # fmt: skip
+        rows.append(
+            (
+                "async 1st",
+                "async, 1st of the process (allocates and pins the staging buffers)",
+                d["async_cold"],
+            )
+        )
     for i, k in enumerate(_steady_keys(res), start=1):
         if k in d:
             n = _ORDINAL.get(i, f"{i + 1}th")
             rows.append((f"async {n}", f"async, {n} of the process (buffers reused)", d[k]))
     if "prestage" in d:
-        rows.append(("background\nbuild", "staging buffers freed, then built again on a "
-                     "background thread while training runs (trainer start-up)", d["prestage"]))  # fmt: skip
+        rows.append(
+            (
+                "background\nbuild",
+                "staging buffers freed, then built again on a "
+                "background thread while training runs (trainer start-up)",
+                d["prestage"],
+            )
+        )
     if "async_after_prestage" in d:
-        rows.append(("async after\nbuild", "async, first save after that background build",
-                     d["async_after_prestage"]))  # fmt: skip
+        rows.append(
+            (
+                "async after\nbuild",
+                "async, first save after that background build",
+                d["async_after_prestage"],
+            )
+        )
     return rows
 
 
@@ -309,16 +337,25 @@ def write_chart(record: dict, out_dir: Path) -> Path:
         labels.append(label)
         pct.append(100 * x.get("fraction", x["held_s"] / (d["interval_s"] + x["held_s"])))
     ranks = res.get("world_size", 1)
-    foot = footer(env, f"{record['config']['preset']}, {res['n_params'] / 1e9:.2f} B params, bf16 "
-                  f"FSDP2, batch {record['config']['global_batch']}x"
-                  f"{res['tokens_per_step'] // record['config']['global_batch']}"
-                  + (f", {ranks} ranks" if ranks > 1 else ""))  # fmt: skip
+    foot = footer(
+        env,
+        f"{record['config']['preset']}, {res['n_params'] / 1e9:.2f} B params, bf16 "
+        f"FSDP2, batch {record['config']['global_batch']}x"
+        f"{res['tokens_per_step'] // record['config']['global_batch']}"
+        + (f", {ranks} ranks" if ranks > 1 else ""),
+    )
     if labels and labels[0] == "sync":  # tallest bar last: clear of the legend at the top left
         labels, pct = labels[1:] + labels[:1], pct[1:] + pct[:1]
-    return bar_chart(out_dir / f"{record.get('name', 'checkpoint_bench')}.png", labels, pct,
-                     title=f"Training time held by checkpoints ({gib:.1f} GiB, 1 per {n} steps)",
-                     ylabel="% of training time", baseline=1.0, baseline_label="target: 1%",
-                     footnote=foot)  # fmt: skip
+    return bar_chart(
+        out_dir / f"{record.get('name', 'checkpoint_bench')}.png",
+        labels,
+        pct,
+        title=f"Training time held by checkpoints ({gib:.1f} GiB, 1 per {n} steps)",
+        ylabel="% of training time",
+        baseline=1.0,
+        baseline_label="target: 1%",
+        footnote=foot,
+    )
 
 
 def _side_by_side(records: list[dict]) -> str:
@@ -327,8 +364,10 @@ def _side_by_side(records: list[dict]) -> str:
 
     def col(rec: dict) -> str:
         env, ranks = rec["environment"], rec["results"].get("world_size", 1)
-        return (f"{ranks} rank{'s' if ranks > 1 else ''} ({str(env.get('date', '?'))[:10]}, "
-                f"{str(env.get('git_commit') or '?')[:10]})")  # fmt: skip
+        return (
+            f"{ranks} rank{'s' if ranks > 1 else ''} ({str(env.get('date', '?'))[:10]}, "
+            f"{str(env.get('git_commit') or '?')[:10]})"
+        )
 
     def fig(rec: dict) -> dict:
         res, d = rec["results"], rec["results"]["derived"]
@@ -351,19 +390,22 @@ def _side_by_side(records: list[dict]) -> str:
             f"({res['sync']['bytes'] / ranks / 2**30:.2f})",
             "sync save, held": held(d.get("sync")),
             "1st async save of a process, held": held(d.get("async_cold")),
-            "steady-state async save, held (median)": "n/a" if not st else
-            f"{st['median_held_s']:.3g} s ({100 * st['fraction']:.2f}%) of {st['saves']}",
+            "steady-state async save, held (median)": "n/a"
+            if not st
+            else f"{st['median_held_s']:.3g} s ({100 * st['fraction']:.2f}%) of {st['saves']}",
             "async save, to committed": sec(_median(commits)),
             "resume: launch to first new step": sec(r.get("to_first_new_step_s")),
             "resume: verify + load + reshard": sec(r.get("load_s")),
-        }  # fmt: skip
+        }
 
     figs = [fig(rec) for rec in records]
     rows = [{"": k, **{col(rec): f[k] for rec, f in zip(records, figs)}} for k in figs[0]]
     n = records[0]["results"]["derived"]["ckpt_interval_steps"]
-    return (markdown_table(rows) + f"\n\nHeld: the training time a save holds (defined below), "
-            f"and in brackets its share of the time at one checkpoint per {n} steps. Each column "
-            "is its own run, measured on the date and commit it names.")  # fmt: skip
+    return (
+        markdown_table(rows) + f"\n\nHeld: the training time a save holds (defined below), "
+        f"and in brackets its share of the time at one checkpoint per {n} steps. Each column "
+        "is its own run, measured on the date and commit it names."
+    )
 
 
 def write_report(record: dict, out_dir: Path) -> Path:
@@ -379,12 +421,18 @@ def write_report(record: dict, out_dir: Path) -> Path:
     rows = []
     for label, desc, x in _rows(res, d):
         frac = x.get("fraction", x["held_s"] / (d["interval_s"] + x["held_s"]))
-        rows.append({
-            "save": desc, "held (s)": x["held_s"], pct_col: 100 * frac,
-            "1st step excess (s)": x.get("first_step_excess_s", float("nan")),
-            "later steps excess (s)": x.get("later_steps_excess_s", float("nan")),
-            "to committed (s)": x.get("write_to_commit_s", x["held_s"] if label == "sync" else float("nan")),
-        })  # fmt: skip
+        rows.append(
+            {
+                "save": desc,
+                "held (s)": x["held_s"],
+                pct_col: 100 * frac,
+                "1st step excess (s)": x.get("first_step_excess_s", float("nan")),
+                "later steps excess (s)": x.get("later_steps_excess_s", float("nan")),
+                "to committed (s)": x.get(
+                    "write_to_commit_s", x["held_s"] if label == "sync" else float("nan")
+                ),
+            }
+        )
     r = res.get("resume") or {}
     write_chart(record, out_dir)
     lines = []
@@ -401,10 +449,12 @@ def write_report(record: dict, out_dir: Path) -> Path:
             f"{100 * st['fraction']:.2f}% of the time at one checkpoint per {n} steps; target "
             f"< 1%: **{verdict}**. Net of step-time noise (steps below the median offsetting "
             f"those above): median {st.get('median_net_held_s', float('nan')):.3f} s."
-        )  # fmt: skip
+        )
     else:
-        lines.append("The steady-state async save (buffers already built) was not measured in "
-                     "this run: see the project README for the command.")  # fmt: skip
+        lines.append(
+            "The steady-state async save (buffers already built) was not measured in "
+            "this run: see the project README for the command."
+        )
     builds = [(k, res[k]["build"]) for k in ("async_cold",) if k in res and res[k].get("build")]
     if "prestage" in res and res["prestage"].get("build"):
         builds.append(("prestage", res["prestage"]["build"]))
@@ -414,7 +464,7 @@ def write_report(record: dict, out_dir: Path) -> Path:
             f"Staging buffers built {where}: {b['bytes'] / 2**30:.2f} GiB for {b['tensors']} "
             f"tensors ({b['pinned_bytes'] / 2**30:.2f} GiB page-locked) in {b['seconds']:.2f} s, "
             f"of which cudaHostRegister {b['register_s']:.2f} s."
-        )  # fmt: skip
+        )
     compared = []
     one = out_dir / f"{bench_name(1)}.json"
     if ranks > 1 and one.is_file():
@@ -422,27 +472,30 @@ def write_report(record: dict, out_dir: Path) -> Path:
         if base.get("results", {}).get("world_size", 1) == 1 and "derived" in base["results"]:
             compared = [f"One rank against {ranks}:", "", _side_by_side([base, record]), ""]
     where = f", {ranks} ranks" if ranks > 1 else ""
-    md = "\n".join([
-        f"### Checkpoint cost and resume time ({env.get('gpu') or 'CPU'}, {record['config']['preset']}{where})",
-        "",
-        *compared,
-        f"Checkpoint: {gib:.2f} GiB (fp32 weights + AdamW moments, {res['n_params'] / 1e9:.2f} B "
-        f"parameters) on {res.get('checkpoint_fs', '?')}. Baseline step "
-        f"{res['baseline']['median_step_s'] * 1e3:.1f} ms median ({res['baseline']['tokens_per_s']:,.0f} tok/s), "
-        f"measured in the same process. Stager: {record['config'].get('stager', 'dcp (fresh per save)')}.",
-        "",
-        markdown_table(rows, floatfmt=".3g"),
-        "",
-        *[x + "\n" for x in lines],
-        f"Resume (a new {'torchrun job' if ranks > 1 else 'process'}, `--resume auto`): first new step {r.get('to_first_new_step_s') or float('nan'):.1f} s "
-        f"after launch, of which checksum verification {r.get('verify_s') or float('nan'):.1f} s and "
-        f"verify + load + reshard {r.get('load_s') or float('nan'):.1f} s (target < 30 s).",
-        "",
-        d["method"] + ". Excess: a step's time over the baseline median; the later steps' excess "
-        "is the interference of the background write (and hashing) with training.",
-        "",
-        f"Measured: {environment_line(env)}.",
-    ])  # fmt: skip
+    md = "\n".join(
+        [
+            f"### Checkpoint cost and resume time ({env.get('gpu') or 'CPU'}, {record['config']['preset']}{where})",
+            "",
+            *compared,
+            f"Checkpoint: {gib:.2f} GiB (fp32 weights + AdamW moments, {res['n_params'] / 1e9:.2f} B "
+            f"parameters) on {res.get('checkpoint_fs', '?')}. Baseline step "
+            f"{res['baseline']['median_step_s'] * 1e3:.1f} ms median ({res['baseline']['tokens_per_s']:,.0f} tok/s), "
+            f"measured in the same process. Stager: {record['config'].get('stager', 'dcp (fresh per save)')}.",
+            "",
+            markdown_table(rows, floatfmt=".3g"),
+            "",
+            *[x + "\n" for x in lines],
+            f"Resume (a new {'torchrun job' if ranks > 1 else 'process'}, `--resume auto`): first new step {r.get('to_first_new_step_s') or float('nan'):.1f} s "
+            f"after launch, of which checksum verification {r.get('verify_s') or float('nan'):.1f} s and "
+            f"verify + load + reshard {r.get('load_s') or float('nan'):.1f} s (target < 30 s).",
+            "",
+            d["method"]
+            + ". Excess: a step's time over the baseline median; the later steps' excess "
+            "is the interference of the background write (and hashing) with training.",
+            "",
+            f"Measured: {environment_line(env)}.",
+        ]
+    )
     atomic_write_text(out_dir / f"{name}.md", md + "\n")
     if out_dir.name == PROJECT:  # the reports folder (not $OUT): refresh the project summary
         from .report import write_summary
@@ -451,8 +504,16 @@ def write_report(record: dict, out_dir: Path) -> Path:
     return out_dir / f"{name}.md"
 
 
-RAW_ASYNC_KEYS = ("call_s", "staging_wait_s", "to_commit_s", "bytes", "step_s_during_write",
-                  "stage_call_s", "built_buffers", "build")  # fmt: skip
+RAW_ASYNC_KEYS = (
+    "call_s",
+    "staging_wait_s",
+    "to_commit_s",
+    "bytes",
+    "step_s_during_write",
+    "stage_call_s",
+    "built_buffers",
+    "build",
+)
 
 
 def rederive(cfg: BenchConfig) -> dict:
@@ -498,8 +559,13 @@ def _measure(cfg: BenchConfig, train_cfg, out: dict, outs: list[Path], t_start: 
         tr.train_step()
     times = sorted(tr.train_step()["step_s"] for _ in range(cfg.timed_steps))
     median = times[len(times) // 2]
-    res["baseline"] = {"median_step_s": median, "min_step_s": times[0], "max_step_s": times[-1],
-                       "tokens_per_s": tr.tokens_per_step / median, "steps": cfg.timed_steps}  # fmt: skip
+    res["baseline"] = {
+        "median_step_s": median,
+        "min_step_s": times[0],
+        "max_step_s": times[-1],
+        "tokens_per_s": tr.tokens_per_step / median,
+        "steps": cfg.timed_steps,
+    }
     res["peak_gpu_mem_gib"] = (
         torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     )
@@ -527,8 +593,11 @@ def _measure(cfg: BenchConfig, train_cfg, out: dict, outs: list[Path], t_start: 
         res[name] = raw
         res["derived"] = derive(res, cfg.ckpt_interval)
         held = res["derived"].get(name, {}).get("held_s")
-        say(f"{name}: held {held:.3f} s" + (f" (buffers built in {raw['build']['seconds']:.2f} s)"
-            if raw.get("build") else ""), flush=True)  # fmt: skip
+        say(
+            f"{name}: held {held:.3f} s"
+            + (f" (buffers built in {raw['build']['seconds']:.2f} s)" if raw.get("build") else ""),
+            flush=True,
+        )
         write(out, outs)
 
     record("async_cold", _async_save(tr, cfg.max_steps_during_write))
@@ -559,8 +628,14 @@ def _free_port() -> int:
 
 def _rank_main(rank: int, world: int, port: int, cfg, train_cfg, out, outs, t_start) -> None:
     """One spawned rank of phase 1: the environment torchrun would give it, then `_measure`."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     _measure(cfg, train_cfg, out, outs if rank == 0 else [], t_start)
 
 
@@ -583,15 +658,26 @@ def run(cfg: BenchConfig) -> dict:
     outs = [Path(os.environ["OUT"]) / f"{name}.json"] if os.environ.get("OUT") else []
     outs.append(Path(cfg.out_dir or REPORTS_DIR / PROJECT) / f"{name}.json")
     train_cfg = TrainConfig(
-        preset=cfg.preset, steps=100_000, global_batch=cfg.global_batch, seq_len=cfg.seq_len,
-        run_dir=str(run_dir), ckpt_every=10**9, ckpt_mode="async", keep_last=1,
-        ckpt_write_threads=cfg.write_threads, log_every=10**9,
-    )  # fmt: skip
+        preset=cfg.preset,
+        steps=100_000,
+        global_batch=cfg.global_batch,
+        seq_len=cfg.seq_len,
+        run_dir=str(run_dir),
+        ckpt_every=10**9,
+        ckpt_mode="async",
+        keep_last=1,
+        ckpt_write_threads=cfg.write_threads,
+        log_every=10**9,
+    )
     env = environment()
     out: dict = {
-        "schema": 1, "project": PROJECT, "name": name, "environment": env,
-        "config": {**asdict(cfg), "train": train_cfg.to_dict()}, "results": {},
-    }  # fmt: skip
+        "schema": 1,
+        "project": PROJECT,
+        "name": name,
+        "environment": env,
+        "config": {**asdict(cfg), "train": train_cfg.to_dict()},
+        "results": {},
+    }
     out["results"]["world_size"] = cfg.nproc
     out["results"]["checkpoint_fs"] = _fs_of(run_dir.parent)
     if cfg.nproc == 1:
@@ -599,8 +685,12 @@ def run(cfg: BenchConfig) -> dict:
     else:
         import torch.multiprocessing as mp
 
-        mp.start_processes(_rank_main, nprocs=cfg.nproc, start_method="spawn",
-                           args=(cfg.nproc, _free_port(), cfg, train_cfg, out, outs, t_start))  # fmt: skip
+        mp.start_processes(
+            _rank_main,
+            nprocs=cfg.nproc,
+            start_method="spawn",
+            args=(cfg.nproc, _free_port(), cfg, train_cfg, out, outs, t_start),
+        )
         out = json.loads(outs[-1].read_text())  # rank 0's record of phase 1
     res = out["results"]
 
@@ -609,17 +699,30 @@ def run(cfg: BenchConfig) -> dict:
         # its 2nd step, so that it does not write a 13 GB final checkpoint.
         from .runner import cli_args
 
-        args = cli_args(**{k: v for k, v in train_cfg.to_dict().items() if k in ("preset", "global_batch", "seq_len", "run_dir", "ckpt_write_threads")},
-                        steps=res["steps_run"] + 10, ckpt_every=10**9, resume="auto", log_every=1,
-                        fault_injection=True)  # fmt: skip
+        args = cli_args(
+            **{
+                k: v
+                for k, v in train_cfg.to_dict().items()
+                if k in ("preset", "global_batch", "seq_len", "run_dir", "ckpt_write_threads")
+            },
+            steps=res["steps_run"] + 10,
+            ckpt_every=10**9,
+            resume="auto",
+            log_every=1,
+            fault_injection=True,
+        )
         kills = [{"kind": "kill", "after": 1, "rank": r} for r in range(cfg.nproc)]
         env_vars = child_env(faults=kills)
         env_vars["P03_LAUNCH_T"] = repr(time.time())
-        cmd = (torchrun_cmd(cfg.nproc, args) if cfg.nproc > 1
-               else [sys.executable, "-m", "project03_capstone_infra.train", *args])  # fmt: skip
+        cmd = (
+            torchrun_cmd(cfg.nproc, args)
+            if cfg.nproc > 1
+            else [sys.executable, "-m", "project03_capstone_infra.train", *args]
+        )
         t_launch = time.time()
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env_vars, capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
+        proc = subprocess.run(
+            cmd, cwd=REPO_ROOT, env=env_vars, capture_output=True, text=True, timeout=300
+        )
         wall = time.time() - t_launch
         events = read_events(run_dir / "events.jsonl")
         resume = next((e for e in events if e["event"] == "resume"), None)

@@ -83,17 +83,23 @@ class ChaosConfig:
             )
         require_finite("ChaosConfig", self, ("pg_timeout_s", "timeout_s", "sigterm_deadline_s"))
         if self.sigterm_deadline_s < 0:
-            raise ValueError(f"ChaosConfig.sigterm_deadline_s must be >= 0 (0: automatic), got "
-                             f"{self.sigterm_deadline_s}")  # fmt: skip
+            raise ValueError(
+                f"ChaosConfig.sigterm_deadline_s must be >= 0 (0: automatic), got "
+                f"{self.sigterm_deadline_s}"
+            )
         for name in ("pg_timeout_s", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"ChaosConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.steps < 10 * self.ckpt_every:
-            raise ValueError(f"ChaosConfig.steps ({self.steps}) must be at least 10 x ckpt_every "
-                             f"({self.ckpt_every}) to fit the faults")  # fmt: skip
+            raise ValueError(
+                f"ChaosConfig.steps ({self.steps}) must be at least 10 x ckpt_every "
+                f"({self.ckpt_every}) to fit the faults"
+            )
         if self.report_name and not _STEM.match(self.report_name):
-            raise ValueError("ChaosConfig.report_name must be a file stem of letters, digits, '_' "
-                             f"and '-' (e.g. chaos_gpu), got {self.report_name!r}")  # fmt: skip
+            raise ValueError(
+                "ChaosConfig.report_name must be a file stem of letters, digits, '_' "
+                f"and '-' (e.g. chaos_gpu), got {self.report_name!r}"
+            )
         if self.workdir:
             writable_dir("--workdir", self.workdir)
         if self.reports_dir:
@@ -159,8 +165,15 @@ def fault_table(events: list[dict], sigterm_sent_t: float | None) -> list[dict]:
     hits = [e for e in events if e["event"] == "fault" and e["kind"] != "sigterm"]
     pre = next((e for e in events if e["event"] == "preempted"), None)
     if pre is not None and sigterm_sent_t is not None:
-        hits.append({"t": sigterm_sent_t, "kind": "sigterm", "step": pre["step"] + 1, "rank": "all",
-                     "detail": f"saved step {pre['step']} in {pre['save_s']:.2f} s, exit 75"})  # fmt: skip
+        hits.append(
+            {
+                "t": sigterm_sent_t,
+                "kind": "sigterm",
+                "step": pre["step"] + 1,
+                "rank": "all",
+                "detail": f"saved step {pre['step']} in {pre['save_s']:.2f} s, exit 75",
+            }
+        )
     rows = []
     for f in sorted(hits, key=lambda e: e["t"]):
         done_before = f["step"] - 1  # hooks fire before the step runs
@@ -187,25 +200,30 @@ def fault_table(events: list[dict], sigterm_sent_t: float | None) -> list[dict]:
         }[f["kind"]]
         # The peers' own report of the timeout, before the recovery (a later fault's does not
         # count). Under NCCL the watchdog tears the process down without one.
-        timeout = _first(events, f["t"], lambda e, r=rec["t"]: e["event"] == "collective_failure"
-                         and e["t"] <= r)  # fmt: skip
+        timeout = _first(
+            events, f["t"], lambda e, r=rec["t"]: e["event"] == "collective_failure" and e["t"] <= r
+        )
         if f["kind"] == "hang" and timeout is None:
-            how = ("peers' collective timed out; NCCL's watchdog ended them; torchrun restarted "
-                   "the group")  # fmt: skip
-        rows.append({
-            "fault": f["kind"],
-            "rank": f["rank"],
-            "at_step": done_before,
-            "resumed_from": back,
-            "steps_lost": max(0, done_before - back),
-            "detected_s": (timeout["t"] - f["t"]) if f["kind"] == "hang" and timeout else None,
-            "to_first_new_step_s": (new["t"] - f["t"]) if new else None,
-            "to_caught_up_s": (caught["t"] - f["t"]) if caught else None,
-            "skipped": "; ".join(f"{n}: {w}" for n, w in rec.get("skipped") or []),
-            "recovery": how,
-            "detail": f.get("detail", ""),
-            "recovered": new is not None,
-        })  # fmt: skip
+            how = (
+                "peers' collective timed out; NCCL's watchdog ended them; torchrun restarted "
+                "the group"
+            )
+        rows.append(
+            {
+                "fault": f["kind"],
+                "rank": f["rank"],
+                "at_step": done_before,
+                "resumed_from": back,
+                "steps_lost": max(0, done_before - back),
+                "detected_s": (timeout["t"] - f["t"]) if f["kind"] == "hang" and timeout else None,
+                "to_first_new_step_s": (new["t"] - f["t"]) if new else None,
+                "to_caught_up_s": (caught["t"] - f["t"]) if caught else None,
+                "skipped": "; ".join(f"{n}: {w}" for n, w in rec.get("skipped") or []),
+                "recovery": how,
+                "detail": f.get("detail", ""),
+                "recovered": new is not None,
+            }
+        )
     return rows
 
 
@@ -245,13 +263,17 @@ def _fault_status(events: list[dict], faults: list[dict], sigterm_step: int) -> 
         last = hit[-1]
         parts.append(f"last fault: {last['kind']} @ step {last['step']} (rank {last['rank']})")
     nxt = min(pending, key=lambda f: f["step"]) if pending else None
-    parts.append(f"next: {nxt['kind']} @ step {nxt['step']}" if nxt else
-                 f"next: SIGTERM after step {sigterm_step}")  # fmt: skip
+    parts.append(
+        f"next: {nxt['kind']} @ step {nxt['step']}"
+        if nxt
+        else f"next: SIGTERM after step {sigterm_step}"
+    )
     return "; ".join(parts)
 
 
-def _follow(proc, run_dir: Path, bar, timeout: float, *, until_step: int | None = None,
-            status=None) -> None:  # fmt: skip
+def _follow(
+    proc, run_dir: Path, bar, timeout: float, *, until_step: int | None = None, status=None
+) -> None:
     """Show a run's progress from its event log until it ends (or reaches `until_step`)."""
     deadline = time.time() + timeout
     events_path = run_dir / "events.jsonl"
@@ -302,14 +324,23 @@ def run(cfg: ChaosConfig) -> dict:
     for d in (ref_dir, run_dir):
         if d.exists():
             shutil.rmtree(d)
-    train_args = dict(preset=cfg.preset, steps=cfg.steps, global_batch=cfg.global_batch,
-                      ckpt_every=cfg.ckpt_every, keep_last=3, log_every=cfg.steps,
-                      pg_timeout_s=cfg.pg_timeout_s, sigterm_deadline_s=cfg.sigterm_deadline_s or max(5.0, cfg.pg_timeout_s),
-                      deterministic=cfg.deterministic)  # fmt: skip
+    train_args = dict(
+        preset=cfg.preset,
+        steps=cfg.steps,
+        global_batch=cfg.global_batch,
+        ckpt_every=cfg.ckpt_every,
+        keep_last=3,
+        log_every=cfg.steps,
+        pg_timeout_s=cfg.pg_timeout_s,
+        sigterm_deadline_s=cfg.sigterm_deadline_s or max(5.0, cfg.pg_timeout_s),
+        deterministic=cfg.deterministic,
+    )
 
     mode = "deterministic mode" if cfg.deterministic else "default kernels"
-    _log(f"reference run: {nproc} ranks ({'NCCL' if cuda else 'gloo'}, {mode}), {cfg.preset}, "
-         f"{cfg.steps} steps, checkpoint every {cfg.ckpt_every}")  # fmt: skip
+    _log(
+        f"reference run: {nproc} ranks ({'NCCL' if cuda else 'gloo'}, {mode}), {cfg.preset}, "
+        f"{cfg.steps} steps, checkpoint every {cfg.ckpt_every}"
+    )
     ref = _launch_followed(ref_dir, "reference", cfg, nproc=nproc, **train_args)
     if ref.returncode != 0:
         raise RuntimeError(f"the reference run failed (rc {ref.returncode}):\n{ref.output[-3000:]}")
@@ -320,8 +351,14 @@ def run(cfg: ChaosConfig) -> dict:
     t0 = time.time()
     proc = runner.start(run_dir, nproc=nproc, max_restarts=len(faults), faults=faults, **train_args)
     with progress(cfg.steps, "faulted run", every=max(1, cfg.steps // 6)) as bar:
-        _follow(proc, run_dir, bar, cfg.timeout_s, until_step=sigterm_step,
-                status=lambda ev: _fault_status(ev, faults, sigterm_step))  # fmt: skip
+        _follow(
+            proc,
+            run_dir,
+            bar,
+            cfg.timeout_s,
+            until_step=sigterm_step,
+            status=lambda ev: _fault_status(ev, faults, sigterm_step),
+        )
     sigterm_t = time.time()
     _log(f"step {sigterm_step} done: SIGTERM to the launcher (a spot preemption)")
     proc.send_signal(signal.SIGTERM)
@@ -349,8 +386,9 @@ def run(cfg: ChaosConfig) -> dict:
         {(e["attempt"], e["pid"]) for e in events if e["event"] == "start" and e["rank"] == 0}
     )
 
-    launch_modes = {bool(e.get("deterministic")) for e in events + ref_events
-                    if e["event"] == "start"}  # fmt: skip
+    launch_modes = {
+        bool(e.get("deterministic")) for e in events + ref_events if e["event"] == "start"
+    }
     results = {
         "identical": identical,
         "deterministic": cfg.deterministic,
@@ -381,8 +419,14 @@ def run(cfg: ChaosConfig) -> dict:
         "sigterm_after_step": sigterm_step,
         "train": train_args,
     }
-    json_path = save_result(PROJECT, name, results, baseline={"reference_wall_s": ref.seconds},
-                            config=config, reports_dir=out_dir)  # fmt: skip
+    json_path = save_result(
+        PROJECT,
+        name,
+        results,
+        baseline={"reference_wall_s": ref.seconds},
+        config=config,
+        reports_dir=out_dir,
+    )
     record = load_result(json_path)
     write_charts(record, out_dir / PROJECT)
     atomic_write_text(out_dir / PROJECT / f"{name}.md", render_markdown(record))

@@ -33,8 +33,15 @@ def timeline_chart(path: Path, tl: dict, footnote: str) -> Path:
     for i, (name, key) in enumerate((("reference", "reference"), ("under faults", "faulted"))):
         pts = tl.get(key) or []
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=".", ms=3,
-                    color=COLORS[i], label=name)  # fmt: skip
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                "-",
+                marker=".",
+                ms=3,
+                color=COLORS[i],
+                label=name,
+            )
             end = max(end, max(p[0] for p in pts))
     faults = sorted(tl.get("faults") or [], key=lambda f: f["t"])
     top = max([p[1] for k in ("reference", "faulted") for p in tl.get(k) or []] or [1])
@@ -42,11 +49,18 @@ def timeline_chart(path: Path, tl: dict, footnote: str) -> Path:
     rows = _stagger([f["t"] for f in faults], min_gap=0.11 * end)
     for f, row in zip(faults, rows):
         ax.axvline(f["t"], color="#C44E52", ls=":", lw=1)
-        ax.annotate(f"{f['kind']} @{f['step']}", (f["t"], 1 - 0.075 * row),
-                    xycoords=("data", "axes fraction"), xytext=(3, -2),
-                    textcoords="offset points", ha="left", va="top", fontsize=8,
-                    color="#C44E52", bbox={"boxstyle": "round,pad=0.15", "fc": "white",
-                                           "ec": "none", "alpha": 0.9})  # fmt: skip
+        ax.annotate(
+            f"{f['kind']} @{f['step']}",
+            (f["t"], 1 - 0.075 * row),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -2),
+            textcoords="offset points",
+            ha="left",
+            va="top",
+            fontsize=8,
+            color="#C44E52",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9},
+        )
     ax.set_xlim(0, end * 1.03)
     ax.set_xlabel("wall time since launch, s")
     ax.set_ylabel("optimizer step reached")
@@ -75,13 +89,20 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
     ref = {int(k): v for k, v in res["loss_curve"]["reference"].items()}
     run = {int(k): v for k, v in res["loss_curve"]["faulted"].items()}
     same = "bitwise identical" if res["identical"] else "DIFFERENT"
-    paths = [line_chart(
-        out_dir / f"{stem}_loss.png",
-        {"reference (no faults)": (sorted(ref), [ref[s] for s in sorted(ref)]),
-         "under faults (final trajectory)": (sorted(run), [run[s] for s in sorted(run)])},
-        title=f"Loss: reference vs faulted run ({same})",
-        xlabel="optimizer step", ylabel="training loss (nats)", y_from_zero=False, footnote=foot,
-    )]  # fmt: skip
+    paths = [
+        line_chart(
+            out_dir / f"{stem}_loss.png",
+            {
+                "reference (no faults)": (sorted(ref), [ref[s] for s in sorted(ref)]),
+                "under faults (final trajectory)": (sorted(run), [run[s] for s in sorted(run)]),
+            },
+            title=f"Loss: reference vs faulted run ({same})",
+            xlabel="optimizer step",
+            ylabel="training loss (nats)",
+            y_from_zero=False,
+            footnote=foot,
+        )
+    ]
     if res.get("timeline"):
         paths.append(timeline_chart(out_dir / f"{stem}_timeline.png", res["timeline"], foot))
     return paths
@@ -98,48 +119,76 @@ def render_markdown(record: dict) -> str:
     backend = (
         "NCCL" if (c.get("backend") or ("nccl" if env.get("gpu") else "gloo")) == "nccl" else "gloo"
     )
-    mode = ("deterministic mode (`--deterministic`: shared.determinism)" if c.get("deterministic")
-            else "default kernels (not `--deterministic`)")  # fmt: skip
+    mode = (
+        "deterministic mode (`--deterministic`: shared.determinism)"
+        if c.get("deterministic")
+        else "default kernels (not `--deterministic`)"
+    )
     table = markdown_table(
         rows,
-        ["fault", "rank", "at_step", "resumed_from", "steps_lost", "detected_s", "to_first_new_step_s", "to_caught_up_s", "recovery"],
-        headers=["fault", "rank", "steps done", "resumed from", "steps lost", "detected (s)", "to first new step (s)", "to caught up (s)", "recovery"],
+        [
+            "fault",
+            "rank",
+            "at_step",
+            "resumed_from",
+            "steps_lost",
+            "detected_s",
+            "to_first_new_step_s",
+            "to_caught_up_s",
+            "recovery",
+        ],
+        headers=[
+            "fault",
+            "rank",
+            "steps done",
+            "resumed from",
+            "steps lost",
+            "detected (s)",
+            "to first new step (s)",
+            "to caught up (s)",
+            "recovery",
+        ],
         floatfmt=".2f",
-    )  # fmt: skip
+    )
     skipped = [
         f"- {f['fault']}: {f['detail']}; loader: {f['skipped']}" for f in rows if f.get("skipped")
     ]
     final, ref_final = r.get("final_loss"), r.get("reference_final_loss")
-    losses = (f"final loss {final:.6f} (reference {ref_final:.6f})"
-              if final is not None and ref_final is not None else "no final loss")  # fmt: skip
-    return "\n".join([
-        "# Chaos run: the same training run, with and without injected faults",
-        "",
-        f"{c['preset']} model, {c['steps']} steps, global batch {c['global_batch']}, checkpoint every "
-        f"{c['ckpt_every']} steps (async), {c['nproc']} ranks over {backend} "
-        f"under `torchrun --max-restarts {len(c.get('fault_plan') or [])}`, then one requeue after the "
-        f"preemption; {mode}. Fault steps drawn with seed {c['seed']}.",
-        "",
-        f"**Result: {'bitwise identical' if identical else 'NOT identical'}** — final model and optimizer "
-        f"state ({r['tensors_compared']} tensors) {'equal bit for bit' if not diffs else 'differ'}; loss curves "
-        f"{'equal' if r['loss_curves_equal'] else 'differ'} at all {len(curve)} steps; {losses}.",
-        "",
-        f"Wall time: reference {r['reference_wall_s']:.1f} s, faulted {r['faulted_wall_s']:.1f} s "
-        f"({r['process_launches']} worker-group launches, {r['steps_lost_total']} steps recomputed).",
-        "",
-        table,
-        "",
-        "Times are seconds from the fault to the first step completed after recovery and to the",
-        "step the run had reached when the fault hit (they include each launch's start-up: Python",
-        "and torch imports, process group, model build, checkpoint load). Corrupted checkpoints",
-        "detected:",
-        "",
-        *skipped,
-        "",
-        f"![loss curves]({stem}_loss.png)",
-        "",
-        f"![progress]({stem}_timeline.png)",
-        "",
-        f"Measured: {environment_line(env)}.",
-        "",
-    ])  # fmt: skip
+    losses = (
+        f"final loss {final:.6f} (reference {ref_final:.6f})"
+        if final is not None and ref_final is not None
+        else "no final loss"
+    )
+    return "\n".join(
+        [
+            "# Chaos run: the same training run, with and without injected faults",
+            "",
+            f"{c['preset']} model, {c['steps']} steps, global batch {c['global_batch']}, checkpoint every "
+            f"{c['ckpt_every']} steps (async), {c['nproc']} ranks over {backend} "
+            f"under `torchrun --max-restarts {len(c.get('fault_plan') or [])}`, then one requeue after the "
+            f"preemption; {mode}. Fault steps drawn with seed {c['seed']}.",
+            "",
+            f"**Result: {'bitwise identical' if identical else 'NOT identical'}** — final model and optimizer "
+            f"state ({r['tensors_compared']} tensors) {'equal bit for bit' if not diffs else 'differ'}; loss curves "
+            f"{'equal' if r['loss_curves_equal'] else 'differ'} at all {len(curve)} steps; {losses}.",
+            "",
+            f"Wall time: reference {r['reference_wall_s']:.1f} s, faulted {r['faulted_wall_s']:.1f} s "
+            f"({r['process_launches']} worker-group launches, {r['steps_lost_total']} steps recomputed).",
+            "",
+            table,
+            "",
+            "Times are seconds from the fault to the first step completed after recovery and to the",
+            "step the run had reached when the fault hit (they include each launch's start-up: Python",
+            "and torch imports, process group, model build, checkpoint load). Corrupted checkpoints",
+            "detected:",
+            "",
+            *skipped,
+            "",
+            f"![loss curves]({stem}_loss.png)",
+            "",
+            f"![progress]({stem}_timeline.png)",
+            "",
+            f"Measured: {environment_line(env)}.",
+            "",
+        ]
+    )

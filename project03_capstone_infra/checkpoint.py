@@ -229,8 +229,16 @@ def _leaf_meta(t: torch.Tensor, dtensor_type) -> tuple:
     """What the staging buffer of a leaf depends on: a change rebuilds the buffers."""
     if dtensor_type is not None and isinstance(t, dtensor_type):
         loc = t.to_local()
-        return ("dtensor", t.dtype, tuple(loc.shape), loc.device, tuple(t.shape),
-                tuple(t.stride()), t.device_mesh, tuple(t.placements))  # fmt: skip
+        return (
+            "dtensor",
+            t.dtype,
+            tuple(loc.shape),
+            loc.device,
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.device_mesh,
+            tuple(t.placements),
+        )
     return ("tensor", t.dtype, tuple(t.shape), t.device)
 
 
@@ -347,8 +355,13 @@ class PersistentStager(AsyncStager):
             pinned += n if is_pinned else 0
         self._slots, self._signature = slots, signature
         self.builds += 1
-        self.last_build = {"seconds": time.perf_counter() - t0, "register_s": pin_s,
-                           "bytes": total, "pinned_bytes": pinned, "tensors": len(slots)}  # fmt: skip
+        self.last_build = {
+            "seconds": time.perf_counter() - t0,
+            "register_s": pin_s,
+            "bytes": total,
+            "pinned_bytes": pinned,
+            "tensors": len(slots),
+        }
 
     def _signature_of(self, state_dict: dict) -> tuple[list, list]:
         leaves = list(_walk(state_dict))
@@ -907,8 +920,13 @@ class CheckpointManager:
         """Retention after a commit (rank 0). Counts only checkpoints that verify (each is
         hashed once per process); a failure here is reported, the commit stands."""
         try:
-            plan = plan_prune(self.root, self.keep_last, self.milestone_every,
-                              threads=self.verify_threads, cache=self._verified)  # fmt: skip
+            plan = plan_prune(
+                self.root,
+                self.keep_last,
+                self.milestone_every,
+                threads=self.verify_threads,
+                cache=self._verified,
+            )
             removed = prune(self.root, self.keep_last, self.milestone_every, plan=plan)
         except OSError as e:
             self._warn(f"retention failed ({e}); nothing more was removed")
@@ -998,8 +1016,13 @@ class CheckpointManager:
             if rng_key in keys:
                 full[rng_key] = ""
             with _single_process_quiet():
-                dcp.load(full, storage_reader=reader, planner=planner,
-                         process_group=self.pg, no_dist=self.pg is None)  # fmt: skip
+                dcp.load(
+                    full,
+                    storage_reader=reader,
+                    planner=planner,
+                    process_group=self.pg,
+                    no_dist=self.pg is None,
+                )
             extra = json.loads(full["extra"]) if isinstance(full["extra"], str) else None
             if not isinstance(extra, dict):
                 raise CheckpointError("its 'extra' entry is not a JSON object")

@@ -72,13 +72,18 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive int, got {v!r}")
-        for name in ("seq_len", "warmup_steps", "milestone_every", "max_nan_retries",
-                     "stop_after"):  # fmt: skip
+        for name in ("seq_len", "warmup_steps", "milestone_every", "max_nan_retries", "stop_after"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"TrainConfig.{name} must be a non-negative int, got {v!r}")
-        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "pg_timeout_s",
-                     "sigterm_deadline_s"):  # fmt: skip
+        for name in (
+            "lr",
+            "min_lr_ratio",
+            "weight_decay",
+            "grad_clip",
+            "pg_timeout_s",
+            "sigterm_deadline_s",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"TrainConfig.{name} must be a finite number, got {v!r}")
@@ -128,9 +133,18 @@ class TrainConfig:
 
 # The fields that change the numbers a run produces.
 TRAJECTORY_FIELDS = (
-    "preset", "steps", "global_batch", "seq_len", "seed", "lr", "warmup_steps", "min_lr_ratio",
-    "weight_decay", "grad_clip", "dtype",
-)  # fmt: skip
+    "preset",
+    "steps",
+    "global_batch",
+    "seq_len",
+    "seed",
+    "lr",
+    "warmup_steps",
+    "min_lr_ratio",
+    "weight_decay",
+    "grad_clip",
+    "dtype",
+)
 
 
 def config_hash(cfg: TrainConfig) -> str:

@@ -312,13 +312,15 @@ def measured_throughput(reports_dir: Path, gpu_key: str, preset: str) -> list[di
                 dtype = _dtype_key(r.get("dtype"))
                 if r.get("preset") != preset or dtype is None or not world:
                     continue
-                rows.append({
-                    "file": f"reports/{project}/{path.name}",
-                    "dtype": dtype,
-                    "world_size": int(world),
-                    "tokens_per_s_per_gpu": r["tokens_per_s"] / int(world),
-                    "variant": r.get("variant"),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "file": f"reports/{project}/{path.name}",
+                        "dtype": dtype,
+                        "world_size": int(world),
+                        "tokens_per_s_per_gpu": r["tokens_per_s"] / int(world),
+                        "variant": r.get("variant"),
+                    }
+                )
     return rows
 
 
@@ -338,10 +340,16 @@ def resolve_throughput(cfg: CostConfig, reports_dir: Path) -> tuple[Sourced, Sou
         value, note = best["tokens_per_s_per_gpu"], ""
         if best["world_size"] < cfg.n_gpus:
             value *= cfg.assumed_scaling_efficiency
-            note = (f"; x {cfg.assumed_scaling_efficiency:.0%} assumed scaling efficiency from "
-                    f"{best['world_size']} to {cfg.n_gpus} GPUs")  # fmt: skip
-        tput = Sourced(value, f"{best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU measured in "
-                       f"{best['file']} (world size {best['world_size']}){note}", True)  # fmt: skip
+            note = (
+                f"; x {cfg.assumed_scaling_efficiency:.0%} assumed scaling efficiency from "
+                f"{best['world_size']} to {cfg.n_gpus} GPUs"
+            )
+        tput = Sourced(
+            value,
+            f"{best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU measured in "
+            f"{best['file']} (world size {best['world_size']}){note}",
+            True,
+        )
     else:
         args = ModelArgs.from_preset(cfg.preset)
         seq = cfg.seq_len or args.max_seq_len
@@ -441,22 +449,32 @@ def resolve_checkpoint_costs(cfg: CostConfig, reports_dir: Path) -> tuple[Source
         save = Sourced(cfg.save_s, "given on the command line", True)
     elif bench:
         what = bench[1]["async_kind"] if cfg.save_mode == "async" else "sync save"
-        save = Sourced(float(bench[1][cfg.save_mode]),
-                       f"measured, {what}, {bench[0]}; on one GPU: with {cfg.n_gpus} ranks each "
-                       "writes a smaller shard", True)  # fmt: skip
+        save = Sourced(
+            float(bench[1][cfg.save_mode]),
+            f"measured, {what}, {bench[0]}; on one GPU: with {cfg.n_gpus} ranks each "
+            "writes a smaller shard",
+            True,
+        )
     else:
-        save = Sourced(DEFAULT_SAVE_S, "assumed: no checkpoint benchmark of this preset on this "
-                       "GPU in the reports", False)  # fmt: skip
+        save = Sourced(
+            DEFAULT_SAVE_S,
+            "assumed: no checkpoint benchmark of this preset on this GPU in the reports",
+            False,
+        )
     if cfg.restart_s > 0:
         restart = Sourced(cfg.restart_s, "given on the command line", True)
     elif bench:
-        restart = Sourced(float(bench[2]) + cfg.node_replacement_s,
-                          f"{bench[2]:.1f} s measured from relaunch to the first new step "
-                          f"({bench[0]}) + {cfg.node_replacement_s:g} s assumed to obtain and "
-                          "boot a replacement node", False)  # fmt: skip
+        restart = Sourced(
+            float(bench[2]) + cfg.node_replacement_s,
+            f"{bench[2]:.1f} s measured from relaunch to the first new step "
+            f"({bench[0]}) + {cfg.node_replacement_s:g} s assumed to obtain and "
+            "boot a replacement node",
+            False,
+        )
     else:
-        restart = Sourced(DEFAULT_RESTART_S, "assumed: replacement node, start-up and checkpoint "
-                          "load", False)  # fmt: skip
+        restart = Sourced(
+            DEFAULT_RESTART_S, "assumed: replacement node, start-up and checkpoint load", False
+        )
     return save, restart
 
 
@@ -502,8 +520,11 @@ class CostConfig:
             raise ValueError(
                 f"CostConfig.preset: unknown {self.preset!r}; expected one of {sorted(PRESETS)}"
             )
-        require_finite("CostConfig", self, ("total_tokens", "fixed_interval_h", "assumed_mfu",
-                                            "assumed_scaling_efficiency"))  # fmt: skip
+        require_finite(
+            "CostConfig",
+            self,
+            ("total_tokens", "fixed_interval_h", "assumed_mfu", "assumed_scaling_efficiency"),
+        )
         if not self.out_name or "/" in self.out_name or self.out_name.startswith("."):
             raise ValueError(
                 f"CostConfig.out_name must be a plain file stem, got {self.out_name!r}"
@@ -521,9 +542,17 @@ class CostConfig:
         for name in ("total_tokens", "fixed_interval_h"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"CostConfig.{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("spot_preemptions_per_node_hour", "gpu_failures_per_gpu_hour", "restart_s",
-                     "save_s", "node_replacement_s",
-                     "bf16_tokens_per_s_per_gpu", "bf16_speedup", "deadline_h", "seq_len"):  # fmt: skip
+        for name in (
+            "spot_preemptions_per_node_hour",
+            "gpu_failures_per_gpu_hour",
+            "restart_s",
+            "save_s",
+            "node_replacement_s",
+            "bf16_tokens_per_s_per_gpu",
+            "bf16_speedup",
+            "deadline_h",
+            "seq_len",
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"CostConfig.{name} must be a finite number >= 0, got {v!r}")
@@ -578,9 +607,11 @@ def build_plans(cfg: CostConfig, bf16_tps_per_gpu: float, speedup: float, trace_
 
     spec = get_gpu(cfg.gpu)
     hw_rate = cfg.n_gpus * cfg.gpu_failures_per_gpu_hour
-    spot_rate = trace_rate if trace_rate is not None else (
-        cfg.n_nodes * cfg.spot_preemptions_per_node_hour + hw_rate
-    )  # fmt: skip
+    spot_rate = (
+        trace_rate
+        if trace_rate is not None
+        else (cfg.n_nodes * cfg.spot_preemptions_per_node_hour + hw_rate)
+    )
     save_h = cfg.save_s / 3600
     plans = []
     for precision, tps in (("fp32", bf16_tps_per_gpu / speedup), ("bf16", bf16_tps_per_gpu)):
@@ -600,11 +631,13 @@ def evaluate(cfg: CostConfig, plan: Plan, sampler: Sampler, *, analytic_exact: b
 
     save_h, restart_h = cfg.save_s / 3600, cfg.restart_s / 3600
     exp_h = expected_hours(plan.work_h, plan.interval_h, save_h, plan.rate_per_h, restart_h)
-    sims = simulate_hours(plan.work_h, plan.interval_h, save_h, restart_h, sampler,
-                          runs=cfg.mc_runs, seed=cfg.seed)  # fmt: skip
+    sims = simulate_hours(
+        plan.work_h, plan.interval_h, save_h, restart_h, sampler, runs=cfg.mc_runs, seed=cfg.seed
+    )
     usd_per_h = plan.price_per_gpu_hour * cfg.n_gpus
-    ideal = run_cost(cfg.total_tokens, cfg.total_tokens / plan.work_h / 3600,
-                     plan.price_per_gpu_hour, cfg.n_gpus)  # fmt: skip
+    ideal = run_cost(
+        cfg.total_tokens, cfg.total_tokens / plan.work_h / 3600, plan.price_per_gpu_hour, cfg.n_gpus
+    )
     mc_mean = float(sims.mean())
     mc_se = float(sims.std(ddof=1) / math.sqrt(sims.size))
     p50, p90, p99 = (float(x) for x in np.percentile(sims, [50, 90, 99]))
@@ -641,8 +674,9 @@ def interval_sweep(cfg: CostConfig, plan: Plan, points: int = 40) -> dict:
     yd = young_daly_interval(save_h, plan.rate_per_h)
     grid = np.geomspace(yd / 20, min(yd * 20, plan.work_h), points)
     usd_per_h = plan.price_per_gpu_hour * cfg.n_gpus
-    usd = [expected_hours(plan.work_h, t, save_h, plan.rate_per_h, restart_h) * usd_per_h
-           for t in grid]  # fmt: skip
+    usd = [
+        expected_hours(plan.work_h, t, save_h, plan.rate_per_h, restart_h) * usd_per_h for t in grid
+    ]
     best = optimal_interval(plan.work_h, save_h, plan.rate_per_h, restart_h)
     return {
         "interval_h": grid.tolist(),
@@ -669,13 +703,15 @@ def save_cost_sensitivity(cfg: CostConfig, plan: Plan) -> list[dict]:
         save_h = save_s / 3600
         tau = min(young_daly_interval(save_h, plan.rate_per_h), plan.work_h)
         hours = expected_hours(plan.work_h, tau, save_h, plan.rate_per_h, restart_h)
-        rows.append({
-            "save_s": save_s,
-            "interval_h": tau,
-            "expected_h": hours,
-            "overhead_pct": 100 * (hours / plan.work_h - 1),
-            "expected_usd": hours * usd_per_h,
-        })  # fmt: skip
+        rows.append(
+            {
+                "save_s": save_s,
+                "interval_h": tau,
+                "expected_h": hours,
+                "overhead_pct": 100 * (hours / plan.work_h - 1),
+                "expected_usd": hours * usd_per_h,
+            }
+        )
     return rows
 
 
@@ -764,8 +800,17 @@ def write_report(cfg: CostConfig, results: dict, reports_dir: Path) -> list[Path
     name = cfg.out_name
     rows = results["plans"]
     baseline = next(r for r in rows if r["market"] == "on-demand" and r["precision"] == "bf16")
-    paths = [save_result(PROJECT, name, results, baseline=baseline, config=asdict(cfg),
-                         reports_dir=reports_dir, env=env)]  # fmt: skip
+    paths = [
+        save_result(
+            PROJECT,
+            name,
+            results,
+            baseline=baseline,
+            config=asdict(cfg),
+            reports_dir=reports_dir,
+            env=env,
+        )
+    ]
     paths += write_charts(load_result(paths[0]), out)
     paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
     return paths
@@ -809,32 +854,46 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
     baseline = next(r for r in rows if r["market"] == "on-demand" and r["precision"] == "bf16")
     groups = list(dict.fromkeys(r["plan"] for r in rows))
     series = {
-        f"{p} {what}": [next(r[key] for r in rows if r["plan"] == g and r["precision"] == p)
-                        for g in groups]
+        f"{p} {what}": [
+            next(r[key] for r in rows if r["plan"] == g and r["precision"] == p) for g in groups
+        ]
         for what, key in (("expected", "expected_usd"), ("P90", "p90_usd"))
         for p in ("fp32", "bf16")
-    }  # fmt: skip
+    }
     foot = chart_footer(record)
-    paths = [grouped_bar_chart(
-        out_dir / f"{name}.png", groups, series,
-        title=f"Training job cost: on-demand vs spot, fp32 vs bf16 ({results['gpu']})",
-        ylabel="USD per job", baseline=baseline["expected_usd"],
-        baseline_label="on-demand bf16 (expected)", footnote=foot,
-    )]  # fmt: skip
+    paths = [
+        grouped_bar_chart(
+            out_dir / f"{name}.png",
+            groups,
+            series,
+            title=f"Training job cost: on-demand vs spot, fp32 vs bf16 ({results['gpu']})",
+            ylabel="USD per job",
+            baseline=baseline["expected_usd"],
+            baseline_label="on-demand bf16 (expected)",
+            footnote=foot,
+        )
+    ]
     sweep = results["interval_sweep_spot_bf16"]
-    paths.append(line_chart(
-        out_dir / f"{name}_interval.png",
-        {
-            "expected cost (model)": (sweep["interval_h"], sweep["expected_usd"]),
-            "Young/Daly sqrt(2CM)": ([sweep["young_daly_h"]], [sweep["young_daly_usd"]]),
-            "numerical optimum": ([sweep["optimal_h"]], [sweep["optimal_usd"]]),
-        },
-        title="Spot bf16: expected cost vs checkpoint interval",
-        xlabel="checkpoint interval (hours of work, log)", ylabel="expected USD per job",
-        logx=True, y_from_zero=False,  # the curve's minimum is the point: not from 0
-        footnote=chart_footer(record, f"analytic model; save {results['save_s']:.3g} s, "
-                                      f"restart {results['restart_s']:.3g} s"),
-    ))  # fmt: skip
+    paths.append(
+        line_chart(
+            out_dir / f"{name}_interval.png",
+            {
+                "expected cost (model)": (sweep["interval_h"], sweep["expected_usd"]),
+                "Young/Daly sqrt(2CM)": ([sweep["young_daly_h"]], [sweep["young_daly_usd"]]),
+                "numerical optimum": ([sweep["optimal_h"]], [sweep["optimal_usd"]]),
+            },
+            title="Spot bf16: expected cost vs checkpoint interval",
+            xlabel="checkpoint interval (hours of work, log)",
+            ylabel="expected USD per job",
+            logx=True,
+            y_from_zero=False,  # the curve's minimum is the point: not from 0
+            footnote=chart_footer(
+                record,
+                f"analytic model; save {results['save_s']:.3g} s, "
+                f"restart {results['restart_s']:.3g} s",
+            ),
+        )
+    )
     return paths
 
 
@@ -845,18 +904,44 @@ def render_markdown(cfg: CostConfig, results: dict, env: dict) -> str:
     c = results["cheapest"]
     tput, ratio = results["bf16_tokens_per_s_per_gpu"], results["bf16_speedup"]
     sweep = results["interval_sweep_spot_bf16"]
-    cols = ["plan", "precision", "usd_per_gpu_hour", "interval_h", "work_h", "expected_h",
-            "overhead_pct", "expected_usd", "p50_h", "p90_h", "p99_h", "p90_usd",
-            "mc_vs_analytic_pct"]  # fmt: skip
-    heads = ["plan", "precision", "USD/GPU-h", "ckpt every (h)", "work (h)", "E[wall] (h)",
-             "overhead %", "E[cost] USD", "P50 (h)", "P90 (h)", "P99 (h)", "P90 cost USD",
-             "MC vs model %"]  # fmt: skip
+    cols = [
+        "plan",
+        "precision",
+        "usd_per_gpu_hour",
+        "interval_h",
+        "work_h",
+        "expected_h",
+        "overhead_pct",
+        "expected_usd",
+        "p50_h",
+        "p90_h",
+        "p99_h",
+        "p90_usd",
+        "mc_vs_analytic_pct",
+    ]
+    heads = [
+        "plan",
+        "precision",
+        "USD/GPU-h",
+        "ckpt every (h)",
+        "work (h)",
+        "E[wall] (h)",
+        "overhead %",
+        "E[cost] USD",
+        "P50 (h)",
+        "P90 (h)",
+        "P99 (h)",
+        "P90 cost USD",
+        "MC vs model %",
+    ]
     if cfg.deadline_h > 0:
         cols.append("p_miss_deadline")
         heads.append(f"P(> {cfg.deadline_h:g} h)")
-    risk = (f"P90 completion {_fmt_h(c['p90_h'])} against an expectation of "
-            f"{_fmt_h(c['expected_h'])} (P99 {_fmt_h(c['p99_h'])}); P90 cost "
-            f"${c['p90_usd']:,.0f}")  # fmt: skip
+    risk = (
+        f"P90 completion {_fmt_h(c['p90_h'])} against an expectation of "
+        f"{_fmt_h(c['expected_h'])} (P99 {_fmt_h(c['p99_h'])}); P90 cost "
+        f"${c['p90_usd']:,.0f}"
+    )
     lines = [
         f"# Cost of a training job: {results['n_gpus']}x {results['gpu']}, "
         f"{results['total_tokens']:.3g} tokens of the `{cfg.preset}` preset",
@@ -936,12 +1021,21 @@ def main(argv: list[str] | None = None) -> int:
     for col in ("plan", "prec", "ckpt (h)", "E(h)", "E(USD)", "P90 h", "MC vs model"):
         table.add_column(col, justify="right" if col not in ("plan", "prec") else "left")
     for r in results["plans"]:
-        table.add_row(r["plan"], r["precision"], f"{r['interval_h']:.2f}", f"{r['expected_h']:.2f}",
-                      f"{r['expected_usd']:,.0f}", f"{r['p90_h']:.2f}", f"{r['mc_vs_analytic_pct']:+.2f}%")  # fmt: skip
+        table.add_row(
+            r["plan"],
+            r["precision"],
+            f"{r['interval_h']:.2f}",
+            f"{r['expected_h']:.2f}",
+            f"{r['expected_usd']:,.0f}",
+            f"{r['p90_h']:.2f}",
+            f"{r['mc_vs_analytic_pct']:+.2f}%",
+        )
     console.print(table)
     c = results["cheapest"]
-    console.print(f"cheapest: {c['plan']} {c['precision']}: ${c['expected_usd']:,.0f}, "
-                  f"{c['expected_h']:.2f} h expected, P90 {c['p90_h']:.2f} h")  # fmt: skip
+    console.print(
+        f"cheapest: {c['plan']} {c['precision']}: ${c['expected_usd']:,.0f}, "
+        f"{c['expected_h']:.2f} h expected, P90 {c['p90_h']:.2f} h"
+    )
     for p in paths:
         console.print(f"wrote {p}")
     return 0

@@ -375,17 +375,26 @@ def benchmark(cfg: DataBenchConfig) -> dict:
 
     measure("in-loop stream (baseline)", "baseline", lambda: iter(stream()))
     for w in workers:
-        measure(f"DataLoader, {w} workers", "dataloader",
-                lambda w=w: ResumableLoader(stream(), num_workers=w), workers=w)  # fmt: skip
+        measure(
+            f"DataLoader, {w} workers",
+            "dataloader",
+            lambda w=w: ResumableLoader(stream(), num_workers=w),
+            workers=w,
+        )
     ok, dali_info = dali_available()
     dali_device = cfg.dali_device
     if dali_device == "auto":
         dali_device = "gpu" if torch.cuda.is_available() else "cpu"
     if ok:
         for w in workers:
-            measure(f"DALI {dali_device}, {w} py workers", "dali",
-                    lambda w=w: DaliLoader(stream(), device=dali_device, py_workers=w,
-                                           num_threads=cfg.dali_threads), workers=w)  # fmt: skip
+            measure(
+                f"DALI {dali_device}, {w} py workers",
+                "dali",
+                lambda w=w: DaliLoader(
+                    stream(), device=dali_device, py_workers=w, num_threads=cfg.dali_threads
+                ),
+                workers=w,
+            )
     base = runs["in-loop stream (baseline)"]["tokens_per_s"]
     for r in runs.values():
         r["speedup_vs_baseline"] = r["tokens_per_s"] / base
@@ -418,12 +427,28 @@ def write_report(cfg: DataBenchConfig, results: dict, reports_dir) -> list:
     reports_dir = Path(reports_dir)
     out = reports_dir / PROJECT
     base = results["runs"]["in-loop stream (baseline)"]
-    paths = [save_result(PROJECT, cfg.out_name, results, baseline=base, config=asdict(cfg),
-                         reports_dir=reports_dir, env=env)]  # fmt: skip
+    paths = [
+        save_result(
+            PROJECT,
+            cfg.out_name,
+            results,
+            baseline=base,
+            config=asdict(cfg),
+            reports_dir=reports_dir,
+            env=env,
+        )
+    ]
     paths += write_charts(load_result(paths[0]), out)
     fastest = max(results["runs"], key=lambda k: results["runs"][k]["tokens_per_s"])
-    rows = [{"loader": k, "batches/s": v["batches_per_s"], "tokens/s": v["tokens_per_s"],
-             "x baseline": v["speedup_vs_baseline"]} for k, v in results["runs"].items()]  # fmt: skip
+    rows = [
+        {
+            "loader": k,
+            "batches/s": v["batches_per_s"],
+            "tokens/s": v["tokens_per_s"],
+            "x baseline": v["speedup_vs_baseline"],
+        }
+        for k, v in results["runs"].items()
+    ]
     md = [
         f"# Data loading throughput ({cfg.preset} shapes)",
         "",
@@ -458,13 +483,23 @@ def write_charts(record: dict, out) -> list:
     results, c = record["results"], record["config"]
     base = results["runs"]["in-loop stream (baseline)"]
     labels = list(results["runs"])
-    foot = footer(record["environment"], f"{c['preset']}: batch {c['global_batch']} x seq "
-                  f"{results['seq_len']}; median of {c['repeats']} x {c['batches']} batches")  # fmt: skip
-    return [bar_chart(out / f"{c.get('out_name') or 'data'}.png", labels,
-                      [results["runs"][k]["tokens_per_s"] for k in labels],
-                      title="Data loading throughput: DataLoader and DALI vs the in-loop stream",
-                      ylabel="tokens/s", baseline=base["tokens_per_s"],
-                      baseline_label="in-loop stream", footnote=foot)]  # fmt: skip
+    foot = footer(
+        record["environment"],
+        f"{c['preset']}: batch {c['global_batch']} x seq "
+        f"{results['seq_len']}; median of {c['repeats']} x {c['batches']} batches",
+    )
+    return [
+        bar_chart(
+            out / f"{c.get('out_name') or 'data'}.png",
+            labels,
+            [results["runs"][k]["tokens_per_s"] for k in labels],
+            title="Data loading throughput: DataLoader and DALI vs the in-loop stream",
+            ylabel="tokens/s",
+            baseline=base["tokens_per_s"],
+            baseline_label="in-loop stream",
+            footnote=foot,
+        )
+    ]
 
 
 @main_guard

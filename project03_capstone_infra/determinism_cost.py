@@ -57,16 +57,20 @@ class DeterminismCostConfig:
                 f"DeterminismCostConfig.nproc must be >= 0 (0: automatic), got {self.nproc}"
             )
         if self.preset not in ("", "tiny", "125m", "1b"):
-            raise ValueError("DeterminismCostConfig.preset must be one of ('', 'tiny', '125m', "
-                             f"'1b'), got {self.preset!r}")  # fmt: skip
+            raise ValueError(
+                "DeterminismCostConfig.preset must be one of ('', 'tiny', '125m', "
+                f"'1b'), got {self.preset!r}"
+            )
         for name in ("steps", "global_batch", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"DeterminismCostConfig.{name} must be >= 1, got {getattr(self, name)}"
                 )
         if not 0 <= self.warmup <= self.steps - 3:
-            raise ValueError(f"DeterminismCostConfig.warmup must be in [0, steps - 3] (at least 3 "
-                             f"timed steps), got {self.warmup} with {self.steps} steps")  # fmt: skip
+            raise ValueError(
+                f"DeterminismCostConfig.warmup must be in [0, steps - 3] (at least 3 "
+                f"timed steps), got {self.warmup} with {self.steps} steps"
+            )
         require_finite("DeterminismCostConfig", self, ("timeout_s",))
         if not self.timeout_s > 0:
             raise ValueError(f"DeterminismCostConfig.timeout_s must be > 0, got {self.timeout_s}")
@@ -84,8 +88,11 @@ def _log(msg: str) -> None:
 def step_times(run_dir: Path, warmup: int) -> list[float]:
     """Rank 0's step times (s) of the run's first launch after `warmup` steps, in step order."""
     events = read_events(Path(run_dir) / "events.jsonl")
-    steps = {e["step"]: e["step_s"] for e in events
-             if e["event"] == "step" and e["rank"] == 0 and e["attempt"] == 0}  # fmt: skip
+    steps = {
+        e["step"]: e["step_s"]
+        for e in events
+        if e["event"] == "step" and e["rank"] == 0 and e["attempt"] == 0
+    }
     return [steps[s] for s in sorted(steps) if s > warmup]
 
 
@@ -105,36 +112,64 @@ def run(cfg: DeterminismCostConfig) -> dict:
     out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
     writable_dir("--reports-dir", out_dir / PROJECT)
     work = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="p03-detcost-"))
-    train_args = dict(preset=preset, steps=cfg.steps, global_batch=cfg.global_batch,
-                      ckpt_every=cfg.steps, keep_last=1, log_every=cfg.steps, resume="never")  # fmt: skip
+    train_args = dict(
+        preset=preset,
+        steps=cfg.steps,
+        global_batch=cfg.global_batch,
+        ckpt_every=cfg.steps,
+        keep_last=1,
+        log_every=cfg.steps,
+        resume="never",
+    )
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(cfg.repeats):
         for mode, deterministic in MODES.items():
             run_dir = work / f"{mode}_{r}"
             shutil.rmtree(run_dir, ignore_errors=True)
-            done = runner.launch(run_dir, nproc=nproc, timeout=cfg.timeout_s,
-                                 deterministic=deterministic, **train_args)  # fmt: skip
+            done = runner.launch(
+                run_dir,
+                nproc=nproc,
+                timeout=cfg.timeout_s,
+                deterministic=deterministic,
+                **train_args,
+            )
             if done.returncode != 0:
                 raise RuntimeError(
                     f"the {mode} run failed (rc {done.returncode}):\n{done.output[-3000:]}"
                 )
             times = step_times(run_dir, cfg.warmup)
             med = statistics.median(times)
-            runs[mode].append({"run_dir": run_dir.name, "median_step_s": med,
-                               "tokens_per_s": tokens_per_step / med, "timed_steps": len(times),
-                               "step_s": times, "launch_s": done.seconds})  # fmt: skip
-            _log(f"{mode} run {r + 1}/{cfg.repeats}: median step {1e3 * med:.1f} ms, "
-                 f"{tokens_per_step / med:,.0f} tok/s")  # fmt: skip
+            runs[mode].append(
+                {
+                    "run_dir": run_dir.name,
+                    "median_step_s": med,
+                    "tokens_per_s": tokens_per_step / med,
+                    "timed_steps": len(times),
+                    "step_s": times,
+                    "launch_s": done.seconds,
+                }
+            )
+            _log(
+                f"{mode} run {r + 1}/{cfg.repeats}: median step {1e3 * med:.1f} ms, "
+                f"{tokens_per_step / med:,.0f} tok/s"
+            )
     modes = {}
     for mode, rs in runs.items():
         tps = statistics.median(r["tokens_per_s"] for r in rs)
-        modes[mode] = {"tokens_per_s": tps, "runs": rs,
-                       "tokens_per_s_range": [min(r["tokens_per_s"] for r in rs),
-                                              max(r["tokens_per_s"] for r in rs)]}  # fmt: skip
+        modes[mode] = {
+            "tokens_per_s": tps,
+            "runs": rs,
+            "tokens_per_s_range": [
+                min(r["tokens_per_s"] for r in rs),
+                max(r["tokens_per_s"] for r in rs),
+            ],
+        }
         if len(rs) > 1:
             first = read_full_state(runner.final_checkpoint(work / rs[0]["run_dir"]))
-            diffs = [compare_states(first, read_full_state(runner.final_checkpoint(work / r["run_dir"])))
-                     for r in rs[1:]]  # fmt: skip
+            diffs = [
+                compare_states(first, read_full_state(runner.final_checkpoint(work / r["run_dir"])))
+                for r in rs[1:]
+            ]
             modes[mode]["repeats_bitwise_equal"] = not any(diffs)
             modes[mode]["differences"] = [d[:5] for d in diffs]
     cost = 1 - modes["deterministic"]["tokens_per_s"] / modes["default"]["tokens_per_s"]
@@ -153,14 +188,21 @@ def run(cfg: DeterminismCostConfig) -> dict:
         "seq_len": seq_len,
         "train": train_args,
     }
-    path = save_result(PROJECT, "determinism_cost", results,
-                       baseline={"default_tokens_per_s": modes["default"]["tokens_per_s"]},
-                       config=config, reports_dir=out_dir)  # fmt: skip
+    path = save_result(
+        PROJECT,
+        "determinism_cost",
+        results,
+        baseline={"default_tokens_per_s": modes["default"]["tokens_per_s"]},
+        config=config,
+        reports_dir=out_dir,
+    )
     from .report import write_summary
 
     write_summary(out_dir)
-    _log(f"deterministic mode: {modes['deterministic']['tokens_per_s']:,.0f} tok/s vs default "
-         f"{modes['default']['tokens_per_s']:,.0f} tok/s ({-100 * cost:+.1f}%); wrote {path}")  # fmt: skip
+    _log(
+        f"deterministic mode: {modes['deterministic']['tokens_per_s']:,.0f} tok/s vs default "
+        f"{modes['default']['tokens_per_s']:,.0f} tok/s ({-100 * cost:+.1f}%); wrote {path}"
+    )
     if not cfg.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return results

@@ -106,8 +106,14 @@ class EventLog:
     def write(self, event: str, **data) -> None:
         if self.path is None:
             return
-        record = {"t": time.time(), "event": event, "rank": self.rank, "attempt": self.attempt,
-                  "pid": os.getpid(), **data}  # fmt: skip
+        record = {
+            "t": time.time(),
+            "event": event,
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "pid": os.getpid(),
+            **data,
+        }
         line = (json.dumps(record) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -155,8 +161,16 @@ def _damage_newest_checkpoint(ckpt_root: Path, how: str) -> str:
 
 
 class FaultInjector:
-    def __init__(self, faults: list[Fault], *, rank: int, attempt: int, events: EventLog,
-                 ckpt_root: Path, flush=lambda: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        faults: list[Fault],
+        *,
+        rank: int,
+        attempt: int,
+        events: EventLog,
+        ckpt_root: Path,
+        flush=lambda: None,
+    ) -> None:
         self.rank, self.attempt, self.events, self.ckpt_root = rank, attempt, events, ckpt_root
         # Before a fault that kills, let pending work land (an async checkpoint in flight would
         # otherwise be torn at a random point: that is tested too, by plain kills).

@@ -195,8 +195,13 @@ class PreflightError(RuntimeError):
     """A pre-flight check failed: the message says which and why."""
 
 
-def check_gpus(report: GPUReport, thresholds: HealthThresholds | None = None, *,
-               require_gpus: int = 0, gpu_indices: list[int] | None = None) -> list[str]:  # fmt: skip
+def check_gpus(
+    report: GPUReport,
+    thresholds: HealthThresholds | None = None,
+    *,
+    require_gpus: int = 0,
+    gpu_indices: list[int] | None = None,
+) -> list[str]:
     """Problems that should stop a launch (empty: healthy). Pure: reads only `report`.
     `gpu_indices` limits the per-GPU checks to those GPUs (a rank checks its own)."""
     t = thresholds or HealthThresholds()
@@ -243,9 +248,16 @@ class PreflightResult:
     gpu: GPUReport
 
 
-def preflight(*, require_gpus: int = 0, ckpt_dir: str | None = None, min_free_disk_bytes: int = 0,
-              thresholds: HealthThresholds | None = None, cuda_smoke_test: bool = True,
-              gpu_indices: list[int] | None = None, raise_on_failure: bool = True) -> PreflightResult:  # fmt: skip
+def preflight(
+    *,
+    require_gpus: int = 0,
+    ckpt_dir: str | None = None,
+    min_free_disk_bytes: int = 0,
+    thresholds: HealthThresholds | None = None,
+    cuda_smoke_test: bool = True,
+    gpu_indices: list[int] | None = None,
+    raise_on_failure: bool = True,
+) -> PreflightResult:
     """Checks before training: GPU health (when GPUs are required), free disk for checkpoints,
     and a small CUDA matmul checked against the CPU."""
     report = gpu_snapshot()
@@ -344,9 +356,11 @@ class TrainingMetrics:
             "p03_loss", "training loss of the last step (mean over ranks)", registry=r
         )
         self.step_seconds = Histogram(
-            "p03_step_seconds", "wall time of a training step, seconds", registry=r,
+            "p03_step_seconds",
+            "wall time of a training step, seconds",
+            registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        )  # fmt: skip
+        )
         self.tokens_per_second = Gauge(
             "p03_tokens_per_second", "training throughput, tokens/s", registry=r
         )
@@ -449,8 +463,9 @@ class HealthArgs:
     def validate(self) -> HealthArgs:
         from shared.cli import require_finite, require_nonempty
 
-        require_finite("HealthArgs", self, ("min_free_disk_gb", "max_temperature_c",
-                                            "serve_seconds"))  # fmt: skip
+        require_finite(
+            "HealthArgs", self, ("min_free_disk_gb", "max_temperature_c", "serve_seconds")
+        )
         if self.require_gpus < 0:
             raise ValueError(f"--require-gpus must be >= 0, got {self.require_gpus}")
         for name in ("min_free_disk_gb", "serve_seconds"):
@@ -489,8 +504,17 @@ def main(argv: list[str] | None = None) -> int:
         raise_on_failure=False,
     )
     if args.json:
-        print(json.dumps({"ok": result.ok, "problems": result.problems, "notes": result.notes,
-                          "gpu": result.gpu.to_dict()}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "ok": result.ok,
+                    "problems": result.problems,
+                    "notes": result.notes,
+                    "gpu": result.gpu.to_dict(),
+                },
+                indent=2,
+            )
+        )
     else:
         from rich.console import Console
         from rich.table import Table
@@ -517,9 +541,18 @@ def main(argv: list[str] | None = None) -> int:
                     if g.memory_used_bytes is None
                     else f"{g.memory_used_bytes / 2**30:.1f}/{(g.memory_total_bytes or 0) / 2**30:.0f} GiB"
                 )
-                table.add_row(str(g.index), g.name, str(g.utilization_gpu_pct), mem, str(g.temperature_c),
-                              str(g.power_w), str(g.sm_clock_mhz), ",".join(g.throttle_reasons or []) or "-",
-                              str(g.ecc_volatile_uncorrected), str(g.remapped_rows_failure))  # fmt: skip
+                table.add_row(
+                    str(g.index),
+                    g.name,
+                    str(g.utilization_gpu_pct),
+                    mem,
+                    str(g.temperature_c),
+                    str(g.power_w),
+                    str(g.sm_clock_mhz),
+                    ",".join(g.throttle_reasons or []) or "-",
+                    str(g.ecc_volatile_uncorrected),
+                    str(g.remapped_rows_failure),
+                )
             console.print(table)
         for n in result.notes:
             console.print(n)
@@ -530,8 +563,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.serve_port >= 0:
         server = MetricsServer(TrainingMetrics(gpu=True), args.serve_port, args.serve_addr)
-        print(f"serving {server.url} (listening on {server.bound}{server.exposure}) "
-              f"for {args.serve_seconds:.0f} s", file=sys.stderr)  # fmt: skip
+        print(
+            f"serving {server.url} (listening on {server.bound}{server.exposure}) "
+            f"for {args.serve_seconds:.0f} s",
+            file=sys.stderr,
+        )
         time.sleep(args.serve_seconds)
         server.close()
     return 0 if result.ok else EXIT_PREFLIGHT

@@ -134,8 +134,13 @@ class Manifest:
             raise bad(f"'world_size' must be a positive int, got {obj['world_size']!r}")
         if not isinstance(obj["config_hash"], str):
             raise bad(f"'config_hash' must be a string, got {_json_type(obj['config_hash'])}")
-        for key, types in (("config", dict), ("git_commit", (str, type(None))), ("time", str),
-                           ("save_mode", str), ("torch", str)):  # fmt: skip
+        for key, types in (
+            ("config", dict),
+            ("git_commit", (str, type(None))),
+            ("time", str),
+            ("save_mode", str),
+            ("torch", str),
+        ):
             if key in obj and not isinstance(obj[key], types):
                 raise bad(f"{key!r} has the wrong type ({_json_type(obj[key])})")
         if "unix_time" in obj and not (_is_number(obj["unix_time"])):
@@ -164,8 +169,14 @@ class Manifest:
                     f"files[{name!r}].bytes must be a non-negative int, got {entry['bytes']!r}"
                 )
             entries[name] = FileEntry(entry["sha256"], entry["bytes"])
-        return cls(obj["format_version"], obj["step"], obj["world_size"], obj["config_hash"],
-                   entries, dict(obj))  # fmt: skip
+        return cls(
+            obj["format_version"],
+            obj["step"],
+            obj["world_size"],
+            obj["config_hash"],
+            entries,
+            dict(obj),
+        )
 
 
 def _is_int(v: Any) -> bool:
@@ -177,8 +188,15 @@ def _is_number(v: Any) -> bool:
 
 
 def _json_type(v: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-             int: "a number", float: "a number", type(None): "null"}  # fmt: skip
+    names = {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }
     return names.get(type(v), type(v).__name__)
 
 

@@ -29,8 +29,14 @@ def _chaos_summary(d: Path, stem: str) -> list[str]:
     r, c = rec["results"], rec["config"]
     verdict = "bitwise identical" if r["identical"] else "NOT identical"
     mode = ", deterministic mode" if c.get("deterministic") else ""
-    rows = [{"fault": f["fault"], "steps lost": f.get("steps_lost"),
-             "to first new step (s)": f.get("to_first_new_step_s")} for f in r["faults"]]  # fmt: skip
+    rows = [
+        {
+            "fault": f["fault"],
+            "steps lost": f.get("steps_lost"),
+            "to first new step (s)": f.get("to_first_new_step_s"),
+        }
+        for f in r["faults"]
+    ]
     return [
         f"**Chaos run** ({c['preset']}, {c['nproc']} ranks{mode}, {c['steps']} steps, "
         f"{environment_line(rec['environment'])}): after kill -9, NaN, a hung rank, a truncated "
@@ -59,8 +65,9 @@ def _determinism_summary(d: Path) -> list[str]:
         dirs = "; ".join(
             f"{x['from_world']} -> {x['to_world']}: first loss after the change off by "
             f"{x['first_after']['rel_diff']:.1e} relative (tolerance {x['first_after']['tolerance']:.0e})"
-            for x in r["directions"] if x["first_after"]["rel_diff"] is not None
-        )  # fmt: skip
+            for x in r["directions"]
+            if x["first_after"]["rel_diff"] is not None
+        )
         before = "bitwise equal" if r["bitwise_before_switch"] else "NOT bitwise equal"
         parts += [
             f"**Resharding** ({rec['config']['preset']}, {r['dtype']}, {r['backend']}"
@@ -75,8 +82,11 @@ def _determinism_summary(d: Path) -> list[str]:
         rec = json.loads(path.read_text())
         r, m = rec["results"], rec["results"]["modes"]
         rep = {k: v.get("repeats_bitwise_equal") for k, v in m.items()}
-        rep_txt = "; ".join(f"{k} runs {'repeat bit for bit' if v else 'differ run to run'}"
-                            for k, v in rep.items() if v is not None)  # fmt: skip
+        rep_txt = "; ".join(
+            f"{k} runs {'repeat bit for bit' if v else 'differ run to run'}"
+            for k, v in rep.items()
+            if v is not None
+        )
         parts += [
             f"**Deterministic mode's cost** ({rec['config']['preset']}, {r['nproc']} ranks, "
             f"{r['dtype']}, {environment_line(rec['environment'])}): "
@@ -99,9 +109,11 @@ def write_summary(reports_dir: str | Path | None = None) -> Path:
     if bench.exists():
         rec = json.loads(bench.read_text())
         res, der = rec["results"], rec["results"]["derived"]
-        line = [f"**Checkpoints, {rec['config']['preset']} on {rec['environment'].get('gpu') or 'CPU'}** "
-                f"({res['sync']['bytes'] / 2**30:.1f} GiB, one every {der['ckpt_interval_steps']} steps): "
-                f"sync save holds training {der['sync']['held_s']:.1f} s ({100 * der['sync']['fraction']:.1f}% of the time)"]  # fmt: skip
+        line = [
+            f"**Checkpoints, {rec['config']['preset']} on {rec['environment'].get('gpu') or 'CPU'}** "
+            f"({res['sync']['bytes'] / 2**30:.1f} GiB, one every {der['ckpt_interval_steps']} steps): "
+            f"sync save holds training {der['sync']['held_s']:.1f} s ({100 * der['sync']['fraction']:.1f}% of the time)"
+        ]
         for k, label in (
             ("async_cold", "first async save of a process"),
             ("async_warm", "steady-state async save"),
@@ -115,8 +127,11 @@ def write_summary(reports_dir: str | Path | None = None) -> Path:
             )
         parts += ["; ".join(line) + f". [Details](reports/{PROJECT}/checkpoint_bench.md)", ""]
     parts += _determinism_summary(d)
-    others = [f"[{p.stem}](reports/{PROJECT}/{p.name})" for p in sorted(d.glob("*.md"))
-              if p.stem not in ("summary", "chaos", "chaos_gpu", "checkpoint_bench")]  # fmt: skip
+    others = [
+        f"[{p.stem}](reports/{PROJECT}/{p.name})"
+        for p in sorted(d.glob("*.md"))
+        if p.stem not in ("summary", "chaos", "chaos_gpu", "checkpoint_bench")
+    ]
     if others:
         parts.append("Also: " + ", ".join(others) + ".")
     text = "\n".join(parts).strip() or "_No project03 results yet._"
@@ -133,11 +148,15 @@ def render_charts(reports_dir: str | Path | None = None) -> list[Path]:
     from . import bench_checkpoint, chaos_report, cost, data_pipeline, reshard, tune
 
     d = (Path(reports_dir) if reports_dir else REPORTS_DIR) / PROJECT
-    drawers = {"cost": cost.write_charts, "chaos": chaos_report.write_charts,
-               "chaos_gpu": chaos_report.write_charts,
-               "checkpoint_bench": lambda rec, out: [bench_checkpoint.write_chart(rec, out)],
-               "data": data_pipeline.write_charts, "tune": tune.write_charts,
-               "reshard": reshard.write_chart}  # fmt: skip
+    drawers = {
+        "cost": cost.write_charts,
+        "chaos": chaos_report.write_charts,
+        "chaos_gpu": chaos_report.write_charts,
+        "checkpoint_bench": lambda rec, out: [bench_checkpoint.write_chart(rec, out)],
+        "data": data_pipeline.write_charts,
+        "tune": tune.write_charts,
+        "reshard": reshard.write_chart,
+    }
     paths: list[Path] = []
     for stem, draw in drawers.items():
         if (d / f"{stem}.json").is_file():

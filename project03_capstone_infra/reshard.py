@@ -68,8 +68,10 @@ class ReshardConfig:
         for d in self.directions:
             a, _, b = d.partition("-")
             if not (a.isdigit() and b.isdigit()) or int(a) < 1 or int(b) < 1 or int(a) == int(b):
-                raise ValueError(f"ReshardConfig.directions: {d!r} is not A-B with two different "
-                                 "positive world sizes (e.g. 2-1)")  # fmt: skip
+                raise ValueError(
+                    f"ReshardConfig.directions: {d!r} is not A-B with two different "
+                    "positive world sizes (e.g. 2-1)"
+                )
             out.append((int(a), int(b)))
         return out
 
@@ -77,14 +79,17 @@ class ReshardConfig:
         from shared.cli import require_finite, writable_dir
 
         if self.preset not in ("tiny", "125m", "1b"):
-            raise ValueError(f"ReshardConfig.preset must be one of ('tiny', '125m', '1b'), "
-                             f"got {self.preset!r}")  # fmt: skip
+            raise ValueError(
+                f"ReshardConfig.preset must be one of ('tiny', '125m', '1b'), got {self.preset!r}"
+            )
         for name in ("steps", "switch_after", "global_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ReshardConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.switch_after >= self.steps:
-            raise ValueError(f"ReshardConfig.switch_after ({self.switch_after}) must be below "
-                             f"steps ({self.steps})")  # fmt: skip
+            raise ValueError(
+                f"ReshardConfig.switch_after ({self.switch_after}) must be below "
+                f"steps ({self.steps})"
+            )
         require_finite("ReshardConfig", self, ("pg_timeout_s", "timeout_s"))
         for name in ("pg_timeout_s", "timeout_s"):
             if not getattr(self, name) > 0:
@@ -94,8 +99,10 @@ class ReshardConfig:
         for pair in self.pairs():
             for n in pair:
                 if self.global_batch % n:
-                    raise ValueError(f"ReshardConfig.global_batch ({self.global_batch}) must be a "
-                                     f"multiple of every world size, {n} is not a divisor")  # fmt: skip
+                    raise ValueError(
+                        f"ReshardConfig.global_batch ({self.global_batch}) must be a "
+                        f"multiple of every world size, {n} is not a divisor"
+                    )
         if self.workdir:
             writable_dir("--workdir", self.workdir)
         if self.reports_dir:
@@ -108,10 +115,17 @@ def _log(msg: str) -> None:
 
 
 def _launch(run_dir: Path, cfg: ReshardConfig, nproc: int, what: str, **overrides) -> None:
-    args = dict(preset=cfg.preset, steps=cfg.steps, global_batch=cfg.global_batch,
-                ckpt_every=cfg.switch_after, milestone_every=cfg.switch_after, keep_last=2,
-                log_every=cfg.steps, pg_timeout_s=cfg.pg_timeout_s,
-                deterministic=cfg.deterministic)  # fmt: skip
+    args = dict(
+        preset=cfg.preset,
+        steps=cfg.steps,
+        global_batch=cfg.global_batch,
+        ckpt_every=cfg.switch_after,
+        milestone_every=cfg.switch_after,
+        keep_last=2,
+        log_every=cfg.steps,
+        pg_timeout_s=cfg.pg_timeout_s,
+        deterministic=cfg.deterministic,
+    )
     args.update(overrides)
     done = runner.launch(run_dir, nproc=nproc, timeout=cfg.timeout_s, **args)
     if done.returncode != 0:
@@ -167,8 +181,10 @@ def run(cfg: ReshardConfig) -> dict:
     cuda = torch.cuda.is_available()
     pairs = cfg.pairs()
     if cuda and max(max(w) for w in pairs) > torch.cuda.device_count():
-        raise ValueError(f"ReshardConfig.directions {list(cfg.directions)} need more GPUs than "
-                         f"the {torch.cuda.device_count()} visible")  # fmt: skip
+        raise ValueError(
+            f"ReshardConfig.directions {list(cfg.directions)} need more GPUs than "
+            f"the {torch.cuda.device_count()} visible"
+        )
     dtype = "bfloat16" if cuda else "float32"
     out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
     writable_dir("--reports-dir", out_dir / PROJECT)
@@ -189,9 +205,11 @@ def run(cfg: ReshardConfig) -> dict:
         d.update({"from_world": a, "to_world": b})
         before = d["losses_before_bitwise"] and d["state_at_switch_bitwise"]
         first = d["first_after"]
-        _log(f"{a} -> {b}: steps 1-{n} {'bitwise equal' if before else 'DIFFERENT'}; first loss "
-             f"after the change off by {first['rel_diff'] if first['rel_diff'] is not None else float('nan'):.2e} "
-             f"relative (tolerance {first['tolerance']:.1e})")  # fmt: skip
+        _log(
+            f"{a} -> {b}: steps 1-{n} {'bitwise equal' if before else 'DIFFERENT'}; first loss "
+            f"after the change off by {first['rel_diff'] if first['rel_diff'] is not None else float('nan'):.2e} "
+            f"relative (tolerance {first['tolerance']:.1e})"
+        )
         directions.append(d)
     results = {
         "deterministic": cfg.deterministic,
@@ -231,10 +249,23 @@ def write_chart(record: dict, out_dir: Path) -> list[Path]:
         ref = {int(k): v for k, v in d["reference_curve"].items()}
         got = {int(k): v for k, v in d["curve"].items()}
         style = series_style(i)
-        left.plot(sorted(ref), [ref[s] for s in sorted(ref)], color=style["color"], lw=2.5,
-                  alpha=0.45, label=f"{a} rank(s), uninterrupted")  # fmt: skip
-        left.plot(sorted(got), [got[s] for s in sorted(got)], ls="--", ms=3, lw=1.2,
-                  label=f"{a} -> {b} after step {n}", **style)  # fmt: skip
+        left.plot(
+            sorted(ref),
+            [ref[s] for s in sorted(ref)],
+            color=style["color"],
+            lw=2.5,
+            alpha=0.45,
+            label=f"{a} rank(s), uninterrupted",
+        )
+        left.plot(
+            sorted(got),
+            [got[s] for s in sorted(got)],
+            ls="--",
+            ms=3,
+            lw=1.2,
+            label=f"{a} -> {b} after step {n}",
+            **style,
+        )
         after = sorted(s for s in got if s > n and s in ref)
         rel = [max(abs(got[s] - ref[s]) / abs(ref[s]), 1e-12) for s in after]
         right.plot(after, rel, ms=4, label=f"{a} -> {b}", **style)
@@ -250,12 +281,16 @@ def write_chart(record: dict, out_dir: Path) -> list[Path]:
     tol = res["directions"][0]["first_after"]["tolerance"] if res["directions"] else None
     if tol:
         right.axhline(tol, color="#C44E52", ls="--", lw=1, label=f"first-step tolerance {tol:.1e}")
-    right.set_title(f"After the change (steps 1-{n}: bitwise equal; an equal loss is drawn "
-                    "at 1e-12)", fontsize=10)  # fmt: skip
+    right.set_title(
+        f"After the change (steps 1-{n}: bitwise equal; an equal loss is drawn at 1e-12)",
+        fontsize=10,
+    )
     right.legend(fontsize=8)
     mode = ", deterministic mode" if res.get("deterministic") else ""
-    foot = footer(record["environment"], f"{c['preset']}, {res['dtype']}, {res['backend']}{mode}, "
-                                         f"global batch {c['global_batch']}")  # fmt: skip
+    foot = footer(
+        record["environment"],
+        f"{c['preset']}, {res['dtype']}, {res['backend']}{mode}, global batch {c['global_batch']}",
+    )
     return [save_figure(_finish(fig, foot), out_dir / "reshard.png")]
 
 

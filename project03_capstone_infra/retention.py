@@ -105,8 +105,9 @@ def prune(
     """Delete the step directories the retention policy does not keep; returns what was removed."""
     root = Path(root)
     if plan is None:
-        plan = plan_prune(root, keep_last, milestone_every, checksums=checksums,
-                          threads=threads, cache=cache)  # fmt: skip
+        plan = plan_prune(
+            root, keep_last, milestone_every, checksums=checksums, threads=threads, cache=cache
+        )
     removed = []
     for p in plan.remove:
         # Rename first (atomic): a crash mid-delete leaves a temporary directory, removed at

@@ -38,10 +38,17 @@ def torchrun_cmd(nproc: int, train_args: list[str], *, max_restarts: int = 0) ->
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
-        "-m", "project03_capstone_infra.train", *train_args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.1",
+        "-m",
+        "project03_capstone_infra.train",
+        *train_args,
+    ]
 
 
 # NCCL's watchdog, on a collective past the process-group timeout: tear the process down (3,
@@ -54,8 +61,9 @@ NCCL_FAILURE_ENV = {
 }
 
 
-def child_env(faults: list[dict] | None = None, extra: dict | None = None, *,
-              deterministic: bool = False) -> dict:  # fmt: skip
+def child_env(
+    faults: list[dict] | None = None, extra: dict | None = None, *, deterministic: bool = False
+) -> dict:
     """The environment of torchrun and its workers: this process's, plus the repository on
     PYTHONPATH, the fault plan (`faults`), NCCL's failure handling (`NCCL_FAILURE_ENV`), with
     `deterministic` the variables of `shared.determinism.deterministic_env()` (they override
@@ -121,8 +129,15 @@ class Finished:
     output: str
 
 
-def start(run_dir: str | Path, *, nproc: int = 2, max_restarts: int = 0, faults: list[dict] | None = None,
-          env: dict | None = None, **overrides) -> subprocess.Popen:  # fmt: skip
+def start(
+    run_dir: str | Path,
+    *,
+    nproc: int = 2,
+    max_restarts: int = 0,
+    faults: list[dict] | None = None,
+    env: dict | None = None,
+    **overrides,
+) -> subprocess.Popen:
     """Start torchrun on the trainer (its own process group, so a signal reaches only it).
     `faults` are injected: they go into P03_FAULTS together with --fault-injection.
     `deterministic=True` among the overrides also puts deterministic mode's variables into

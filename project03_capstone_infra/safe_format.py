@@ -162,9 +162,13 @@ def check_metadata(md: Any, manifest: Manifest) -> None:
         if not isinstance(planner_data, dict):
             raise bad("planner_data is not a dict")
         for key, path in planner_data.items():
-            ok = isinstance(key, str) and isinstance(path, (tuple, list)) and all(
-                isinstance(p, str) or (type(p) is int and 0 <= p < _MAX_INDEX) for p in path
-            )  # fmt: skip
+            ok = (
+                isinstance(key, str)
+                and isinstance(path, (tuple, list))
+                and all(
+                    isinstance(p, str) or (type(p) is int and 0 <= p < _MAX_INDEX) for p in path
+                )
+            )
             if not ok:
                 raise bad(f"planner_data[{key!r}] is not a path of names and small indices")
 

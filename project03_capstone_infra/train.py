@@ -97,8 +97,14 @@ def _is_collective_failure(e: BaseException) -> bool:
     if isinstance(e, getattr(dist, "DistError", ())):
         return True
     msg = str(e)
-    needles = ("Timed out", "timed out", "Connection closed by peer", "Connection reset",
-               "NCCL communicator was aborted", "ProcessGroup")  # fmt: skip
+    needles = (
+        "Timed out",
+        "timed out",
+        "Connection closed by peer",
+        "Connection reset",
+        "NCCL communicator was aborted",
+        "ProcessGroup",
+    )
     return isinstance(e, RuntimeError) and any(n in msg for n in needles)
 
 
@@ -189,9 +195,15 @@ class Trainer:
             on_commit=self._on_commit,
         )
         self.events = EventLog(self.run_dir / "events.jsonl", rank=self.rank, attempt=self.attempt)
-        self.events.write("start", world_size=self.world, device=str(self.device), dtype=self.dtype,
-                          t_launch=self.t_launch, deterministic=cfg.deterministic,
-                          determinism=self._determinism_record())  # fmt: skip
+        self.events.write(
+            "start",
+            world_size=self.world,
+            device=str(self.device),
+            dtype=self.dtype,
+            t_launch=self.t_launch,
+            deterministic=cfg.deterministic,
+            determinism=self._determinism_record(),
+        )
         self._install_signal_handlers()
         if cfg.metrics_port >= 0 and info.local_rank == 0:
             from .health import MetricsServer, TrainingMetrics
@@ -199,10 +211,15 @@ class Trainer:
             self.metrics = TrainingMetrics(gpu=True)
             self.server = MetricsServer(self.metrics, cfg.metrics_port, cfg.metrics_addr)
             self.metrics.restarts.set(self.attempt)
-            self.events.write("metrics", port=self.server.port, url=self.server.url,
-                              bound=self.server.bound)  # fmt: skip
-            self.log.info("Prometheus metrics at %s (listening on %s%s)", self.server.url,
-                          self.server.bound, self.server.exposure)  # fmt: skip
+            self.events.write(
+                "metrics", port=self.server.port, url=self.server.url, bound=self.server.bound
+            )
+            self.log.info(
+                "Prometheus metrics at %s (listening on %s%s)",
+                self.server.url,
+                self.server.bound,
+                self.server.exposure,
+            )
         if cfg.resume == "never":
             if self.ckpt.has_checkpoint():
                 raise ValueError(
@@ -210,8 +227,11 @@ class Trainer:
                     "use --resume auto to continue that run, or another --run-dir"
                 )
             if self.ckpt.has_history():
-                self.log.warning("--resume never: starting from step 0 in %s, whose earlier "
-                                 "checkpoints are quarantined or gone", self.ckpt.root)  # fmt: skip
+                self.log.warning(
+                    "--resume never: starting from step 0 in %s, whose earlier "
+                    "checkpoints are quarantined or gone",
+                    self.ckpt.root,
+                )
             resume = False
         else:
             # auto: a run that has ever checkpointed here resumes, and fails loudly when
@@ -228,18 +248,34 @@ class Trainer:
         left in an environment must never kill or corrupt a real run."""
         faults = parse_faults(os.environ.get(FAULTS_ENV))
         if faults and not self.cfg.fault_injection:
-            self.log.warning("%s is set (%d faults) but --fault-injection is off: ignoring it",
-                             FAULTS_ENV, len(faults))  # fmt: skip
+            self.log.warning(
+                "%s is set (%d faults) but --fault-injection is off: ignoring it",
+                FAULTS_ENV,
+                len(faults),
+            )
             faults = []
         elif self.cfg.fault_injection:
-            plan = ", ".join(f"{f.kind}@{f.step if f.step is not None else f'+{f.after}'}"
-                             f"(rank {f.rank})" for f in faults) or "none listed"  # fmt: skip
-            msg = (f"FAULT INJECTION IS ON ({FAULTS_ENV}): this run kills, hangs, poisons or "
-                   f"corrupts itself on purpose: {plan}")  # fmt: skip
+            plan = (
+                ", ".join(
+                    f"{f.kind}@{f.step if f.step is not None else f'+{f.after}'}(rank {f.rank})"
+                    for f in faults
+                )
+                or "none listed"
+            )
+            msg = (
+                f"FAULT INJECTION IS ON ({FAULTS_ENV}): this run kills, hangs, poisons or "
+                f"corrupts itself on purpose: {plan}"
+            )
             print(f"[rank {self.rank}] WARNING {msg}", file=sys.stderr, flush=True)
             self.events.write("fault_injection", faults=len(faults), plan=plan)
-        return FaultInjector(faults, rank=self.rank, attempt=self.attempt, events=self.events,
-                             ckpt_root=self.ckpt.root, flush=self.ckpt.wait)  # fmt: skip
+        return FaultInjector(
+            faults,
+            rank=self.rank,
+            attempt=self.attempt,
+            events=self.events,
+            ckpt_root=self.ckpt.root,
+            flush=self.ckpt.wait,
+        )
 
     def _preflight(self, use_cuda: bool, local_rank: int) -> None:
         from shared.model import ModelArgs
@@ -280,8 +316,12 @@ class Trainer:
             apply_activation_checkpointing(model)
         mesh = init_device_mesh(self.device.type, (self.world,))
         bf16 = self.dtype == "bfloat16"
-        apply_fsdp(model, mesh=mesh, param_dtype="bfloat16" if bf16 else None,
-                   reduce_dtype="float32" if bf16 else None)  # fmt: skip
+        apply_fsdp(
+            model,
+            mesh=mesh,
+            param_dtype="bfloat16" if bf16 else None,
+            reduce_dtype="float32" if bf16 else None,
+        )
         if for_resume:
             model.to_empty(device=self.device)
             cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
@@ -300,8 +340,14 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_multiplier(s, cfg))
         from shared.data import SyntheticTokens
 
-        self.data = SyntheticTokens(args.vocab_size, self.seq_len, cfg.global_batch, cfg.seed,
-                                    rank=self.rank, world_size=self.world)  # fmt: skip
+        self.data = SyntheticTokens(
+            args.vocab_size,
+            self.seq_len,
+            cfg.global_batch,
+            cfg.seed,
+            rank=self.rank,
+            world_size=self.world,
+        )
         self.tokens_per_step = cfg.global_batch * self.seq_len
 
     # -- checkpoint plumbing --
@@ -334,8 +380,14 @@ class Trainer:
     def _on_commit(self, stats: SaveStats) -> None:
         self._state_on_disk = stats.step
         if self.rank == 0:
-            self.events.write("save_committed", step=stats.step, mode=stats.mode,
-                              blocking_s=stats.blocking_s, total_s=stats.total_s, bytes=stats.bytes)  # fmt: skip
+            self.events.write(
+                "save_committed",
+                step=stats.step,
+                mode=stats.mode,
+                blocking_s=stats.blocking_s,
+                total_s=stats.total_s,
+                bytes=stats.bytes,
+            )
         if self.metrics is not None:
             self.metrics.save_seconds.set(stats.total_s or 0.0)
             self.metrics.save_blocking_seconds.set(stats.blocking_s)
@@ -384,8 +436,11 @@ class Trainer:
             "t_loaded": time.time(),
         }
         if self.rank == 0:
-            self.events.write(reason, **{k: v for k, v in self.resume_info.items() if k != "path"},
-                              path=result.path.name)  # fmt: skip
+            self.events.write(
+                reason,
+                **{k: v for k, v in self.resume_info.items() if k != "path"},
+                path=result.path.name,
+            )
         self.log.info(
             "%s: loaded %s (step %d) in %.2f s", reason, result.path.name, self.step, result.seconds
         )
@@ -406,8 +461,9 @@ class Trainer:
         if not isinstance(saved, dict):
             return
         now = self.resolved_cfg.to_dict()
-        changed = {k: (saved[k], now[k]) for k in TRAJECTORY_FIELDS
-                   if k in saved and saved[k] != now[k]}  # fmt: skip
+        changed = {
+            k: (saved[k], now[k]) for k in TRAJECTORY_FIELDS if k in saved and saved[k] != now[k]
+        }
         if not changed:
             return
         cfg = self.cfg
@@ -422,11 +478,18 @@ class Trainer:
         self.log.warning(
             "%s was saved with other settings (%s): this run's values apply from step %d on "
             "(learning rate %.3g, weight decay %g, schedule over %d steps); the trajectory "
-            "differs from the saved run's", result.path.name, what, self.step + 1, lr,
-            cfg.weight_decay, cfg.steps)  # fmt: skip
+            "differs from the saved run's",
+            result.path.name,
+            what,
+            self.step + 1,
+            lr,
+            cfg.weight_decay,
+            cfg.steps,
+        )
         if self.rank == 0:
-            self.events.write("config_changed", step=self.step,
-                              changed={k: list(v) for k, v in changed.items()})  # fmt: skip
+            self.events.write(
+                "config_changed", step=self.step, changed={k: list(v) for k, v in changed.items()}
+            )
 
     # -- signals --
 
@@ -446,8 +509,10 @@ class Trainer:
         self._deadline_timer.start()
 
     def _deadline_passed(self) -> None:
-        msg = (f"preemption save did not finish within {self.cfg.sigterm_deadline_s:.0f} s: exiting "
-               "without it; the run resumes from the previous checkpoint")  # fmt: skip
+        msg = (
+            f"preemption save did not finish within {self.cfg.sigterm_deadline_s:.0f} s: exiting "
+            "without it; the run resumes from the previous checkpoint"
+        )
         print(f"[rank {self.rank}] {msg}", file=sys.stderr, flush=True)
         self.events.write("deadline_exceeded", step=self.step)
         os._exit(EXIT_PREEMPTED)
@@ -497,8 +562,14 @@ class Trainer:
         if outcome == "ok":
             self.losses[self.step] = global_loss
             self.step_times.append(dt)
-        return {"step": self.step, "loss": global_loss, "step_s": dt, "outcome": outcome, "stop": stop,
-                "tokens_per_s": self.tokens_per_step / dt}  # fmt: skip
+        return {
+            "step": self.step,
+            "loss": global_loss,
+            "step_s": dt,
+            "outcome": outcome,
+            "stop": stop,
+            "tokens_per_s": self.tokens_per_step / dt,
+        }
 
     def _non_finite(self, step: int, value: float) -> str:
         cfg = self.cfg
@@ -546,8 +617,13 @@ class Trainer:
             return
         step = out["step"]
         if self.rank == 0:
-            self.events.write("step", step=step, loss=out["loss"], step_s=out["step_s"],
-                              lr=self.sched.get_last_lr()[0])  # fmt: skip
+            self.events.write(
+                "step",
+                step=step,
+                loss=out["loss"],
+                step_s=out["step_s"],
+                lr=self.sched.get_last_lr()[0],
+            )
             if not self._first_step_logged:
                 self._first_step_logged = True
                 since_launch = time.time() - self.t_launch
@@ -587,8 +663,14 @@ class Trainer:
     def run(self) -> dict:
         from shared.progress import progress
 
-        with progress(self.cfg.steps, "train", unit="step", every=self.cfg.log_every,
-                      enabled=self.rank == 0, start=self.step) as bar:  # fmt: skip
+        with progress(
+            self.cfg.steps,
+            "train",
+            unit="step",
+            every=self.cfg.log_every,
+            enabled=self.rank == 0,
+            start=self.step,
+        ) as bar:
             return self._run(bar)
 
     def _run(self, bar) -> dict:
@@ -598,10 +680,16 @@ class Trainer:
         while self.step < end:
             out = self.train_step()
             self._after_step(out)
-            status = {"ok": "", "rolled_back": "non-finite loss: rolled back, ",
-                      "skipped": "non-finite loss: step skipped, "}[out["outcome"]]  # fmt: skip
-            bar.set(self.step, status=f"{status}loss {out['loss']:.4f}, {out['step_s']:.3f} s/step, "
-                    f"{out['tokens_per_s']:,.0f} tok/s")  # fmt: skip
+            status = {
+                "ok": "",
+                "rolled_back": "non-finite loss: rolled back, ",
+                "skipped": "non-finite loss: step skipped, ",
+            }[out["outcome"]]
+            bar.set(
+                self.step,
+                status=f"{status}loss {out['loss']:.4f}, {out['step_s']:.3f} s/step, "
+                f"{out['tokens_per_s']:,.0f} tok/s",
+            )
             if prestage:
                 # Allocate and pin the async staging buffers on a thread while training goes
                 # on, so that the first save does not (seconds for a 1B model's 12 GiB of
@@ -620,12 +708,17 @@ class Trainer:
         if self._state_on_disk != self.step:
             # The last step was skipped (non-finite loss): its batch is consumed, the weights
             # are those of the last good step. The run ends with that state on disk.
-            self.log.warning("step %d was skipped: saving the last good state as step %d",
-                             self.step, self.step)  # fmt: skip
+            self.log.warning(
+                "step %d was skipped: saving the last good state as step %d", self.step, self.step
+            )
             self.save("sync")
         if self.step < cfg.steps:  # --stop-after: this launch ends here, the run goes on
-            self.log.info("--stop-after %d: stopping at step %d of %d (saved); the next launch "
-                          "continues", cfg.stop_after, self.step, cfg.steps)  # fmt: skip
+            self.log.info(
+                "--stop-after %d: stopping at step %d of %d (saved); the next launch continues",
+                cfg.stop_after,
+                self.step,
+                cfg.steps,
+            )
             if self.rank == 0:
                 self.events.write("stopped", step=self.step, loss=self.losses.get(self.step))
             return self._summary(status="stopped")
@@ -642,8 +735,14 @@ class Trainer:
         dt = time.perf_counter() - t0
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
-        self.log.warning("%s: saved step %d in %.2f s (deadline %.0f s); exiting with %d for a requeue",
-                         sig, self.step, dt, self.cfg.sigterm_deadline_s, EXIT_PREEMPTED)  # fmt: skip
+        self.log.warning(
+            "%s: saved step %d in %.2f s (deadline %.0f s); exiting with %d for a requeue",
+            sig,
+            self.step,
+            dt,
+            self.cfg.sigterm_deadline_s,
+            EXIT_PREEMPTED,
+        )
         if self.rank == 0:
             self.events.write("preempted", step=self.step, signal=sig, save_s=dt)
         return self._summary(status="preempted")
@@ -680,10 +779,12 @@ def train(cfg: TrainConfig, report_fn: ReportFn | None = None) -> dict:
     except Exception as e:
         if _is_collective_failure(e):
             clean = False  # a barrier now would hang on the dead or stuck peer
-            msg = (f"collective failed on rank {getattr(trainer, 'rank', '?')} after step "
-                   f"{getattr(trainer, 'step', '?')}: {str(e).splitlines()[0][:300]}. A peer is hung "
-                   f"(no answer within pg_timeout_s={cfg.pg_timeout_s:g} s) or died; ending this "
-                   "process so the launcher restarts the job from the last checkpoint.")  # fmt: skip
+            msg = (
+                f"collective failed on rank {getattr(trainer, 'rank', '?')} after step "
+                f"{getattr(trainer, 'step', '?')}: {str(e).splitlines()[0][:300]}. A peer is hung "
+                f"(no answer within pg_timeout_s={cfg.pg_timeout_s:g} s) or died; ending this "
+                "process so the launcher restarts the job from the last checkpoint."
+            )
             if hasattr(trainer, "events"):
                 trainer.events.write(
                     "collective_failure", step=getattr(trainer, "step", None), error=str(e)[:300]

@@ -99,9 +99,18 @@ class TuneRunConfig:
     def validate(self) -> TuneRunConfig:
         from shared.cli import require_finite
 
-        require_finite("TuneRunConfig", self, ("lr_min", "lr_max", "weight_decay_max",
-                                               "warmup_frac_max", "cpus_per_trial",
-                                               "gpus_per_trial"))  # fmt: skip
+        require_finite(
+            "TuneRunConfig",
+            self,
+            (
+                "lr_min",
+                "lr_max",
+                "weight_decay_max",
+                "warmup_frac_max",
+                "cpus_per_trial",
+                "gpus_per_trial",
+            ),
+        )
         if not self.storage_path.strip():
             raise ValueError(
                 "TuneRunConfig.storage_path: expected a path or URI, got an empty string"
@@ -110,13 +119,26 @@ class TuneRunConfig:
             raise ValueError(
                 f"TuneRunConfig.out_name must be a plain file stem, got {self.out_name!r}"
             )
-        for name in ("max_steps", "global_batch", "ckpt_every", "num_samples", "grace_steps",
-                     "object_store_mb"):  # fmt: skip
+        for name in (
+            "max_steps",
+            "global_batch",
+            "ckpt_every",
+            "num_samples",
+            "grace_steps",
+            "object_store_mb",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"TuneRunConfig.{name} must be a positive int, got {v!r}")
-        for name in ("max_failures", "fail_at_step", "num_cpus", "max_concurrent", "data_seed",
-                     "search_seed", "keep_checkpoints"):  # fmt: skip
+        for name in (
+            "max_failures",
+            "fail_at_step",
+            "num_cpus",
+            "max_concurrent",
+            "data_seed",
+            "search_seed",
+            "keep_checkpoints",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"TuneRunConfig.{name} must be a non-negative int, got {v!r}")
@@ -143,8 +165,10 @@ class TuneRunConfig:
                 f"(0.25, 0.5 share one GPU), got {self.gpus_per_trial}"
             )
         if self.gpus_per_trial > 1:
-            raise ValueError("TuneRunConfig.gpus_per_trial > 1 needs a multi-rank trial; "
-                             "this trainable trains on one device")  # fmt: skip
+            raise ValueError(
+                "TuneRunConfig.gpus_per_trial > 1 needs a multi-rank trial; "
+                "this trainable trains on one device"
+            )
         if self.fail_at_step > self.max_steps:
             raise ValueError(
                 f"fail_at_step ({self.fail_at_step}) is beyond max_steps ({self.max_steps})"
@@ -339,9 +363,19 @@ def train_trial(config: dict) -> None:
 def search_space(cfg: TuneRunConfig) -> dict:
     from ray import tune
 
-    base = {k: getattr(cfg, k) for k in ("preset", "max_steps", "global_batch", "data_seed",
-                                         "ckpt_every", "fail_at_step", "cpus_per_trial",
-                                         "gpus_per_trial")}  # fmt: skip
+    base = {
+        k: getattr(cfg, k)
+        for k in (
+            "preset",
+            "max_steps",
+            "global_batch",
+            "data_seed",
+            "ckpt_every",
+            "fail_at_step",
+            "cpus_per_trial",
+            "gpus_per_trial",
+        )
+    }
     base["storage_key"] = storage_key(cfg)
     return {
         "lr": tune.loguniform(cfg.lr_min, cfg.lr_max),
@@ -355,8 +389,12 @@ def make_scheduler(cfg: TuneRunConfig, kind: str):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     if kind == "asha":
-        return ASHAScheduler(time_attr=TIME_ATTR, max_t=cfg.max_steps, grace_period=cfg.grace_steps,
-                             reduction_factor=cfg.reduction_factor)  # fmt: skip
+        return ASHAScheduler(
+            time_attr=TIME_ATTR,
+            max_t=cfg.max_steps,
+            grace_period=cfg.grace_steps,
+            reduction_factor=cfg.reduction_factor,
+        )
     if kind == "fifo":
         return FIFOScheduler()
     raise ValueError(f"scheduler must be 'asha' or 'fifo', got {kind!r}")
@@ -421,13 +459,22 @@ def trial_progress(total: int, name: str):
         def _status(self) -> str:
             e = self.ended
             best = f"; best loss {self.best:.4f}" if self.best is not None else ""
-            return (f"{len(self.running)} running, {e['completed']} completed, {e['stopped']} "
-                    f"stopped early, {e['error']} failed{best}")  # fmt: skip
+            return (
+                f"{len(self.running)} running, {e['completed']} completed, {e['stopped']} "
+                f"stopped early, {e['error']} failed{best}"
+            )
 
         def _show(self, ended: str | None = None) -> None:
             if self.bar is None:
-                self.bar = Progress(self.total, f"tune {self.name}", unit="trial", every=1,
-                                    stream=sys.stderr, enabled=True, bar=None)  # fmt: skip
+                self.bar = Progress(
+                    self.total,
+                    f"tune {self.name}",
+                    unit="trial",
+                    every=1,
+                    stream=sys.stderr,
+                    enabled=True,
+                    bar=None,
+                )
             if ended:
                 self.ended[ended] += 1
                 self.bar.advance(status=self._status())
@@ -494,8 +541,9 @@ def run_experiment(cfg: TuneRunConfig, kind: str, name: str, *, resume: bool = F
     if resume:
         if not tune.Tuner.can_restore(path):
             raise FileNotFoundError(f"no Tune experiment to restore at {path}")
-        tuner = tune.Tuner.restore(path, trainable=_trainable(cfg), resume_errored=True,
-                                   param_space=search_space(cfg))  # fmt: skip
+        tuner = tune.Tuner.restore(
+            path, trainable=_trainable(cfg), resume_errored=True, param_space=search_space(cfg)
+        )
     else:
         if tune.Tuner.can_restore(path):
             raise FileExistsError(
@@ -536,24 +584,26 @@ def trial_records(result_grid, max_steps: int) -> list[dict]:
             list(df["time_this_iter_s"])[1:] if df is not None and "time_this_iter_s" in df else []
         )
         status = "error" if result.error else ("completed" if last >= max_steps else "stopped")
-        records.append({
-            "trial_id": (result.metrics or {}).get("trial_id") or Path(result.path).name,
-            "path_name": Path(result.path).name,
-            "lr": cfg.get("lr"),
-            "weight_decay": cfg.get("weight_decay"),
-            "warmup_frac": cfg.get("warmup_frac"),
-            "status": status,
-            "stopped_at_step": last if status == "stopped" else None,
-            "last_step": last,
-            "final_loss": curve.get(last),
-            "steps_run": rows,  # reported steps, redone ones after a retry included
-            "attempts": attempts,
-            "error": str(result.error)[:300] if result.error else None,
-            "first_report_s": float(times[0]) if times else None,
-            "trial_s": float(times[-1]) if times else None,
-            "median_step_s": float(statistics.median(per_iter)) if per_iter else None,
-            "curve": {str(k): v for k, v in sorted(curve.items())},
-        })  # fmt: skip
+        records.append(
+            {
+                "trial_id": (result.metrics or {}).get("trial_id") or Path(result.path).name,
+                "path_name": Path(result.path).name,
+                "lr": cfg.get("lr"),
+                "weight_decay": cfg.get("weight_decay"),
+                "warmup_frac": cfg.get("warmup_frac"),
+                "status": status,
+                "stopped_at_step": last if status == "stopped" else None,
+                "last_step": last,
+                "final_loss": curve.get(last),
+                "steps_run": rows,  # reported steps, redone ones after a retry included
+                "attempts": attempts,
+                "error": str(result.error)[:300] if result.error else None,
+                "first_report_s": float(times[0]) if times else None,
+                "trial_s": float(times[-1]) if times else None,
+                "median_step_s": float(statistics.median(per_iter)) if per_iter else None,
+                "curve": {str(k): v for k, v in sorted(curve.items())},
+            }
+        )
     records.sort(key=lambda r: (r["lr"] or 0, r["weight_decay"] or 0))
     return records
 
@@ -623,8 +673,17 @@ def write_report(cfg: TuneRunConfig, results: dict, reports_dir: Path) -> list[P
     env = environment()
     out = reports_dir / PROJECT
     name = cfg.out_name
-    paths = [save_result(PROJECT, name, results, config=asdict(cfg), reports_dir=reports_dir,
-                         env=env, baseline=results.get("comparison"))]  # fmt: skip
+    paths = [
+        save_result(
+            PROJECT,
+            name,
+            results,
+            config=asdict(cfg),
+            reports_dir=reports_dir,
+            env=env,
+            baseline=results.get("comparison"),
+        )
+    ]
     paths += write_charts(load_result(paths[0]), out)
     paths.append(atomic_write_text(out / f"{name}.md", render_markdown(cfg, results, env)))
     return paths
@@ -643,24 +702,41 @@ def write_charts(record: dict, out: Path) -> list[Path]:
         series = {}
         for r in records:
             xs = [int(s) for s in r["curve"]]
-            tag = {"completed": "", "stopped": f" stopped@{r['stopped_at_step']}",
-                   "error": " error"}[r["status"]]  # fmt: skip
+            tag = {
+                "completed": "",
+                "stopped": f" stopped@{r['stopped_at_step']}",
+                "error": " error",
+            }[r["status"]]
             series[f"lr {r['lr']:.1e} wd {r['weight_decay']:.2f}{tag}"] = (
                 xs,
                 list(r["curve"].values()),
             )
         return series
 
-    paths.append(line_chart(out / f"{name}_curves.png", curves(results["trials"]),
-                            title=f"ASHA: training loss of every trial (grace {c['grace_steps']}, rf {c['reduction_factor']})",
-                            xlabel="optimiser step", ylabel="training loss (nats)",
-                            y_from_zero=False, footnote=foot))  # fmt: skip
+    paths.append(
+        line_chart(
+            out / f"{name}_curves.png",
+            curves(results["trials"]),
+            title=f"ASHA: training loss of every trial (grace {c['grace_steps']}, rf {c['reduction_factor']})",
+            xlabel="optimiser step",
+            ylabel="training loss (nats)",
+            y_from_zero=False,
+            footnote=foot,
+        )
+    )
     comp = results.get("comparison")
     if results.get("random_trials"):
-        paths.append(line_chart(out / f"{name}_random_curves.png", curves(results["random_trials"]),
-                                title="Random search (no early stopping): the same configurations",
-                                xlabel="optimiser step", ylabel="training loss (nats)",
-                                y_from_zero=False, footnote=foot))  # fmt: skip
+        paths.append(
+            line_chart(
+                out / f"{name}_random_curves.png",
+                curves(results["random_trials"]),
+                title="Random search (no early stopping): the same configurations",
+                xlabel="optimiser step",
+                ylabel="training loss (nats)",
+                y_from_zero=False,
+                footnote=foot,
+            )
+        )
     if comp:
         labels = ["ASHA", "random search"]
         values = [comp["asha_trial_steps"], comp["random_trial_steps"]]
@@ -668,9 +744,16 @@ def write_charts(record: dict, out: Path) -> list[Path]:
             if comp.get(f"random_steps_for_p{q}_match"):
                 labels.append(f"random: {q}% chance\nto match ASHA")
                 values.append(comp[f"random_steps_for_p{q}_match"])
-        paths.append(bar_chart(out / f"{name}_compute.png", labels, values,
-                               title="Compute to search (trial-steps; lower is better)",
-                               ylabel="optimiser steps over all trials", footnote=foot))  # fmt: skip
+        paths.append(
+            bar_chart(
+                out / f"{name}_compute.png",
+                labels,
+                values,
+                title="Compute to search (trial-steps; lower is better)",
+                ylabel="optimiser steps over all trials",
+                footnote=foot,
+            )
+        )
     return paths
 
 
@@ -731,8 +814,16 @@ def render_markdown(cfg: TuneRunConfig, results: dict, env: dict) -> str:
                 f"{comp['configs_matched']} shared configurations): the comparison is like for like."
             )
         lines.append("")
-    cols = ["lr", "weight_decay", "warmup_frac", "status", "stopped_at_step", "last_step",
-            "final_loss", "attempts"]  # fmt: skip
+    cols = [
+        "lr",
+        "weight_decay",
+        "warmup_frac",
+        "status",
+        "stopped_at_step",
+        "last_step",
+        "final_loss",
+        "attempts",
+    ]
     lines += ["## Trials (ASHA)", "", markdown_table(results["trials"], cols), ""]
     lines.append("Charts: `tune_curves.png` (ASHA), `tune_random_curves.png`, `tune_compute.png`.")
     return "\n".join(lines) + "\n"
@@ -765,7 +856,7 @@ def summarise(cfg: TuneRunConfig, grid, wall_s: float) -> dict:
             }
             for t in trials
             if t["status"] == "stopped"
-        ],  # fmt: skip
+        ],
         "errored": [t for t in trials if t["status"] == "error"],
         "median_first_report_s": _median(t["first_report_s"] for t in trials),
         "median_step_s": _median(t["median_step_s"] for t in trials),
@@ -810,17 +901,21 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()
     best = results["best"]
     if best:
-        print(f"best: lr {best['lr']:.3g} wd {best['weight_decay']:.3g} warm-up "
-              f"{best['warmup_frac']:.3g} -> loss {best['final_loss']:.4f} (step {best['last_step']})")  # fmt: skip
+        print(
+            f"best: lr {best['lr']:.3g} wd {best['weight_decay']:.3g} warm-up "
+            f"{best['warmup_frac']:.3g} -> loss {best['final_loss']:.4f} (step {best['last_step']})"
+        )
     for t in results["stopped_by_asha"]:
         print(
             f"ASHA stopped lr {t['lr']:.3g} wd {t['weight_decay']:.3g} at step {t['stopped_at_step']}"
         )
     if results.get("comparison"):
         c = results["comparison"]
-        print(f"ASHA {c['asha_trial_steps']} trial-steps vs random {c['random_trial_steps']}: "
-              f"{c['compute_saved_pct']:.0f}% saved; best loss {c['asha_best_loss']:.4f} vs "
-              f"{c['random_best_loss']:.4f}")  # fmt: skip
+        print(
+            f"ASHA {c['asha_trial_steps']} trial-steps vs random {c['random_trial_steps']}: "
+            f"{c['compute_saved_pct']:.0f}% saved; best loss {c['asha_best_loss']:.4f} vs "
+            f"{c['random_best_loss']:.4f}"
+        )
     if not cfg.is_remote_storage:  # beside Tune's own state, for scripts and tests
         summary_path = cfg.experiment_path() / "summary.json"
         atomic_write_text(summary_path, json.dumps(results, indent=2, default=str))

@@ -214,10 +214,16 @@ class VerifiedCache:
     def _signature(path: Path) -> tuple | None:
         try:
             with os.scandir(path) as it:
-                return tuple(sorted(
-                    (e.name, e.stat(follow_symlinks=False).st_size,
-                     e.stat(follow_symlinks=False).st_mtime_ns) for e in it
-                ))  # fmt: skip
+                return tuple(
+                    sorted(
+                        (
+                            e.name,
+                            e.stat(follow_symlinks=False).st_size,
+                            e.stat(follow_symlinks=False).st_mtime_ns,
+                        )
+                        for e in it
+                    )
+                )
         except OSError:
             return None
 

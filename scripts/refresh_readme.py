@@ -30,16 +30,19 @@ def refresh(readme: Path, reports: Path) -> list[str]:
             content = summary.read_text().strip()
             filled.append(name)
         else:
-            content = f"_No results recorded yet: `{summary.relative_to(reports.parent)}` is " \
-                      "written by this project's run (see its README)._"  # fmt: skip
+            content = (
+                f"_No results recorded yet: `{summary.relative_to(reports.parent)}` is "
+                "written by this project's run (see its README)._"
+            )
         text = replace_between_markers(text, f"results:{name}", content)
     atomic_write_text(readme, text)
     return filled
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--readme", type=Path, default=ROOT / "README.md")
     p.add_argument("--reports", type=Path, default=ROOT / "reports")
     args = p.parse_args(argv)

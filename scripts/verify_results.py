@@ -66,41 +66,73 @@ class Tolerance:
         return " or ".join(parts) or "exact"
 
 
-RATIO = Tolerance(rel=0.10, reason=(
-    "ours over its baseline, measured interleaved in one process: the GPU's clock and thermal "
-    "state fall on both sides, so what is left is the run-to-run spread of two medians of five "
-    "and the card-to-card spread of one kind; a single run of the project's GEMM benchmark moved "
-    "by 9% within an hour, a median of five moves less"))  # fmt: skip
-ABSOLUTE = Tolerance(rel=0.15, reason=(
-    "an absolute time or rate on the same GPU model: no baseline cancels the SM clock, the power "
-    "cap or the host CPU (small-batch decode is partly host-bound), so the allowance is wider "
-    "than a ratio's; the GPU state of both runs is printed to tell a slow run from slow code"))  # fmt: skip
-BANDWIDTH = Tolerance(rel=0.10, reason=(
-    "achieved memory bandwidth as a share of a fixed 4.3 TB/s on the same GPU model: a "
-    "memory-bound kernel depends on the HBM clock, which does not boost, more than on the SM "
-    "clock, so it moves less than a compute-bound time"))  # fmt: skip
-PREFIX_OVERHEAD = Tolerance(abs=2.0, reason=(
-    "a difference of a few percent between two wall times of seconds each: a relative "
-    "tolerance on a value near zero means nothing, so it agrees within 2 percentage points, "
-    "the size of the target (<= 2%) itself"))  # fmt: skip
-CHECKPOINT = Tolerance(rel=0.25, reason=(
-    "time training is held by a checkpoint save: it depends on the filesystem and host memory "
-    "bandwidth as much as on the GPU, so it compares only on the same GPU model and loosely"))  # fmt: skip
-GEMM_SHARE = Tolerance(rel=0.10, reason=(
-    "a kernel's share of cuBLAS at one shape, the two alternating in one process, so most of "
-    "the clock and thermal state falls on both; but the committed figure is a single run, not a "
-    "median of five, and the clock a compute-bound kernel settles at under the power limit "
-    "depends on its own power draw, so it need not cancel completely. Measured: step 9 read "
-    "90.9% and 92.4% of cuBLAS at 4096³ in two sessions of one day, while cuBLAS itself moved "
-    "by 5% (699 and 734 TFLOP/s); the allowance is twice that 5%"))  # fmt: skip
-ATTENTION_RATIO = Tolerance(rel=0.10, reason=(
-    "ours over an SDPA backend at one shape, alternating in one process; the committed figures "
-    "are a single run of short measurements (5 ms warm-up, 25 ms of calls: 4 to 30 calls), in "
-    "which SDPA FLASH alone moved by 5% between two runs at one shape (341 and 358 TFLOP/s, "
-    "project01's csrc/attention/NOTES.md); the allowance is twice that"))  # fmt: skip
-MFU = Tolerance(rel=0.10, reason=(
-    "model FLOP utilisation on the same GPU model: a compute-bound training step, so the SM "
-    "clock moves it; the peak it is divided by is the same datasheet figure both times"))  # fmt: skip
+RATIO = Tolerance(
+    rel=0.10,
+    reason=(
+        "ours over its baseline, measured interleaved in one process: the GPU's clock and thermal "
+        "state fall on both sides, so what is left is the run-to-run spread of two medians of five "
+        "and the card-to-card spread of one kind; a single run of the project's GEMM benchmark moved "
+        "by 9% within an hour, a median of five moves less"
+    ),
+)
+ABSOLUTE = Tolerance(
+    rel=0.15,
+    reason=(
+        "an absolute time or rate on the same GPU model: no baseline cancels the SM clock, the power "
+        "cap or the host CPU (small-batch decode is partly host-bound), so the allowance is wider "
+        "than a ratio's; the GPU state of both runs is printed to tell a slow run from slow code"
+    ),
+)
+BANDWIDTH = Tolerance(
+    rel=0.10,
+    reason=(
+        "achieved memory bandwidth as a share of a fixed 4.3 TB/s on the same GPU model: a "
+        "memory-bound kernel depends on the HBM clock, which does not boost, more than on the SM "
+        "clock, so it moves less than a compute-bound time"
+    ),
+)
+PREFIX_OVERHEAD = Tolerance(
+    abs=2.0,
+    reason=(
+        "a difference of a few percent between two wall times of seconds each: a relative "
+        "tolerance on a value near zero means nothing, so it agrees within 2 percentage points, "
+        "the size of the target (<= 2%) itself"
+    ),
+)
+CHECKPOINT = Tolerance(
+    rel=0.25,
+    reason=(
+        "time training is held by a checkpoint save: it depends on the filesystem and host memory "
+        "bandwidth as much as on the GPU, so it compares only on the same GPU model and loosely"
+    ),
+)
+GEMM_SHARE = Tolerance(
+    rel=0.10,
+    reason=(
+        "a kernel's share of cuBLAS at one shape, the two alternating in one process, so most of "
+        "the clock and thermal state falls on both; but the committed figure is a single run, not a "
+        "median of five, and the clock a compute-bound kernel settles at under the power limit "
+        "depends on its own power draw, so it need not cancel completely. Measured: step 9 read "
+        "90.9% and 92.4% of cuBLAS at 4096³ in two sessions of one day, while cuBLAS itself moved "
+        "by 5% (699 and 734 TFLOP/s); the allowance is twice that 5%"
+    ),
+)
+ATTENTION_RATIO = Tolerance(
+    rel=0.10,
+    reason=(
+        "ours over an SDPA backend at one shape, alternating in one process; the committed figures "
+        "are a single run of short measurements (5 ms warm-up, 25 ms of calls: 4 to 30 calls), in "
+        "which SDPA FLASH alone moved by 5% between two runs at one shape (341 and 358 TFLOP/s, "
+        "project01's csrc/attention/NOTES.md); the allowance is twice that"
+    ),
+)
+MFU = Tolerance(
+    rel=0.10,
+    reason=(
+        "model FLOP utilisation on the same GPU model: a compute-bound training step, so the SM "
+        "clock moves it; the peak it is divided by is the same datasheet figure both times"
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -173,8 +205,15 @@ def lookup(record: dict, path: tuple) -> Spread | None:
     node = record
     for step in path[:-1]:
         if isinstance(step, dict):
-            hits = [x for x in node if isinstance(x, dict)
-                    and all(x.get(k) == v for k, v in step.items())] if isinstance(node, list) else []  # fmt: skip
+            hits = (
+                [
+                    x
+                    for x in node
+                    if isinstance(x, dict) and all(x.get(k) == v for k, v in step.items())
+                ]
+                if isinstance(node, list)
+                else []
+            )
             if len(hits) > 1:
                 raise ValueError(f"{step} matches {len(hits)} elements")
             node = hits[0] if hits else None
@@ -195,8 +234,11 @@ def lookup(record: dict, path: tuple) -> Spread | None:
 def worst_decode_bandwidth_share(record: dict) -> Spread | None:
     """project04's kernel target: the slowest shape at batch 64/256, context >= 8k, in % of the
     copy bandwidth (the report's definition), with that shape's range."""
-    rows = [r for r in record.get("results", {}).get("rows", [])
-            if r.get("batch") in (64, 256) and r.get("context", 0) >= 8192 and r.get("ours_gbps")]  # fmt: skip
+    rows = [
+        r
+        for r in record.get("results", {}).get("rows", [])
+        if r.get("batch") in (64, 256) and r.get("context", 0) >= 8192 and r.get("ours_gbps")
+    ]
     if not rows:
         return None
     worst = min(rows, key=lambda r: r["ours_gbps"])
@@ -232,8 +274,9 @@ def best_gemm_share(dtype: str, size: int) -> Callable[[dict], Spread | None]:
     return extract
 
 
-def attention_ratio(mode: str, base: str, *, head_dim: int = 128, seq_len: int = 4096,
-                    causal: bool = False) -> Callable[[dict], Spread | None]:  # fmt: skip
+def attention_ratio(
+    mode: str, base: str, *, head_dim: int = 128, seq_len: int = 4096, causal: bool = False
+) -> Callable[[dict], Spread | None]:
     """ours / `base` in TFLOP/s for one attention shape and mode: per repetition (the rows'
     `tflops_reps`, paired by repetition) or the plain ratio for a record of one run."""
     shape = dict(head_dim=head_dim, seq_len=seq_len, causal=causal, mode=mode)
@@ -248,101 +291,305 @@ def attention_ratio(mode: str, base: str, *, head_dim: int = 128, seq_len: int =
     return extract
 
 
-_NOT_WIRED = ("{what}'s benchmark entry points are being reworked; its re-run at "
-              "reduced size is to be added here once they settle (re-measure with make {target})")  # fmt: skip
+_NOT_WIRED = (
+    "{what}'s benchmark entry points are being reworked; its re-run at "
+    "reduced size is to be added here once they settle (re-measure with make {target})"
+)
 
-RERUNS: dict[str, Rerun] = {r.key: r for r in (
-    Rerun("p04-latency", f"{P04}/decode_latency.json",
-          "decode latency at batch 1 and 256, context 1,024 (the committed run: more shapes), "
-          "5 repetitions, no static baseline; engine settings and context limit as committed",
-          P04, "latency", ("--batches", "1", "256", "--contexts", "1024", "--no-baseline",
-                           "--repeats", "5"),
-          ("decode_steps", "max_num_batched_tokens", "num_scheduler_steps", "shape",
-           "gpu_memory_utilization"), _latency_max_model_len),
-    Rerun("p04-throughput", f"{P04}/offline_throughput.json",
-          "offline throughput on the committed workload (the rate depends on its size: fewer "
-          "requests leave a larger share of the run draining at low batch), the engine alone, "
-          "3 runs (a run takes about a minute)",
-          P04, "throughput", ("--no-single-step", "--no-static-baseline", "--no-vllm",
-                              "--transformers-requests", "0", "--repeats", "3"),
-          ("num_requests", "prompt_len", "output_len", "max_model_len", "num_scheduler_steps",
-           "shape", "seed", "gpu_memory_utilization")),
-    Rerun("p04-decode-kernel", f"{P04}/decode_attention.json",
-          "paged decode kernel vs SDPA at batch 64 and 256, contexts 8k-32k (the target's "
-          "shapes), 5 interleaved repetitions",
-          P04, "decode-kernel", ("--batches", "64", "256", "--contexts", "8192", "16384",
-                                 "32768", "--repeats", "5")),
-    Rerun("p04-prefix", f"{P04}/prefix_caching.json",
-          "prefix caching's cost with nothing shared, the committed workload, 5 paired runs",
-          P04, "prefix", ("--overhead-repeats", "5"),
-          ("num_requests", "prefix_len", "unique_len", "output_len", "shape", "seed")),
-    Rerun("p01-gemm", f"{P01}/gemm.json",
-          "the ladder's top steps (7 in float32, 8 and 9 in bfloat16) against cuBLAS at 4096³ and "
-          "8192³ only (the committed run: every step on seven shapes), 5 interleaved repetitions, "
-          "timing budgets as committed",
-          P01, "bench-gemm", ("--sizes", "4096", "8192", "--shapes", "--kernels",
-                              "sgemm_07_warptiling", "hgemm_08_mma_sync", "hgemm_09_wgmma_tma",
-                              "--repeats", "5", "--no-charts"),
-          ("half_dtypes", "warmup_ms", "rep_ms")),
-    Rerun("p01-attention", f"{P01}/attention.json",
-          "attention forward, backward and fwd+bwd of ours, SDPA FLASH and SDPA cuDNN at head "
-          "dim 128, seq 4,096, non-causal, batch 4 x 16 heads (the committed run: 24 shapes, "
-          "eight providers), 5 interleaved repetitions, timing budgets as committed",
-          P01, "bench-attention", ("--head-dims", "128", "--seq-lens", "4096", "--causal",
-                                   "False", "--providers", "ours", "flash", "cudnn",
-                                   "--repeats", "5", "--no-charts"),
-          ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms")),
-    Rerun("p02-scaling", "project02_fsdp_scaling/scaling_gpu.json",
-          not_wired=_NOT_WIRED.format(what="project02", target="project02")),
-    Rerun("p03-checkpoint", "project03_capstone_infra/checkpoint_bench.json",
-          not_wired=_NOT_WIRED.format(what="project03", target="project03")),
-)}  # fmt: skip
+RERUNS: dict[str, Rerun] = {
+    r.key: r
+    for r in (
+        Rerun(
+            "p04-latency",
+            f"{P04}/decode_latency.json",
+            "decode latency at batch 1 and 256, context 1,024 (the committed run: more shapes), "
+            "5 repetitions, no static baseline; engine settings and context limit as committed",
+            P04,
+            "latency",
+            ("--batches", "1", "256", "--contexts", "1024", "--no-baseline", "--repeats", "5"),
+            (
+                "decode_steps",
+                "max_num_batched_tokens",
+                "num_scheduler_steps",
+                "shape",
+                "gpu_memory_utilization",
+            ),
+            _latency_max_model_len,
+        ),
+        Rerun(
+            "p04-throughput",
+            f"{P04}/offline_throughput.json",
+            "offline throughput on the committed workload (the rate depends on its size: fewer "
+            "requests leave a larger share of the run draining at low batch), the engine alone, "
+            "3 runs (a run takes about a minute)",
+            P04,
+            "throughput",
+            (
+                "--no-single-step",
+                "--no-static-baseline",
+                "--no-vllm",
+                "--transformers-requests",
+                "0",
+                "--repeats",
+                "3",
+            ),
+            (
+                "num_requests",
+                "prompt_len",
+                "output_len",
+                "max_model_len",
+                "num_scheduler_steps",
+                "shape",
+                "seed",
+                "gpu_memory_utilization",
+            ),
+        ),
+        Rerun(
+            "p04-decode-kernel",
+            f"{P04}/decode_attention.json",
+            "paged decode kernel vs SDPA at batch 64 and 256, contexts 8k-32k (the target's "
+            "shapes), 5 interleaved repetitions",
+            P04,
+            "decode-kernel",
+            ("--batches", "64", "256", "--contexts", "8192", "16384", "32768", "--repeats", "5"),
+        ),
+        Rerun(
+            "p04-prefix",
+            f"{P04}/prefix_caching.json",
+            "prefix caching's cost with nothing shared, the committed workload, 5 paired runs",
+            P04,
+            "prefix",
+            ("--overhead-repeats", "5"),
+            ("num_requests", "prefix_len", "unique_len", "output_len", "shape", "seed"),
+        ),
+        Rerun(
+            "p01-gemm",
+            f"{P01}/gemm.json",
+            "the ladder's top steps (7 in float32, 8 and 9 in bfloat16) against cuBLAS at 4096³ and "
+            "8192³ only (the committed run: every step on seven shapes), 5 interleaved repetitions, "
+            "timing budgets as committed",
+            P01,
+            "bench-gemm",
+            (
+                "--sizes",
+                "4096",
+                "8192",
+                "--shapes",
+                "--kernels",
+                "sgemm_07_warptiling",
+                "hgemm_08_mma_sync",
+                "hgemm_09_wgmma_tma",
+                "--repeats",
+                "5",
+                "--no-charts",
+            ),
+            ("half_dtypes", "warmup_ms", "rep_ms"),
+        ),
+        Rerun(
+            "p01-attention",
+            f"{P01}/attention.json",
+            "attention forward, backward and fwd+bwd of ours, SDPA FLASH and SDPA cuDNN at head "
+            "dim 128, seq 4,096, non-causal, batch 4 x 16 heads (the committed run: 24 shapes, "
+            "eight providers), 5 interleaved repetitions, timing budgets as committed",
+            P01,
+            "bench-attention",
+            (
+                "--head-dims",
+                "128",
+                "--seq-lens",
+                "4096",
+                "--causal",
+                "False",
+                "--providers",
+                "ours",
+                "flash",
+                "cudnn",
+                "--repeats",
+                "5",
+                "--no-charts",
+            ),
+            ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms"),
+        ),
+        Rerun(
+            "p02-scaling",
+            "project02_fsdp_scaling/scaling_gpu.json",
+            not_wired=_NOT_WIRED.format(what="project02", target="project02"),
+        ),
+        Rerun(
+            "p03-checkpoint",
+            "project03_capstone_infra/checkpoint_bench.json",
+            not_wired=_NOT_WIRED.format(what="project03", target="project03"),
+        ),
+    )
+}
 
 
 FIGURES: tuple[Figure, ...] = (
-    Figure("p04.decode.b1", "decode, batch 1, context 1,024, multi-step", "ms/token", "absolute",
-           ABSOLUTE, "p04-latency",
-           ("results", "rows", dict(batch=1, context=1024), "engine_multi_ms")),
-    Figure("p04.decode.b256", "decode, batch 256, context 1,024, multi-step", "tok/s", "absolute",
-           ABSOLUTE, "p04-latency",
-           ("results", "rows", dict(batch=256, context=1024), "engine_multi_tok_s")),
-    Figure("p04.throughput", "offline throughput, engine", "output tok/s", "absolute", ABSOLUTE,
-           "p04-throughput", ("results", "engine", "output_tok_s")),
-    Figure("p04.decode_kernel.share", "paged decode kernel, worst shape (batch 64/256, >= 8k)",
-           "% of 4.3 TB/s", "absolute", BANDWIDTH, "p04-decode-kernel",
-           extract=worst_decode_bandwidth_share),
-    Figure("p04.decode_kernel.vs_sdpa", "paged decode kernel / SDPA, batch 256, context 32,768",
-           "x", "ratio", RATIO, "p04-decode-kernel",
-           ("results", "rows", dict(batch=256, context=32768), "speedup_vs_sdpa")),
-    Figure("p04.prefix.overhead", "prefix caching cost, nothing shared", "% wall time", "ratio",
-           PREFIX_OVERHEAD, "p04-prefix", ("results", "unshared", "overhead_pct")),
-    Figure("p01.gemm.bf16_4096", "best bfloat16 GEMM kernel / cuBLAS, 4096³", "% of cuBLAS",
-           "ratio", GEMM_SHARE, "p01-gemm", extract=best_gemm_share("bfloat16", 4096)),
-    Figure("p01.gemm.bf16_8192", "best bfloat16 GEMM kernel / cuBLAS, 8192³", "% of cuBLAS",
-           "ratio", GEMM_SHARE, "p01-gemm", extract=best_gemm_share("bfloat16", 8192)),
-    Figure("p01.gemm.fp32_4096", "best float32 GEMM kernel / cuBLAS, 4096³", "% of cuBLAS",
-           "ratio", GEMM_SHARE, "p01-gemm", extract=best_gemm_share("float32", 4096)),
-    Figure("p01.attention.fwd", "attention forward / SDPA FLASH, d128, seq 4,096", "x", "ratio",
-           ATTENTION_RATIO, "p01-attention", extract=attention_ratio("fwd", "flash")),
-    Figure("p01.attention.fwd_cudnn", "attention forward / SDPA cuDNN, d128, seq 4,096", "x",
-           "ratio", ATTENTION_RATIO, "p01-attention", extract=attention_ratio("fwd", "cudnn")),
-    Figure("p01.attention.fwd_bwd", "attention fwd+bwd / SDPA FLASH, d128, seq 4,096", "x",
-           "ratio", ATTENTION_RATIO, "p01-attention", extract=attention_ratio("fwd_bwd", "flash")),
-    Figure("p01.attention.fwd_bwd_cudnn", "attention fwd+bwd / SDPA cuDNN, d128, seq 4,096",
-           "x", "ratio", ATTENTION_RATIO, "p01-attention",
-           extract=attention_ratio("fwd_bwd", "cudnn")),
-    Figure("p01.attention.bwd", "attention backward / SDPA FLASH, d128, seq 4,096", "x",
-           "ratio", ATTENTION_RATIO, "p01-attention", extract=attention_ratio("bwd", "flash")),
-    Figure("p02.mfu.ws1", "FSDP 1b, one GPU, MFU", "%", "absolute", MFU, "p02-scaling",
-           ("results", "runs", dict(world_size=1), "mfu"), scale=100.0),
-    Figure("p02.efficiency.ws2", "FSDP 1b, 2 GPUs, scaling efficiency", "%", "ratio", RATIO,
-           "p02-scaling", ("results", "runs", dict(world_size=2), "efficiency"), scale=100.0),
-    Figure("p03.ckpt.async_held", "async checkpoint, steady state, time training is held", "s",
-           "absolute", CHECKPOINT, "p03-checkpoint",
-           ("results", "derived", "steady_state", "median_held_s")),
-    Figure("p03.ckpt.sync_held", "sync checkpoint, time training is held", "s", "absolute",
-           CHECKPOINT, "p03-checkpoint", ("results", "derived", "sync", "held_s")),
-)  # fmt: skip
+    Figure(
+        "p04.decode.b1",
+        "decode, batch 1, context 1,024, multi-step",
+        "ms/token",
+        "absolute",
+        ABSOLUTE,
+        "p04-latency",
+        ("results", "rows", dict(batch=1, context=1024), "engine_multi_ms"),
+    ),
+    Figure(
+        "p04.decode.b256",
+        "decode, batch 256, context 1,024, multi-step",
+        "tok/s",
+        "absolute",
+        ABSOLUTE,
+        "p04-latency",
+        ("results", "rows", dict(batch=256, context=1024), "engine_multi_tok_s"),
+    ),
+    Figure(
+        "p04.throughput",
+        "offline throughput, engine",
+        "output tok/s",
+        "absolute",
+        ABSOLUTE,
+        "p04-throughput",
+        ("results", "engine", "output_tok_s"),
+    ),
+    Figure(
+        "p04.decode_kernel.share",
+        "paged decode kernel, worst shape (batch 64/256, >= 8k)",
+        "% of 4.3 TB/s",
+        "absolute",
+        BANDWIDTH,
+        "p04-decode-kernel",
+        extract=worst_decode_bandwidth_share,
+    ),
+    Figure(
+        "p04.decode_kernel.vs_sdpa",
+        "paged decode kernel / SDPA, batch 256, context 32,768",
+        "x",
+        "ratio",
+        RATIO,
+        "p04-decode-kernel",
+        ("results", "rows", dict(batch=256, context=32768), "speedup_vs_sdpa"),
+    ),
+    Figure(
+        "p04.prefix.overhead",
+        "prefix caching cost, nothing shared",
+        "% wall time",
+        "ratio",
+        PREFIX_OVERHEAD,
+        "p04-prefix",
+        ("results", "unshared", "overhead_pct"),
+    ),
+    Figure(
+        "p01.gemm.bf16_4096",
+        "best bfloat16 GEMM kernel / cuBLAS, 4096³",
+        "% of cuBLAS",
+        "ratio",
+        GEMM_SHARE,
+        "p01-gemm",
+        extract=best_gemm_share("bfloat16", 4096),
+    ),
+    Figure(
+        "p01.gemm.bf16_8192",
+        "best bfloat16 GEMM kernel / cuBLAS, 8192³",
+        "% of cuBLAS",
+        "ratio",
+        GEMM_SHARE,
+        "p01-gemm",
+        extract=best_gemm_share("bfloat16", 8192),
+    ),
+    Figure(
+        "p01.gemm.fp32_4096",
+        "best float32 GEMM kernel / cuBLAS, 4096³",
+        "% of cuBLAS",
+        "ratio",
+        GEMM_SHARE,
+        "p01-gemm",
+        extract=best_gemm_share("float32", 4096),
+    ),
+    Figure(
+        "p01.attention.fwd",
+        "attention forward / SDPA FLASH, d128, seq 4,096",
+        "x",
+        "ratio",
+        ATTENTION_RATIO,
+        "p01-attention",
+        extract=attention_ratio("fwd", "flash"),
+    ),
+    Figure(
+        "p01.attention.fwd_cudnn",
+        "attention forward / SDPA cuDNN, d128, seq 4,096",
+        "x",
+        "ratio",
+        ATTENTION_RATIO,
+        "p01-attention",
+        extract=attention_ratio("fwd", "cudnn"),
+    ),
+    Figure(
+        "p01.attention.fwd_bwd",
+        "attention fwd+bwd / SDPA FLASH, d128, seq 4,096",
+        "x",
+        "ratio",
+        ATTENTION_RATIO,
+        "p01-attention",
+        extract=attention_ratio("fwd_bwd", "flash"),
+    ),
+    Figure(
+        "p01.attention.fwd_bwd_cudnn",
+        "attention fwd+bwd / SDPA cuDNN, d128, seq 4,096",
+        "x",
+        "ratio",
+        ATTENTION_RATIO,
+        "p01-attention",
+        extract=attention_ratio("fwd_bwd", "cudnn"),
+    ),
+    Figure(
+        "p01.attention.bwd",
+        "attention backward / SDPA FLASH, d128, seq 4,096",
+        "x",
+        "ratio",
+        ATTENTION_RATIO,
+        "p01-attention",
+        extract=attention_ratio("bwd", "flash"),
+    ),
+    Figure(
+        "p02.mfu.ws1",
+        "FSDP 1b, one GPU, MFU",
+        "%",
+        "absolute",
+        MFU,
+        "p02-scaling",
+        ("results", "runs", dict(world_size=1), "mfu"),
+        scale=100.0,
+    ),
+    Figure(
+        "p02.efficiency.ws2",
+        "FSDP 1b, 2 GPUs, scaling efficiency",
+        "%",
+        "ratio",
+        RATIO,
+        "p02-scaling",
+        ("results", "runs", dict(world_size=2), "efficiency"),
+        scale=100.0,
+    ),
+    Figure(
+        "p03.ckpt.async_held",
+        "async checkpoint, steady state, time training is held",
+        "s",
+        "absolute",
+        CHECKPOINT,
+        "p03-checkpoint",
+        ("results", "derived", "steady_state", "median_held_s"),
+    ),
+    Figure(
+        "p03.ckpt.sync_held",
+        "sync checkpoint, time training is held",
+        "s",
+        "absolute",
+        CHECKPOINT,
+        "p03-checkpoint",
+        ("results", "derived", "sync", "held_s"),
+    ),
+)
 
 
 # --- comparing -----------------------------------------------------------------------------------
@@ -378,11 +625,18 @@ class Check:
 
     def to_dict(self) -> dict:
         f = self.figure
-        return {"figure": f.key, "title": f.title, "unit": f.unit, "kind": f.kind,
-                "status": self.status, "detail": self.detail,
-                "committed": self.committed.to_dict() if self.committed else None,
-                "new": self.new.to_dict() if self.new else None, "relative_difference": self.diff,
-                "tolerance": {"rel": f.tol.rel, "abs": f.tol.abs, "reason": f.tol.reason}}  # fmt: skip
+        return {
+            "figure": f.key,
+            "title": f.title,
+            "unit": f.unit,
+            "kind": f.kind,
+            "status": self.status,
+            "detail": self.detail,
+            "committed": self.committed.to_dict() if self.committed else None,
+            "new": self.new.to_dict() if self.new else None,
+            "relative_difference": self.diff,
+            "tolerance": {"rel": f.tol.rel, "abs": f.tol.abs, "reason": f.tol.reason},
+        }
 
 
 def gpu_kind(env: dict) -> str | None:
@@ -424,8 +678,13 @@ def compare(fig: Figure, committed: dict | None, new: dict | None) -> Check:
     if why:
         return Check(fig, "not_comparable", old, got, why)
     ok = fig.tol.allows(old.median, got.median)
-    return Check(fig, "agree" if ok else "disagree", old, got,
-                 f"{'within' if ok else 'outside'} {fig.tol.text(fig.unit)}")  # fmt: skip
+    return Check(
+        fig,
+        "agree" if ok else "disagree",
+        old,
+        got,
+        f"{'within' if ok else 'outside'} {fig.tol.text(fig.unit)}",
+    )
 
 
 def exit_code(checks: list[Check]) -> int:
@@ -447,8 +706,14 @@ def run_rerun(rerun: Rerun, committed: dict | None, out_dir: Path) -> str:
     print(f"== {rerun.key}: {' '.join(argv[2:])}", flush=True)
     try:
         with log.open("w") as f:
-            p = subprocess.run(argv, cwd=REPO_ROOT, stdout=f, stderr=subprocess.STDOUT,
-                               timeout=rerun.timeout_s, check=False)  # fmt: skip
+            p = subprocess.run(
+                argv,
+                cwd=REPO_ROOT,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                timeout=rerun.timeout_s,
+                check=False,
+            )
     except subprocess.TimeoutExpired:
         return f"timed out after {rerun.timeout_s} s (log: {log})"
     if p.returncode != 0:
@@ -471,8 +736,9 @@ class Verification:
     """per re-run: status ('ok', 'failed', 'not wired', 'not run'), seconds, the GPU state"""
 
 
-def verify(figures: list[Figure], committed_root: Path, out_dir: Path | None,
-           runner: Runner | None = None) -> Verification:  # fmt: skip
+def verify(
+    figures: list[Figure], committed_root: Path, out_dir: Path | None, runner: Runner | None = None
+) -> Verification:
     """Re-run what `figures` need into out_dir (None: re-run nothing) with `runner` (default
     `run_rerun`) and compare each figure."""
     runner = runner or run_rerun
@@ -512,12 +778,18 @@ def verify(figures: list[Figure], committed_root: Path, out_dir: Path | None,
         info = result.reruns[fig.rerun]
         if rr.not_wired:
             c = compare(fig, committed, None)
-            result.checks.append(c if c.status == "no_record" else
-                                 Check(fig, "not_wired", c.committed, detail=f"see {fig.rerun} below"))  # fmt: skip
+            result.checks.append(
+                c
+                if c.status == "no_record"
+                else Check(fig, "not_wired", c.committed, detail=f"see {fig.rerun} below")
+            )
         elif info["status"].startswith("failed"):
             c = compare(fig, committed, None)
-            result.checks.append(c if c.status == "no_record" else
-                                 Check(fig, "rerun_failed", c.committed, detail=f"see {fig.rerun} below"))  # fmt: skip
+            result.checks.append(
+                c
+                if c.status == "no_record"
+                else Check(fig, "rerun_failed", c.committed, detail=f"see {fig.rerun} below")
+            )
         else:
             result.checks.append(compare(fig, committed, new_records.get(fig.rerun)))
     return result
@@ -539,12 +811,20 @@ def spread_text(s: Spread | None) -> str:
 
 
 def table(checks: list[Check]) -> str:
-    rows = [{"figure": c.figure.key, "what": c.figure.title, "unit": c.figure.unit,
-             "committed": spread_text(c.committed), "new": spread_text(c.new),
-             "difference": "" if c.diff is None else f"{c.diff:+.1%}",
-             "tolerance": f"{c.figure.tol.text(c.figure.unit)} ({c.figure.kind})",
-             "verdict": STATUSES[c.status] + (f": {c.detail}" if c.detail and c.status != "agree" else "")}
-            for c in checks]  # fmt: skip
+    rows = [
+        {
+            "figure": c.figure.key,
+            "what": c.figure.title,
+            "unit": c.figure.unit,
+            "committed": spread_text(c.committed),
+            "new": spread_text(c.new),
+            "difference": "" if c.diff is None else f"{c.diff:+.1%}",
+            "tolerance": f"{c.figure.tol.text(c.figure.unit)} ({c.figure.kind})",
+            "verdict": STATUSES[c.status]
+            + (f": {c.detail}" if c.detail and c.status != "agree" else ""),
+        }
+        for c in checks
+    ]
     return markdown_table(rows)
 
 
@@ -558,8 +838,10 @@ def report(v: Verification) -> str:
             line += f" in {info['seconds']:.0f} s"
         state = info.get("gpu_state") or {}
         if state:
-            line += (f"; {info.get('gpu')}, start: {state_line(state.get('start'))}; "
-                     f"end: {state_line(state.get('end'))}")  # fmt: skip
+            line += (
+                f"; {info.get('gpu')}, start: {state_line(state.get('start'))}; "
+                f"end: {state_line(state.get('end'))}"
+            )
         lines.append(line)
     spent = sum(i.get("seconds", 0) for i in v.reruns.values())
     if spent:
@@ -600,8 +882,9 @@ def select(only: tuple[str, ...]) -> list[Figure]:
         return list(FIGURES)
     got = [f for f in FIGURES if any(f.key.startswith(o) for o in only)]
     if not got:
-        raise ValueError(f"--only: no figure matches {list(only)}; figures: "
-                         + ", ".join(f.key for f in FIGURES))  # fmt: skip
+        raise ValueError(
+            f"--only: no figure matches {list(only)}; figures: " + ", ".join(f.key for f in FIGURES)
+        )
     return got
 
 
@@ -621,17 +904,25 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             print(report(verify(figures, committed, None)))
-            print("\nverify-results: no CUDA GPU here, so nothing was re-measured; the committed "
-                  "values are above. Run it on the GPU the figures were measured on.")  # fmt: skip
+            print(
+                "\nverify-results: no CUDA GPU here, so nothing was re-measured; the committed "
+                "values are above. Run it on the GPU the figures were measured on."
+            )
             return EXIT_NO_GPU
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         out = Path(cfg.reports_dir) if cfg.reports_dir else REPO_ROOT / "runs" / f"verify-{stamp}"
         v = verify(figures, committed, out)
         print(report(v))
         code = exit_code(v.checks)
-        atomic_write_json(out / "verify_results.json",
-                          {"exit_code": code, "checks": [c.to_dict() for c in v.checks],
-                           "reruns": v.reruns, "committed_dir": str(committed)})  # fmt: skip
+        atomic_write_json(
+            out / "verify_results.json",
+            {
+                "exit_code": code,
+                "checks": [c.to_dict() for c in v.checks],
+                "reruns": v.reruns,
+                "committed_dir": str(committed),
+            },
+        )
         print(f"\nwrote {out / 'verify_results.json'}; exit status {code}")
         return code
 

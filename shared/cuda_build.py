@@ -90,8 +90,14 @@ def load_extension(
     FileNotFoundError for a missing source (checked first, so it shows without a GPU) and
     CudaUnavailableError when the kernels cannot run here. Loaded once per process.
     """
-    key = (name, os.fspath(csrc_dir), tuple(sources), tuple(extra_cuda_cflags),
-           None if build_root is None else os.fspath(build_root), verbose)  # fmt: skip
+    key = (
+        name,
+        os.fspath(csrc_dir),
+        tuple(sources),
+        tuple(extra_cuda_cflags),
+        None if build_root is None else os.fspath(build_root),
+        verbose,
+    )
     module = _LOADED.get(key)
     if module is not None:  # the per-call fast path: ops call this on every launch
         return module

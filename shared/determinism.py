@@ -166,8 +166,10 @@ def enable_determinism(seed: int, rank: int = 0, *, device_type: str = "cpu") ->
         if at_start[name] is not None:
             continue
         if name in _STARTUP_ONLY:
-            notes.append(f"{name} was not set at start-up (a launcher must set it); "
-                         "string hashing in this process stays randomised")  # fmt: skip
+            notes.append(
+                f"{name} was not set at start-up (a launcher must set it); "
+                "string hashing in this process stays randomised"
+            )
             continue
         os.environ[name] = wanted
         set_here.append(name)
@@ -176,8 +178,10 @@ def enable_determinism(seed: int, rank: int = 0, *, device_type: str = "cpu") ->
         and "CUBLAS_WORKSPACE_CONFIG" in set_here
         and torch.cuda.is_initialized()
     ):
-        msg = ("CUBLAS_WORKSPACE_CONFIG was set after CUDA was initialised: a cuBLAS handle made "
-               "before this call keeps its non-deterministic workspace")  # fmt: skip
+        msg = (
+            "CUBLAS_WORKSPACE_CONFIG was set after CUDA was initialised: a cuBLAS handle made "
+            "before this call keeps its non-deterministic workspace"
+        )
         notes.append(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
 

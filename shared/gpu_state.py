@@ -38,9 +38,14 @@ CLOCK_EVENT_REASONS = {
 }
 # Reasons that mean the GPU ran slower than it could for the work given (idle is not one).
 SLOWDOWN_REASONS = frozenset(
-    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-     "hw_power_brake_slowdown"}
-)  # fmt: skip
+    {
+        "sw_power_cap",
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+    }
+)
 
 
 def clock_event_names(mask: int) -> list[str]:

@@ -132,8 +132,15 @@ def export_hf(
 
 
 def _args_from_config(cfg: dict, where: Path) -> ModelArgs:
-    need = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "vocab_size", "max_position_embeddings", "rms_norm_eps")  # fmt: skip
+    need = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "rms_norm_eps",
+    )
     missing = [k for k in need if k not in cfg]
     if missing:
         raise ValueError(f"{where}: config.json lacks {missing}")
@@ -151,11 +158,17 @@ def _args_from_config(cfg: dict, where: Path) -> ModelArgs:
     if head_dim * h != d:  # shared.model derives head_dim; it cannot hold any other
         raise ValueError(f"{where}: head_dim {head_dim} * {h} heads != hidden_size {d}")
     return ModelArgs(
-        dim=d, n_layers=cfg["num_hidden_layers"], n_heads=h, vocab_size=cfg["vocab_size"],
-        ffn_hidden=cfg["intermediate_size"], max_seq_len=cfg["max_position_embeddings"],
-        norm_eps=cfg["rms_norm_eps"], rope_theta=cfg.get("rope_theta", rope.get("rope_theta", 1e4)),
-        n_kv_heads=None if kv == h else kv, tie_embeddings=cfg.get("tie_word_embeddings", False),
-    )  # fmt: skip
+        dim=d,
+        n_layers=cfg["num_hidden_layers"],
+        n_heads=h,
+        vocab_size=cfg["vocab_size"],
+        ffn_hidden=cfg["intermediate_size"],
+        max_seq_len=cfg["max_position_embeddings"],
+        norm_eps=cfg["rms_norm_eps"],
+        rope_theta=cfg.get("rope_theta", rope.get("rope_theta", 1e4)),
+        n_kv_heads=None if kv == h else kv,
+        tie_embeddings=cfg.get("tie_word_embeddings", False),
+    )
 
 
 def import_hf(model_dir: str | os.PathLike) -> Transformer:

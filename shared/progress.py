@@ -64,8 +64,18 @@ def _is_terminal(stream: IO) -> bool:
 class Progress:
     """What `progress()` yields: `advance(n, status=...)`, `update(status=...)`, `log(line)`."""
 
-    def __init__(self, total: int | None, description: str, *, unit: str, every: int,
-                 stream: IO, enabled: bool, bar: bool | None, start: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        total: int | None,
+        description: str,
+        *,
+        unit: str,
+        every: int,
+        stream: IO,
+        enabled: bool,
+        bar: bool | None,
+        start: int = 0,
+    ) -> None:
         self.total, self.description, self.unit = total, description, unit
         self.every = max(1, int(every))
         self.stream, self.enabled = stream, enabled
@@ -118,8 +128,9 @@ class Progress:
         )
         self._rich.start()
         _LIVE.append(self)
-        self._task = self._rich.add_task(self.description, total=self.total, status="",
-                                         completed=self.start)  # fmt: skip
+        self._task = self._rich.add_task(
+            self.description, total=self.total, status="", completed=self.start
+        )
 
     # -- the public side --
 
@@ -132,8 +143,11 @@ class Progress:
         if self._rich is not None:
             self._rich.update(self._task, advance=n, status=self.status)
             self._rich.refresh()
-        elif (self.done - self._last_line_at >= self.every or self.done == self.total
-              or self.done == self.start + 1):  # fmt: skip
+        elif (
+            self.done - self._last_line_at >= self.every
+            or self.done == self.total
+            or self.done == self.start + 1
+        ):
             self._line()  # the first item (start-up cost shows), every N-th and the last
 
     def set(self, done: int, *, status: str | None = None) -> None:
@@ -203,16 +217,32 @@ class Progress:
 
 
 @contextmanager
-def progress(total: int | None, description: str, *, unit: str = "step", every: int = 10,
-             stream: IO | None = None, enabled: bool = True, bar: bool | None = None,
-             start: int = 0):  # fmt: skip
+def progress(
+    total: int | None,
+    description: str,
+    *,
+    unit: str = "step",
+    every: int = 10,
+    stream: IO | None = None,
+    enabled: bool = True,
+    bar: bool | None = None,
+    start: int = 0,
+):
     """A progress display for `total` items (None: unknown) on `stream` (default stderr): a rich
     bar with rate and ETA when the stream is a terminal (or `bar=True`), else one line every
     `every` items and one at the end. `enabled=False` (e.g. ranks other than 0) shows nothing.
     `start`: items already done (a resumed run). Only one bar is live at a time: a progress
     opened while a bar shows prints lines instead."""
-    p = Progress(total, description, unit=unit, every=every, stream=stream or sys.stderr,
-                 enabled=enabled, bar=bar, start=start)  # fmt: skip
+    p = Progress(
+        total,
+        description,
+        unit=unit,
+        every=every,
+        stream=stream or sys.stderr,
+        enabled=enabled,
+        bar=bar,
+        start=start,
+    )
     try:
         yield p
     finally:

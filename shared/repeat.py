@@ -72,8 +72,13 @@ class Spread:
         return Spread.of(f(v) for v in self.values)
 
     def to_dict(self) -> dict:
-        return {"median": self.median, "min": self.min, "max": self.max, "n": self.n,
-                "values": list(self.values)}  # fmt: skip
+        return {
+            "median": self.median,
+            "min": self.min,
+            "max": self.max,
+            "n": self.n,
+            "values": list(self.values),
+        }
 
 
 def ratio(num: Spread, den: Spread) -> Spread:
@@ -89,8 +94,12 @@ def flat(name: str, spread: Spread | None) -> dict:
     None (nothing measured) gives `name: None` alone."""
     if spread is None:
         return {name: None}
-    return {name: spread.median, f"{name}_min": spread.min, f"{name}_max": spread.max,
-            f"{name}_reps": list(spread.values)}  # fmt: skip
+    return {
+        name: spread.median,
+        f"{name}_min": spread.min,
+        f"{name}_max": spread.max,
+        f"{name}_reps": list(spread.values),
+    }
 
 
 def read_flat(record: Mapping, name: str) -> Spread | None:
@@ -127,9 +136,13 @@ class Repeats:
         return ratio(a, b) if a and b else None
 
     def to_dict(self) -> dict:
-        return {"repeats": self.repeats, "interleaved": True,
-                "spreads": {k: s.to_dict() for k in self.values if (s := self.spread(k))},
-                "errors": dict(self.errors), "order": self.order}  # fmt: skip
+        return {
+            "repeats": self.repeats,
+            "interleaved": True,
+            "spreads": {k: s.to_dict() for k in self.values if (s := self.spread(k))},
+            "errors": dict(self.errors),
+            "order": self.order,
+        }
 
 
 def interleave(

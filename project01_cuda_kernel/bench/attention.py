@@ -212,8 +212,15 @@ def time_mode(
         if not timed.ok(provider):
             failed[provider] = timed.error(provider) or "not timed"
             continue
-        rows.append({**shape, "provider": provider, "mode": mode,
-                     **timing_fields(timed.timings[provider], flops), "flops": flops})  # fmt: skip
+        rows.append(
+            {
+                **shape,
+                "provider": provider,
+                "mode": mode,
+                **timing_fields(timed.timings[provider], flops),
+                "flops": flops,
+            }
+        )
     return rows, failed
 
 
@@ -330,8 +337,14 @@ def ratios(rows: list[dict], base: str = "flash") -> list[dict]:
         ours, ref = read_flat(r, "tflops"), read_flat(b or {}, "tflops")
         if ours is None or ref is None or not ref.median:
             continue
-        out.append({**{k: r[k] for k in key}, "ours": r["tflops"], base: b["tflops"],
-                    **flat("ratio", ratio(ours, ref))})  # fmt: skip
+        out.append(
+            {
+                **{k: r[k] for k in key},
+                "ours": r["tflops"],
+                base: b["tflops"],
+                **flat("ratio", ratio(ours, ref)),
+            }
+        )
     return out
 
 
@@ -343,8 +356,10 @@ def print_summary(result: dict) -> None:
             return f"{r[key]:.3g}"
         return f"{r[key]:.3g} ({r[f'{key}_min']:.3g}-{r[f'{key}_max']:.3g})"
 
-    cudnn = {(r["head_dim"], r["seq_len"], r["causal"], r["mode"]): r
-             for r in ratios(result["rows"], "cudnn")}  # fmt: skip
+    cudnn = {
+        (r["head_dim"], r["seq_len"], r["causal"], r["mode"]): r
+        for r in ratios(result["rows"], "cudnn")
+    }
     table = [
         {
             "D": r["head_dim"],
@@ -363,8 +378,10 @@ def print_summary(result: dict) -> None:
     print(markdown_table(table, floatfmt=".3g"))
     repeats = result.get("repeats", 1)
     if repeats > 1:
-        print(f"medians of {repeats} repetitions; ratios: median (min-max) of the "
-              "per-repetition ratios")  # fmt: skip
+        print(
+            f"medians of {repeats} repetitions; ratios: median (min-max) of the "
+            "per-repetition ratios"
+        )
 
 
 def run(cfg: AttentionBenchConfig) -> Path:

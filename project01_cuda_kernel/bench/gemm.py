@@ -164,8 +164,17 @@ def _row(kind, kernel, dtype_name, shape, timings, err, torch_err, spec, tdtype)
 
 def _failed_row(kernel: str, dtype_name: str, shape: tuple[int, int, int], error: str) -> dict:
     m, n, k = shape
-    return {"kind": "ladder", "kernel": kernel, "dtype": dtype_name, "shape": _shape_label(*shape),
-            "m": m, "n": n, "k": k, "correct": False, "error": error}  # fmt: skip
+    return {
+        "kind": "ladder",
+        "kernel": kernel,
+        "dtype": dtype_name,
+        "shape": _shape_label(*shape),
+        "m": m,
+        "n": n,
+        "k": k,
+        "correct": False,
+        "error": error,
+    }
 
 
 def time_shape(
@@ -189,8 +198,9 @@ def time_shape(
     timed = time_interleaved(timers, repeats, catch=(Exception,))
     if not timed.ok("cublas"):
         raise RuntimeError(f"cuBLAS {dn} {_shape_label(*shape)}: {timed.error('cublas')}")
-    base = _row("cublas", "cublas", dn, shape, timed.timings["cublas"], cublas_err, cublas_err,
-                spec, tdtype)  # fmt: skip
+    base = _row(
+        "cublas", "cublas", dn, shape, timed.timings["cublas"], cublas_err, cublas_err, spec, tdtype
+    )
     rows = []
     for kernel, err in checked.items():
         if isinstance(err, str):
@@ -250,8 +260,7 @@ def _measure_group(shape, dt, kernels: list[str], args: GemmBenchConfig, spec):
                 lambda: gemm.matmul(a, b, kernel=kernel, out=out), **timing_kw
             )
     del ref
-    return time_shape(shape, dt, checked, timers, args.repeats, cublas_err=cublas_err,
-                      spec=spec)  # fmt: skip
+    return time_shape(shape, dt, checked, timers, args.repeats, cublas_err=cublas_err, spec=spec)
 
 
 def measure(args: GemmBenchConfig) -> dict:
@@ -277,8 +286,12 @@ def measure(args: GemmBenchConfig) -> dict:
 
     def ladder_at(shape, dt) -> list[str]:
         flops = 2 * shape[0] * shape[1] * shape[2]
-        return [kernel for kernel in kernels if dt in gemm.kernel_dtypes(kernel)
-                and flops <= MAX_FLOPS.get(gemm.step_of(kernel), float("inf"))]  # fmt: skip
+        return [
+            kernel
+            for kernel in kernels
+            if dt in gemm.kernel_dtypes(kernel)
+            and flops <= MAX_FLOPS.get(gemm.step_of(kernel), float("inf"))
+        ]
 
     groups = [(shape, dt) for shape in shapes for dt in dtypes]
     n_ladder = sum(len(ladder_at(shape, dt)) for shape, dt in groups)
@@ -370,8 +383,10 @@ def print_summary(result: dict) -> None:
     print(markdown_table(table))
     repeats = result.get("repeats", 1)
     if repeats > 1:
-        print(f"medians of {repeats} repetitions (min-max); % of cuBLAS: median of the "
-              "per-repetition ratios")  # fmt: skip
+        print(
+            f"medians of {repeats} repetitions (min-max); % of cuBLAS: median of the "
+            "per-repetition ratios"
+        )
 
 
 def run(args: GemmBenchConfig) -> Path:

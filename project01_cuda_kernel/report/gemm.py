@@ -144,8 +144,9 @@ def render_shapes(gemm: dict) -> str:
             }
         )
     note = _repeats_note(res).strip()
-    return "\n".join([markdown_table(table, floatfmt=",.3g"), "", *([note, ""] if note else []),
-                      _caption(gemm)])  # fmt: skip
+    return "\n".join(
+        [markdown_table(table, floatfmt=",.3g"), "", *([note, ""] if note else []), _caption(gemm)]
+    )
 
 
 TARGETS = (("float32", 4096), ("bfloat16", 4096), ("bfloat16", 8192))
@@ -155,8 +156,14 @@ def best_row(gemm: dict, dtype: str, size: int) -> dict | None:
     """The ladder row with the highest % of cuBLAS (its median) at size³ in `dtype`, among the
     kernels that passed their check."""
     shape = f"{size}x{size}x{size}"
-    cands = [r for r in gemm["results"]["rows"] if r.get("correct") and r.get("pct_of_cublas")
-             and r["shape"] == shape and r["dtype"] == dtype]  # fmt: skip
+    cands = [
+        r
+        for r in gemm["results"]["rows"]
+        if r.get("correct")
+        and r.get("pct_of_cublas")
+        and r["shape"] == shape
+        and r["dtype"] == dtype
+    ]
     return max(cands, key=lambda r: r["pct_of_cublas"], default=None)
 
 
@@ -185,8 +192,9 @@ def render_targets(gemm: dict) -> str:
         best = best_row(gemm, dtype, size)
         entry["measured % of cuBLAS"] = ranged(best, "pct_of_cublas", number(".1f"))
     note = _repeats_note(gemm["results"]).strip()
-    return "\n".join([markdown_table(table, floatfmt=".1f"), "", *([note, ""] if note else []),
-                      _caption(gemm)])  # fmt: skip
+    return "\n".join(
+        [markdown_table(table, floatfmt=".1f"), "", *([note, ""] if note else []), _caption(gemm)]
+    )
 
 
 def render_compile(compile_rec: dict) -> str:

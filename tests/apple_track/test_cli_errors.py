@@ -53,7 +53,13 @@ def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
 def test_the_real_entry_point_answers_in_one_line(repo_root):
     path = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-m", "apple_track", "export", "--set", "dim=nan"],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=repo_root)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "apple_track", "export", "--set", "dim=nan"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=repo_root,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: --set dim: 'nan' is not a finite number"]

@@ -32,9 +32,9 @@ def test_unknown_preset_is_a_clear_error():
 
 
 @pytest.mark.parametrize(
-    "runtime,bad", [("coreml", "int4"), ("coreml", "palettize2"), ("litert", "fp16"),
-                    ("mlx", "q2")],
-)  # fmt: skip
+    "runtime,bad",
+    [("coreml", "int4"), ("coreml", "palettize2"), ("litert", "fp16"), ("mlx", "q2")],
+)
 def test_unsupported_compression_is_a_clear_error(runtime, bad):
     allowed = ", ".join(VARIANTS[runtime])
     with pytest.raises(ValueError, match=rf"unsupported {runtime} variant '{bad}'") as e:
@@ -60,8 +60,13 @@ def test_other_bad_configs():
 
 
 def test_config_accepts_overrides_and_subsets():
-    cfg = ExportConfig(overrides={"dim": 128, "max_seq_len": 256}, seq_len=128, coreml=("int8",),
-                       litert=(), mlx=("fp32", "q4"))  # fmt: skip
+    cfg = ExportConfig(
+        overrides={"dim": 128, "max_seq_len": 256},
+        seq_len=128,
+        coreml=("int8",),
+        litert=(),
+        mlx=("fp32", "q4"),
+    )
     assert cfg.model_args().dim == 128
     d = cfg.to_dict()
     assert d["coreml"] == ("int8",) and d["litert"] == () and d["num_params"] > 139_584
@@ -154,9 +159,14 @@ def test_profile_rejects_bad_arguments(capsys):
 
 
 def test_cli_help_runs(repo_root):
-    for args in (["-m", "apple_track", "--help"], ["-m", "apple_track.export", "--help"],
-                 ["-m", "apple_track.report", "--help"], ["-m", "apple_track.profile", "--help"]):  # fmt: skip
-        r = subprocess.run([sys.executable, *args], cwd=repo_root, capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    for args in (
+        ["-m", "apple_track", "--help"],
+        ["-m", "apple_track.export", "--help"],
+        ["-m", "apple_track.report", "--help"],
+        ["-m", "apple_track.profile", "--help"],
+    ):
+        r = subprocess.run(
+            [sys.executable, *args], cwd=repo_root, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, r.stderr
         assert "usage" in r.stdout.lower()

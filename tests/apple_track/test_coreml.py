@@ -91,7 +91,7 @@ def test_emulated_output_within_tolerance(converted, variant):
 
 
 def test_bad_inputs_are_clear_errors(converted):
-    wrapper, tokens, *_ , models, _ = converted  # fmt: skip
+    wrapper, tokens, *_, models, _ = converted
     with pytest.raises(ValueError, match="unsupported Core ML compression 'int4'"):
         ce.compress(models["fp16"], "int4")
     with pytest.raises(ValueError, match="example must be int32"):

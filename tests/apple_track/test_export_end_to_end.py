@@ -8,8 +8,12 @@ import json
 
 import pytest
 
-for _mod, _why in (("coremltools", "coremltools"), ("litert_torch", "litert-torch"),
-                   ("ai_edge_litert", "ai-edge-litert"), ("mlx.core", "mlx")):  # fmt: skip
+for _mod, _why in (
+    ("coremltools", "coremltools"),
+    ("litert_torch", "litert-torch"),
+    ("ai_edge_litert", "ai-edge-litert"),
+    ("mlx.core", "mlx"),
+):
     pytest.importorskip(_mod, reason=f"{_why} is not installed: run in .venv-apple")
 pytest.importorskip("sklearn", reason="scikit-learn (k-means palettization) is not installed")
 
@@ -19,19 +23,42 @@ from apple_track import export  # noqa: E402
 @pytest.mark.slow
 def test_export_writes_a_complete_record(tmp_path):
     readme = tmp_path / "README.md"
-    rc = export.main([
-        "--train-steps", "60", "--seq-len", "32", "--coreml", "fp16", "palettize4",
-        "--litert", "fp32", "int8", "--mlx", "fp32", "q4", "--out-dir", str(tmp_path / "models"),
-        "--reports-dir", str(tmp_path / "reports"), "--no-readme",
-    ])  # fmt: skip
+    rc = export.main(
+        [
+            "--train-steps",
+            "60",
+            "--seq-len",
+            "32",
+            "--coreml",
+            "fp16",
+            "palettize4",
+            "--litert",
+            "fp32",
+            "int8",
+            "--mlx",
+            "fp32",
+            "q4",
+            "--out-dir",
+            str(tmp_path / "models"),
+            "--reports-dir",
+            str(tmp_path / "reports"),
+            "--no-readme",
+        ]
+    )
     assert rc == 0
     record_path = tmp_path / "reports" / "apple_track" / "export.json"
     record = json.loads(record_path.read_text())
     results = record["results"]
     assert results["runtime_failures"] == {}
     got = {(v["runtime"], v["variant"]) for v in results["variants"]}
-    assert got == {("coreml", "fp16"), ("coreml", "palettize4"), ("litert", "fp32"),
-                   ("litert", "int8"), ("mlx", "fp32"), ("mlx", "q4")}  # fmt: skip
+    assert got == {
+        ("coreml", "fp16"),
+        ("coreml", "palettize4"),
+        ("litert", "fp32"),
+        ("litert", "int8"),
+        ("mlx", "fp32"),
+        ("mlx", "q4"),
+    }
     for v in results["variants"]:
         assert v["within_tolerance"], (v["runtime"], v["variant"], v["parity"])
         assert v["bytes"] > 0 and (tmp_path / "models" / v["file"]).exists()
@@ -47,7 +74,13 @@ def test_export_writes_a_complete_record(tmp_path):
     # the profiling loop runs the files the export wrote
     from apple_track import profile
 
-    common = ["--seconds", "0.2", "--model-dir", str(tmp_path / "models"),
-              "--record", str(record_path)]  # fmt: skip
+    common = [
+        "--seconds",
+        "0.2",
+        "--model-dir",
+        str(tmp_path / "models"),
+        "--record",
+        str(record_path),
+    ]
     assert profile.main(["litert", "int8", *common]) == 0
     assert profile.main(["mlx", "q4", *common]) == 0

@@ -23,10 +23,22 @@ def runner(tmp_path_factory) -> Path:
         pytest.skip("no C++ compiler (g++ or clang++) to build the CPU stand-in of the kernels")
     exe = tmp_path_factory.mktemp("metal_cpu") / "run_kernel"
     r = subprocess.run(
-        [CXX, "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
-         "-o", str(exe), str(HERE / "run_kernel.cpp")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            CXX,
+            "-std=c++20",
+            "-O1",
+            "-pthread",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(exe),
+            str(HERE / "run_kernel.cpp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     return exe
 
@@ -34,8 +46,12 @@ def runner(tmp_path_factory) -> Path:
 def _run(runner: Path, tmp_path: Path, args: list, arrays: list[np.ndarray], out_shape):
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
     np.concatenate([a.astype(np.float32).ravel() for a in arrays]).tofile(src)
-    r = subprocess.run([str(runner), *map(str, args), str(src), str(dst)],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [str(runner), *map(str, args), str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return np.fromfile(dst, dtype=np.float32).reshape(out_shape)
 
@@ -94,17 +110,27 @@ def _attention_ref(q, k, v, scale, causal):
 
 @pytest.mark.parametrize(
     "B,H,Sq,Sk,D,causal",
-    [(1, 2, 37, 37, 16, True), (2, 1, 70, 45, 32, False), (1, 1, 65, 65, 64, True),
-     (1, 1, 5, 80, 16, False), (1, 1, 1, 1, 16, True)],
-)  # fmt: skip
+    [
+        (1, 2, 37, 37, 16, True),
+        (2, 1, 70, 45, 32, False),
+        (1, 1, 65, 65, 64, True),
+        (1, 1, 5, 80, 16, False),
+        (1, 1, 1, 1, 16, True),
+    ],
+)
 def test_attention_kernel_matches_numpy(runner, tmp_path, B, H, Sq, Sk, D, causal):
     rng = np.random.default_rng(Sq * 1000 + Sk + D)
     q = rng.standard_normal((B, H, Sq, D), dtype=np.float32)
     k = rng.standard_normal((B, H, Sk, D), dtype=np.float32)
     v = rng.standard_normal((B, H, Sk, D), dtype=np.float32)
     scale = 1.0 / np.sqrt(D)
-    o = _run(runner, tmp_path, ["attention", B, H, Sq, Sk, D, int(causal), repr(float(scale))],
-             [q, k, v], (B, H, Sq, D))  # fmt: skip
+    o = _run(
+        runner,
+        tmp_path,
+        ["attention", B, H, Sq, Sk, D, int(causal), repr(float(scale))],
+        [q, k, v],
+        (B, H, Sq, D),
+    )
     assert np.isfinite(o).all()
     _assert_within(
         o, _attention_ref(q, k, v, scale, causal), _attention_bound(q, k, v, scale, causal)

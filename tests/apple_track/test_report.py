@@ -12,28 +12,56 @@ import pytest
 from apple_track import report
 from apple_track.model import TOLERANCES
 
-ENV = {"date": "2026-11-29T12:00:00+00:00", "gpu": None, "cpu_count": 2, "torch": "2.14.1",
-       "cuda": None, "python": "3.11.7", "git_commit": "0123456789abcdef", "git_dirty": False,
-       "driver": None}  # fmt: skip
+ENV = {
+    "date": "2026-11-29T12:00:00+00:00",
+    "gpu": None,
+    "cpu_count": 2,
+    "torch": "2.14.1",
+    "cuda": None,
+    "python": "3.11.7",
+    "git_commit": "0123456789abcdef",
+    "git_dirty": False,
+    "driver": None,
+}
 
 
 def _timing(ms: float) -> dict:
-    return {"median_ms": ms, "p20_ms": ms * 0.9, "p80_ms": ms * 1.1, "min_ms": ms * 0.8,
-            "mean_ms": ms, "n": 50, "method": "torch.utils.benchmark"}  # fmt: skip
+    return {
+        "median_ms": ms,
+        "p20_ms": ms * 0.9,
+        "p80_ms": ms * 1.1,
+        "min_ms": ms * 0.8,
+        "mean_ms": ms,
+        "n": 50,
+        "method": "torch.utils.benchmark",
+    }
 
 
 def _variant(runtime, variant, nbytes, rel_l2, ms, emulated=False, **extra):
     v = {
-        "runtime": runtime, "variant": variant, "description": "d", "bytes": nbytes,
-        "tolerance": TOLERANCES[(runtime, variant)], "n_ops": 100, "compressed_weight_ops": 12,
+        "runtime": runtime,
+        "variant": variant,
+        "description": "d",
+        "bytes": nbytes,
+        "tolerance": TOLERANCES[(runtime, variant)],
+        "n_ops": 100,
+        "compressed_weight_ops": 12,
         "op_counts": {"linear": 11, "const": 80} if runtime == "coreml" else None,
-        "parity": {"max_abs": rel_l2 * 5, "rel_l2": rel_l2, "top1_agree": 1.0, "loss": 1.0,
-                   "loss_delta": rel_l2 / 10},
+        "parity": {
+            "max_abs": rel_l2 * 5,
+            "rel_l2": rel_l2,
+            "top1_agree": 1.0,
+            "loss": 1.0,
+            "loss_delta": rel_l2 / 10,
+        },
         "parity_source": "emulated: weights" if emulated else "measured on the runtime",
-        "latency": _timing(ms) if ms else None, "within_tolerance": True,
-        "io": {"inputs": [{"name": "tokens", "dtype": "int32", "shape": [1, 64]}],
-               "outputs": [{"name": "logits", "dtype": "float16", "shape": [1, 64, 256]}]},
-    }  # fmt: skip
+        "latency": _timing(ms) if ms else None,
+        "within_tolerance": True,
+        "io": {
+            "inputs": [{"name": "tokens", "dtype": "int32", "shape": [1, 64]}],
+            "outputs": [{"name": "logits", "dtype": "float16", "shape": [1, 64, 256]}],
+        },
+    }
     return v | extra
 
 
@@ -42,19 +70,42 @@ def record_path(tmp_path):
     skipped = "skipped: Core ML predicts only on macOS (this is Linux)"
     variants = [
         _variant("coreml", "fp16", 320_000, 5e-4, None, emulated=True, prediction=skipped),
-        _variant("coreml", "palettize4", 115_000, 8e-2, None, emulated=True, prediction=skipped,
-                 op_counts={"linear": 11, "const": 70, "constexpr_lut_to_dense": 12}),
+        _variant(
+            "coreml",
+            "palettize4",
+            115_000,
+            8e-2,
+            None,
+            emulated=True,
+            prediction=skipped,
+            op_counts={"linear": 11, "const": 70, "constexpr_lut_to_dense": 12},
+        ),
         _variant("litert", "int8", 220_000, 6e-3, 0.2),
         _variant("mlx", "q4", 110_000, 7e-2, 11.0),
-    ]  # fmt: skip
+    ]
     record = {
-        "schema": 1, "project": "apple_track", "name": "export", "environment": ENV,
+        "schema": 1,
+        "project": "apple_track",
+        "name": "export",
+        "environment": ENV,
         "config": {"preset": "tiny"},
-        "baseline": {"runtime": "pytorch", "variant": "fp32 eager", "bytes": 565_000,
-                     "latency": _timing(1.0), "latency_at_end": _timing(1.25), "loss": 1.06},
+        "baseline": {
+            "runtime": "pytorch",
+            "variant": "fp32 eager",
+            "bytes": 565_000,
+            "latency": _timing(1.0),
+            "latency_at_end": _timing(1.25),
+            "loss": 1.06,
+        },
         "results": {
-            "model": {"preset": "tiny", "num_params": 139_584, "batch": 1, "seq_len": 64,
-                      "train_steps": 300, "eval_loss": 1.06},
+            "model": {
+                "preset": "tiny",
+                "num_params": 139_584,
+                "batch": 1,
+                "seq_len": 64,
+                "train_steps": 300,
+                "eval_loss": 1.06,
+            },
             "versions": {"torch": "2.14.1", "coremltools": "9.0"},
             "platform": {"system": "Linux", "machine": "x86_64"},
             "variants": variants,
@@ -62,7 +113,7 @@ def record_path(tmp_path):
             "metal": {"ran": False, "reason": "no Metal device (Linux)"},
             "load_average_1_5_15": [1.0, 1.0, 1.0],
         },
-    }  # fmt: skip
+    }
     path = tmp_path / "reports" / "apple_track" / "export.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(record))

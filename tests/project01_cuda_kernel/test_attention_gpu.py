@@ -231,10 +231,19 @@ def test_tiny_transformer_training_tracks_sdpa():
 
 
 VARIANT_SHAPES = [  # (seq_q, seq_k, causal)
-    (1, 1, False), (100, 100, False), (777, 777, False), (33, 500, False), (2048, 2048, False),
-    (300, 129, False), (129, 1000, False),
-    (1, 1, True), (100, 100, True), (777, 777, True), (2048, 2048, True), (129, 129, True),
-]  # fmt: skip
+    (1, 1, False),
+    (100, 100, False),
+    (777, 777, False),
+    (33, 500, False),
+    (2048, 2048, False),
+    (300, 129, False),
+    (129, 1000, False),
+    (1, 1, True),
+    (100, 100, True),
+    (777, 777, True),
+    (2048, 2048, True),
+    (129, 129, True),
+]
 
 
 def _on_hopper() -> bool:

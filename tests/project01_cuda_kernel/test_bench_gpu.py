@@ -32,9 +32,16 @@ def assert_gpu_state(record: dict) -> None:
 @pytest.mark.smoke  # the benchmark's repetitions, once, on a small odd-sized extra shape
 def test_gemm_bench_records_medians_with_ranges(tmp_path):
     kernels = ("sgemm_07_warptiling", "hgemm_08_mma_sync")
-    cfg = bench_gemm.GemmBenchConfig(sizes=(256,), shapes=("200x136x72",), kernels=kernels,
-                                     warmup_ms=2.0, rep_ms=5.0, repeats=2,
-                                     reports_dir=str(tmp_path), charts=False)  # fmt: skip
+    cfg = bench_gemm.GemmBenchConfig(
+        sizes=(256,),
+        shapes=("200x136x72",),
+        kernels=kernels,
+        warmup_ms=2.0,
+        rep_ms=5.0,
+        repeats=2,
+        reports_dir=str(tmp_path),
+        charts=False,
+    )
     record = load_result(bench_gemm.run(cfg))
     res = record["results"]
     assert res["repeats"] == 2 and record["config"]["repeats"] == 2
@@ -51,10 +58,18 @@ def test_gemm_bench_records_medians_with_ranges(tmp_path):
 
 def test_attention_bench_records_medians_with_ranges(tmp_path):
     cfg = bench_attention.AttentionBenchConfig(
-        head_dims=(64,), seq_lens=(256,), causal=(False,), total_tokens=512, hidden=256,
-        providers=("ours", "ours_k64", "flash", "math"), warmup_ms=2.0, rep_ms=5.0, repeats=2,
-        reports_dir=str(tmp_path), charts=False,
-    )  # fmt: skip
+        head_dims=(64,),
+        seq_lens=(256,),
+        causal=(False,),
+        total_tokens=512,
+        hidden=256,
+        providers=("ours", "ours_k64", "flash", "math"),
+        warmup_ms=2.0,
+        rep_ms=5.0,
+        repeats=2,
+        reports_dir=str(tmp_path),
+        charts=False,
+    )
     record = load_result(bench_attention.run(cfg))
     res = record["results"]
     assert res["repeats"] == 2

@@ -22,8 +22,15 @@ FLOPS = 2 * 4096**3
 
 
 def timing(ms: float, n: int = 100) -> Timing:
-    return Timing(median_ms=ms, p20_ms=0.99 * ms, p80_ms=1.02 * ms, min_ms=0.98 * ms,
-                  mean_ms=ms, n=n, method="fake")  # fmt: skip
+    return Timing(
+        median_ms=ms,
+        p20_ms=0.99 * ms,
+        p80_ms=1.02 * ms,
+        min_ms=0.98 * ms,
+        mean_ms=ms,
+        n=n,
+        method="fake",
+    )
 
 
 def fake(times: list[float], calls: list[str] | None = None, name: str = "", fail_at: int = 0):
@@ -57,8 +64,11 @@ def test_the_order_alternates_between_repetitions():
 
 
 def test_timing_fields_are_medians_with_their_range():
-    f = timing_fields([timing(ms, n) for ms, n in zip(CUBLAS_MS, (90, 120, 100, 101, 95))], FLOPS,
-                      nbytes=3 * 4096**2 * 4)  # fmt: skip
+    f = timing_fields(
+        [timing(ms, n) for ms, n in zip(CUBLAS_MS, (90, 120, 100, 101, 95))],
+        FLOPS,
+        nbytes=3 * 4096**2 * 4,
+    )
     assert f["median_ms"] == 1.0 and (f["median_ms_min"], f["median_ms_max"]) == (0.9, 1.2)
     assert f["median_ms_reps"] == CUBLAS_MS  # repetition order kept
     assert f["tflops"] == pytest.approx(FLOPS / 1e-3 / 1e12)
@@ -72,15 +82,18 @@ def test_timing_fields_are_medians_with_their_range():
 
 
 def gemm_rows(timers, checked, dtype=torch.bfloat16):
-    return bench_gemm.time_shape(SHAPE, dtype, checked, timers, 5, cublas_err=1e-3,
-                                 spec=get_gpu("h200-sxm"))  # fmt: skip
+    return bench_gemm.time_shape(
+        SHAPE, dtype, checked, timers, 5, cublas_err=1e-3, spec=get_gpu("h200-sxm")
+    )
 
 
 def test_gemm_rows_hold_medians_ranges_and_the_median_of_the_ratios():
     calls: list[str] = []
-    timers = {"cublas": fake(CUBLAS_MS, calls, "cublas"),
-              "hgemm_08_mma_sync": fake(STEP8_MS, calls, "hgemm_08_mma_sync"),
-              "hgemm_09_wgmma_tma": fake(OURS_MS, calls, "hgemm_09_wgmma_tma")}  # fmt: skip
+    timers = {
+        "cublas": fake(CUBLAS_MS, calls, "cublas"),
+        "hgemm_08_mma_sync": fake(STEP8_MS, calls, "hgemm_08_mma_sync"),
+        "hgemm_09_wgmma_tma": fake(OURS_MS, calls, "hgemm_09_wgmma_tma"),
+    }
     checked = {"hgemm_08_mma_sync": 1e-3, "hgemm_09_wgmma_tma": 1e-3}
     base, rows = gemm_rows(timers, checked)
     assert calls[:3] == ["cublas", "hgemm_08_mma_sync", "hgemm_09_wgmma_tma"]
@@ -108,9 +121,11 @@ def test_gemm_rows_hold_medians_ranges_and_the_median_of_the_ratios():
 
 def test_gemm_kernels_that_fail_are_recorded_not_timed():
     timers = {"cublas": fake(CUBLAS_MS), "hgemm_09_wgmma_tma": fake(OURS_MS, fail_at=3)}
-    checked = {"hgemm_08_mma_sync": 0.5,  # failed its check: no timer, not timed
-               "hgemm_09_wgmma_tma": 1e-3,  # raises in its third repetition
-               "sgemm_07_warptiling": "RuntimeError: no kernel image"}  # its check run raised  # fmt: skip
+    checked = {
+        "hgemm_08_mma_sync": 0.5,  # failed its check: no timer, not timed
+        "hgemm_09_wgmma_tma": 1e-3,  # raises in its third repetition
+        "sgemm_07_warptiling": "RuntimeError: no kernel image",
+    }  # its check run raised
     base, (h8, h9, s7) = gemm_rows(timers, checked)
     assert not h8["correct"] and h8["rel_err"] == 0.5 and "median_ms" not in h8
     assert "pct_of_cublas" not in h8
@@ -132,8 +147,12 @@ def test_attention_rows_and_ratios_are_medians_of_the_repetitions():
     ours, flash, cudnn = OURS_MS, CUBLAS_MS, [1.0, 1.05, 0.95, 1.0, 1.3]
     rows = []
     for mode in ("fwd", "fwd_bwd"):
-        timers = {"ours": fake(ours), "flash": fake(flash), "cudnn": fake(cudnn),
-                  "efficient": fake([2.0] * 5, fail_at=1)}  # fmt: skip
+        timers = {
+            "ours": fake(ours),
+            "flash": fake(flash),
+            "cudnn": fake(cudnn),
+            "efficient": fake([2.0] * 5, fail_at=1),
+        }
         got, failed = bench_attention.time_mode(ATT_SHAPE, mode, timers, 5, 1e9)
         assert [r["provider"] for r in got] == ["ours", "flash", "cudnn"]
         assert list(failed) == ["efficient"] and "repetition 1" in failed["efficient"]
@@ -155,8 +174,10 @@ def test_attention_rows_and_ratios_are_medians_of_the_repetitions():
 
 
 def test_ratios_of_single_run_rows_are_the_plain_ratio():
-    rows = [{**ATT_SHAPE, "provider": p, "mode": "fwd", "tflops": t}
-            for p, t in (("ours", 632.0), ("flash", 355.0))]  # fmt: skip
+    rows = [
+        {**ATT_SHAPE, "provider": p, "mode": "fwd", "tflops": t}
+        for p, t in (("ours", 632.0), ("flash", 355.0))
+    ]
     (r,) = bench_attention.ratios(rows)
     assert r["ratio"] == 632.0 / 355.0 and r["ratio_reps"] == [632.0 / 355.0]
 

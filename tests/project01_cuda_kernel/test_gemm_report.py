@@ -216,8 +216,9 @@ def test_a_repeated_record_shows_each_figure_as_median_and_range():
         base = bench_gemm._row(
             "cublas", "cublas", "bfloat16", shape, times[0], 1e-3, 1e-3, spec, bf16
         )
-        row = bench_gemm._row("ladder", "hgemm_09_wgmma_tma", "bfloat16", shape, times[1], 1e-3,
-                              1e-3, spec, bf16)  # fmt: skip
+        row = bench_gemm._row(
+            "ladder", "hgemm_09_wgmma_tma", "bfloat16", shape, times[1], 1e-3, 1e-3, spec, bf16
+        )
         row.update(flat("pct_of_cublas", Spread.of(pct)))
         results = {"rows": [row], "baseline": [base], "repeats": len(pct)}
         return {"environment": {"gpu": "NVIDIA H200"}, "config": {}, "results": results}

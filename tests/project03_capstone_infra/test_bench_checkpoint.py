@@ -11,8 +11,19 @@ import pytest
 
 from project03_capstone_infra import bench_checkpoint as bench
 
-SMALL = ["--preset", "tiny", "--timed-steps", "3", "--warmup-steps", "1", "--steady-saves", "1",
-         "--max-steps-during-write", "20", "--no-prestage"]  # fmt: skip
+SMALL = [
+    "--preset",
+    "tiny",
+    "--timed-steps",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--steady-saves",
+    "1",
+    "--max-steps-during-write",
+    "20",
+    "--no-prestage",
+]
 
 
 def test_each_world_size_has_its_own_record_name():

@@ -71,15 +71,20 @@ def test_fault_table_counts_steps_lost_and_recovery_time():
 def test_the_faulted_run_says_which_fault_it_is_in():
     from project03_capstone_infra.chaos import _fault_status, _steps_done
 
-    faults = [{"kind": "kill", "step": 7, "rank": 1, "attempt": 0},
-              {"kind": "nan", "step": 12, "rank": 0, "attempt": 1}]  # fmt: skip
+    faults = [
+        {"kind": "kill", "step": 7, "rank": 1, "attempt": 0},
+        {"kind": "nan", "step": 12, "rank": 0, "attempt": 1},
+    ]
     events = [{"event": "start", "attempt": 0, "rank": 0}, {"event": "step", "step": 6, "rank": 0}]
     assert _fault_status(events, faults, 30) == "attempt 0; next: kill @ step 7"
-    events += [{"event": "fault", "kind": "kill", "step": 7, "rank": 1},
-               {"event": "start", "attempt": 1, "rank": 0},
-               {"event": "step", "step": 5, "rank": 0}]  # fmt: skip
+    events += [
+        {"event": "fault", "kind": "kill", "step": 7, "rank": 1},
+        {"event": "start", "attempt": 1, "rank": 0},
+        {"event": "step", "step": 5, "rank": 0},
+    ]
     assert _fault_status(events, faults, 30) == (
-        "attempt 1; last fault: kill @ step 7 (rank 1); next: nan @ step 12")  # fmt: skip
+        "attempt 1; last fault: kill @ step 7 (rank 1); next: nan @ step 12"
+    )
     assert _steps_done(events) == 6  # the furthest step reached, replays included
     events.append({"event": "fault", "kind": "nan", "step": 12, "rank": 0})
     assert _fault_status(events, faults, 30).endswith("next: SIGTERM after step 30")

@@ -148,7 +148,7 @@ def test_damaged_newest_is_skipped_quarantined_and_explained(tmp_path, damage):
     model2, opt2 = _model_and_opt(seed=3)
     res = CheckpointManager(tmp_path).load(_state(model2, opt2))
     assert res.step == 1
-    (name, reason), = res.skipped  # fmt: skip
+    ((name, reason),) = res.skipped
     assert name == "step_00000002" and why in reason
     assert _steps(tmp_path) == [1]
     (q,) = (tmp_path / "quarantine").iterdir()

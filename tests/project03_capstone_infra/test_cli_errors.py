@@ -86,8 +86,12 @@ def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoints").write_text("a file where the checkpoints go")
-    subs = {"bad": tmp_path / "a_file" / "sub", "missing": tmp_path / "missing",
-            "tmp": tmp_path / "empty", "run": tmp_path / "run"}  # fmt: skip
+    subs = {
+        "bad": tmp_path / "a_file" / "sub",
+        "missing": tmp_path / "missing",
+        "tmp": tmp_path / "empty",
+        "run": tmp_path / "run",
+    }
     argv = [a.format(**subs) for a in argv]
     assert_one_line_error(*run_entry(package_main.main, argv, capsys), names)
     # nothing written
@@ -95,10 +99,16 @@ def test_a_bad_argument_is_one_line_naming_it(argv, names, tmp_path, capsys):
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["checkpoints"]
 
 
-@pytest.mark.parametrize(("name", "value"), [("P03_FAULTS", "[{"),
-                                             ("P03_FAULTS", '[{"kind": "explode", "step": 3}]'),
-                                             ("P03_LAUNCH_T", "abc"), ("P03_LAUNCH_T", "inf"),
-                                             ("TORCHELASTIC_RESTART_COUNT", "x")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("P03_FAULTS", "[{"),
+        ("P03_FAULTS", '[{"kind": "explode", "step": 3}]'),
+        ("P03_LAUNCH_T", "abc"),
+        ("P03_LAUNCH_T", "inf"),
+        ("TORCHELASTIC_RESTART_COUNT", "x"),
+    ],
+)
 def test_a_bad_environment_variable_is_named(name, value, tmp_path, monkeypatch, capsys):
     for var in ("P03_FAULTS", "P03_LAUNCH_T", "TORCHELASTIC_RESTART_COUNT", "P03_ATTEMPT"):
         monkeypatch.delenv(var, raising=False)
@@ -111,8 +121,14 @@ def test_a_bad_environment_variable_is_named(name, value, tmp_path, monkeypatch,
 def test_the_real_entry_point_answers_in_one_line(repo_root, tmp_path):
     path = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path}
-    r = subprocess.run([sys.executable, "-m", "project03_capstone_infra.train", "--run-dir", ""],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "project03_capstone_infra.train", "--run-dir", ""],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: TrainConfig.run_dir: expected a folder, got an empty path"

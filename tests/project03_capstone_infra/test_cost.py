@@ -169,11 +169,18 @@ def test_project02_shaped_records_are_read(tmp_path):
         rec = {
             "environment": {"gpu": "NVIDIA H200"},
             "config": {"scaling": {"gpus": "1,2"}, "train": {"preset": "1b", "param_dtype": dtype}},
-            "results": {"runs": [
-                {"world_size": 2, "status": "ok", "tokens_per_s": 2 * tps, "compute_dtype": dtype},
-                {"world_size": 4, "status": "failed", "returncode": 1},
-            ]},
-        }  # fmt: skip
+            "results": {
+                "runs": [
+                    {
+                        "world_size": 2,
+                        "status": "ok",
+                        "tokens_per_s": 2 * tps,
+                        "compute_dtype": dtype,
+                    },
+                    {"world_size": 4, "status": "failed", "returncode": 1},
+                ]
+            },
+        }
         (folder / f"scaling_{name}.json").write_text(json.dumps(rec))
     # measured on 2 GPUs, planned on 8: the assumed scaling efficiency is applied and named
     tput, ratio = cost.resolve_throughput(_small(tmp_path), tmp_path)
@@ -190,11 +197,15 @@ def test_projected_rows_are_not_taken_for_measurements(tmp_path):
     rec = {
         "environment": {"gpu": "NVIDIA H200"},
         "config": {"train": {"preset": "1b", "param_dtype": "bfloat16"}},
-        "results": {"cost": {"lines": [
-            {"n_gpus": 1, "tokens_per_s": 78_000.0, "measured": True},
-            {"n_gpus": 8, "tokens_per_s": 8 * 90_000.0, "measured": False},
-        ]}},
-    }  # fmt: skip
+        "results": {
+            "cost": {
+                "lines": [
+                    {"n_gpus": 1, "tokens_per_s": 78_000.0, "measured": True},
+                    {"n_gpus": 8, "tokens_per_s": 8 * 90_000.0, "measured": False},
+                ]
+            }
+        },
+    }
     (folder / "scaling_gpu.json").write_text(json.dumps(rec))
     tput, _ = cost.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
     assert tput.value == pytest.approx(78_000.0)
@@ -306,16 +317,32 @@ def test_bf16_fp32_ratio_pairs_sweep_variants_that_differ_only_in_precision(tmp_
     rec = {
         "environment": {"gpu": "NVIDIA H200"},
         "config": {"preset": "1b"},
-        "results": {"preset": "1b", "world_size": 1, "variants": [
-            {"variant": "eager", "status": "ok", "tokens_per_s": 50_000.0,
-             "compute_dtype": "bfloat16"},
-            {"variant": "compile+cudnn", "status": "ok", "tokens_per_s": 80_000.0,
-             "compute_dtype": "bfloat16"},
-            {"variant": "compile+cudnn+fp32", "status": "ok", "tokens_per_s": 8_000.0,
-             "compute_dtype": "float32"},
-            {"variant": "eager+fp32", "status": "failed", "error": "OOM"},
-        ]},
-    }  # fmt: skip
+        "results": {
+            "preset": "1b",
+            "world_size": 1,
+            "variants": [
+                {
+                    "variant": "eager",
+                    "status": "ok",
+                    "tokens_per_s": 50_000.0,
+                    "compute_dtype": "bfloat16",
+                },
+                {
+                    "variant": "compile+cudnn",
+                    "status": "ok",
+                    "tokens_per_s": 80_000.0,
+                    "compute_dtype": "bfloat16",
+                },
+                {
+                    "variant": "compile+cudnn+fp32",
+                    "status": "ok",
+                    "tokens_per_s": 8_000.0,
+                    "compute_dtype": "float32",
+                },
+                {"variant": "eager+fp32", "status": "failed", "error": "OOM"},
+            ],
+        },
+    }
     (folder / "sweep_gpu_precision.json").write_text(json.dumps(rec))
     _, ratio = cost.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
     assert ratio.measured and ratio.value == pytest.approx(10.0)

@@ -68,8 +68,9 @@ def test_sharded_loaders_split_the_same_global_batch():
 def test_state_of_another_run_is_refused():
     loader = ResumableLoader(_stream())
     with pytest.raises(ValueError, match="seed"):
-        loader.load_state_dict({"step": 3, "seed": 99, "vocab_size": VOCAB, "seq_len": SEQ,
-                                "global_batch": BATCH})  # fmt: skip
+        loader.load_state_dict(
+            {"step": 3, "seed": 99, "vocab_size": VOCAB, "seq_len": SEQ, "global_batch": BATCH}
+        )
 
 
 def test_bad_loader_arguments():
@@ -128,8 +129,22 @@ def test_dali_gpu_pipeline_matches_the_stream():
 
 
 def test_throughput_command_writes_its_report(tmp_path):
-    rc = data_pipeline.main(["--preset", "tiny", "--batches", "4", "--warmup", "1", "--repeats", "1",
-                             "--workers", "0,1", "--reports-dir", str(tmp_path)])  # fmt: skip
+    rc = data_pipeline.main(
+        [
+            "--preset",
+            "tiny",
+            "--batches",
+            "4",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--workers",
+            "0,1",
+            "--reports-dir",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     out = tmp_path / "project03_capstone_infra"
     rec = json.loads((out / "data.json").read_text())

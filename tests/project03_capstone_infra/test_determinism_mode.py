@@ -96,8 +96,9 @@ def test_a_default_run_records_the_mode_as_off(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # one 2-rank torchrun launch: ~10 s on 2 cores
-def test_the_ranks_start_with_the_env_and_cpu_results_do_not_change(tmp_path, reference_run,
-                                                                    monkeypatch):  # fmt: skip
+def test_the_ranks_start_with_the_env_and_cpu_results_do_not_change(
+    tmp_path, reference_run, monkeypatch
+):
     # Through the real launcher: the variables must be in each rank's environment when the
     # process starts (PYTHONHASHSEED cannot be set later), so the trainer sets none itself.
     for name in deterministic_env():

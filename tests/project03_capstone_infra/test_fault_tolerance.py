@@ -92,9 +92,14 @@ def test_single_process_sigterm_exit_code(tmp_path):
     import sys
 
     args = runner.cli_args(run_dir=str(tmp_path), **{**RUN, "steps": 400, "ckpt_every": 100})
-    proc = subprocess.Popen([sys.executable, "-m", "project03_capstone_infra.train", *args],
-                            cwd=runner.REPO_ROOT, env=runner.child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "project03_capstone_infra.train", *args],
+        cwd=runner.REPO_ROOT,
+        env=runner.child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     runner.wait_for_step(tmp_path, 2, proc)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
@@ -116,8 +121,8 @@ def test_truncated_and_flipped_checkpoints_are_detected_and_skipped(tmp_path, re
     assert done.returncode == 0, done.output[-3000:]
     resumes = _events(tmp_path, "resume")
     assert [r["from_step"] for r in resumes] == [3, 6]
-    (name1, why1), = resumes[0]["skipped"]  # fmt: skip
-    (name2, why2), = resumes[1]["skipped"]  # fmt: skip
+    ((name1, why1),) = resumes[0]["skipped"]
+    ((name2, why2),) = resumes[1]["skipped"]
     assert name1 == "step_00000006" and "truncated" in why1
     assert name2 == "step_00000009" and "sha256" in why2 and "corrupted" in why2
     quarantined = sorted(
@@ -185,8 +190,9 @@ def test_hung_collective_ends_the_job_with_a_clear_message(tmp_path):
     # then sends SIGTERM to the hung rank, whose preemption deadline ends it 3 s later.
     faults = [{"kind": "hang", "step": 4, "rank": 1}]
     t0 = time.time()
-    done = runner.launch(tmp_path, nproc=2, faults=faults, pg_timeout_s=5, sigterm_deadline_s=3,
-                         timeout=120, **RUN)  # fmt: skip
+    done = runner.launch(
+        tmp_path, nproc=2, faults=faults, pg_timeout_s=5, sigterm_deadline_s=3, timeout=120, **RUN
+    )
     assert done.returncode != 0
     assert "collective failed on rank 0" in done.output and "pg_timeout_s=5" in done.output
     assert time.time() - t0 < 60

@@ -16,8 +16,16 @@ from project03_capstone_infra.faults import read_events
 # A few dozen steps of the tiny model (its head dim of 16 runs flash attention in bf16), a
 # checkpoint every 10. Pre-flight is off: earlier GPU tests of the session may hold cached memory
 # in the pytest process, which the "another process holds this GPU" check would count.
-RUN = dict(preset="tiny", steps=30, ckpt_every=10, keep_last=3, log_every=100, device="cuda",
-           deterministic=True, preflight=False)  # fmt: skip
+RUN = dict(
+    preset="tiny",
+    steps=30,
+    ckpt_every=10,
+    keep_last=3,
+    log_every=100,
+    device="cuda",
+    deterministic=True,
+    preflight=False,
+)
 
 
 def _two_gpus() -> None:
@@ -62,8 +70,9 @@ def test_deterministic_kill_and_resume_on_2gpus_is_bitwise_equal(deterministic_r
     # then waiting on a collective its dead peer never joins; torchrun's SIGTERM starts its
     # preemption deadline (5 s here), which ends it.
     faults = [{"kind": "kill", "step": 17, "rank": 1, "attempt": 0}]
-    done = runner.launch(tmp_path, nproc=2, max_restarts=1, faults=faults, sigterm_deadline_s=5,
-                         **RUN)  # fmt: skip
+    done = runner.launch(
+        tmp_path, nproc=2, max_restarts=1, faults=faults, sigterm_deadline_s=5, **RUN
+    )
     assert done.returncode == 0, done.output[-3000:]
     resumes = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "resume"]
     assert [e["from_step"] for e in resumes] == [10]

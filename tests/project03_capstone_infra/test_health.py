@@ -22,9 +22,18 @@ from project03_capstone_infra.health import (
 
 
 def _gpu(**kw) -> GPUHealth:
-    base = dict(index=0, name="NVIDIA H200", temperature_c=40.0, memory_used_bytes=2**30,
-                memory_total_bytes=141 * 2**30, throttle_reasons=["gpu_idle"], ecc_enabled=True,
-                ecc_volatile_uncorrected=0, remapped_rows_pending=False, remapped_rows_failure=False)  # fmt: skip
+    base = dict(
+        index=0,
+        name="NVIDIA H200",
+        temperature_c=40.0,
+        memory_used_bytes=2**30,
+        memory_total_bytes=141 * 2**30,
+        throttle_reasons=["gpu_idle"],
+        ecc_enabled=True,
+        ecc_volatile_uncorrected=0,
+        remapped_rows_pending=False,
+        remapped_rows_failure=False,
+    )
     return GPUHealth(**{**base, **kw})
 
 

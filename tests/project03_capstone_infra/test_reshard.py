@@ -17,8 +17,13 @@ from .test_fault_tolerance import REL_LOSS
 def test_two_ranks_to_one_is_bitwise_before_and_continuous_after(tmp_path):
     # 12 steps, the world changes after step 6: the situation test_fault_tolerance's REL_LOSS
     # is derived for (the 1-rank run takes the 2-rank state at step 6, 6 steps to go).
-    cfg = ReshardConfig(directions=("2-1",), steps=12, switch_after=6, workdir=str(tmp_path / "w"),
-                        reports_dir=str(tmp_path / "r"))  # fmt: skip
+    cfg = ReshardConfig(
+        directions=("2-1",),
+        steps=12,
+        switch_after=6,
+        workdir=str(tmp_path / "w"),
+        reports_dir=str(tmp_path / "r"),
+    )
     res = run(cfg)
     (d,) = res["directions"]
     assert (d["from_world"], d["to_world"]) == (2, 1)
@@ -37,8 +42,9 @@ def test_two_ranks_to_one_is_bitwise_before_and_continuous_after(tmp_path):
 
     # The comparison is not vacuous: against a reference of another seed, nothing matches.
     other = tmp_path / "w" / "other"
-    done = runner.launch(other, nproc=2, preset="tiny", steps=12, ckpt_every=6, milestone_every=6,
-                         seed=1)  # fmt: skip
+    done = runner.launch(
+        other, nproc=2, preset="tiny", steps=12, ckpt_every=6, milestone_every=6, seed=1
+    )
     assert done.returncode == 0, done.output[-2000:]
     bad = compare_direction(other, tmp_path / "w" / "2_to_1", 6, TOLERANCE["float32"])
     assert not bad["losses_before_bitwise"] and not bad["state_at_switch_bitwise"]

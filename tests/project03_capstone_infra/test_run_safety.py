@@ -106,8 +106,12 @@ time.sleep(600)
 
 def test_a_second_trainer_is_refused_and_a_killed_one_releases_the_lock(tmp_path):
     root = tmp_path / "checkpoints"
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(root)], env=runner.child_env(),
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(root)],
+        env=runner.child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "holding"
         in_flight = root / ".tmp-step_00000005-1-2"  # the holder's save being written
@@ -128,12 +132,24 @@ def test_a_second_trainer_is_refused_and_a_killed_one_releases_the_lock(tmp_path
 def test_a_second_trainer_process_gets_a_clear_message(tmp_path):
     args = runner.cli_args(run_dir=str(tmp_path), **{**RUN, "steps": 400, "ckpt_every": 2})
     cmd = [sys.executable, "-m", "project03_capstone_infra.train", *args]
-    first = subprocess.Popen(cmd, cwd=runner.REPO_ROOT, env=runner.child_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    first = subprocess.Popen(
+        cmd,
+        cwd=runner.REPO_ROOT,
+        env=runner.child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         runner.wait_for_step(tmp_path, 3, first)
-        second = subprocess.run(cmd, cwd=runner.REPO_ROOT, env=runner.child_env(),
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        second = subprocess.run(
+            cmd,
+            cwd=runner.REPO_ROOT,
+            env=runner.child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 1, second.stderr[-2000:]
         assert f"in use by another trainer (pid {first.pid} " in second.stderr
         assert "Traceback" not in second.stderr
@@ -182,8 +198,10 @@ def test_a_read_only_checkpoint_root_is_refused_at_start(tmp_path, capsys):
     try:
         read_only = shutil.which("chattr") is not None or os.geteuid() != 0
         if not (read_only and _make_read_only(root)):
-            pytest.skip("running as root without a working chattr: no folder is unwritable here "
-                        "(the file-in-the-way flavours above and in test_cli_errors still run)")  # fmt: skip
+            pytest.skip(
+                "running as root without a working chattr: no folder is unwritable here "
+                "(the file-in-the-way flavours above and in test_cli_errors still run)"
+            )
         with pytest.raises(CheckpointError, match="not writable"):
             CheckpointManager(root)
         with pytest.raises(SystemExit) as exc:  # the command line's one-line error, exit 2
@@ -201,9 +219,14 @@ def test_a_read_only_checkpoint_root_is_refused_at_start(tmp_path, capsys):
 
 def _single_process(run_dir, faults, **flags):
     args = runner.cli_args(run_dir=str(run_dir), **{**RUN, "steps": 6, "ckpt_every": 2, **flags})
-    return subprocess.run([sys.executable, "-m", "project03_capstone_infra.train", *args],
-                          cwd=runner.REPO_ROOT, env=runner.child_env(faults),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "project03_capstone_infra.train", *args],
+        cwd=runner.REPO_ROOT,
+        env=runner.child_env(faults),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_leftover_fault_variable_without_the_flag_does_nothing(tmp_path):
@@ -225,8 +248,9 @@ def test_a_leftover_fault_variable_without_the_flag_does_nothing(tmp_path):
 # --- skipped steps are bounded; the run ends with a checkpoint --------------------------------
 
 
-def test_a_skipped_final_step_still_ends_with_a_checkpoint_of_the_last_good_state(tmp_path,
-                                                                                  monkeypatch):  # fmt: skip
+def test_a_skipped_final_step_still_ends_with_a_checkpoint_of_the_last_good_state(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv(FAULTS_ENV, json.dumps([{"kind": "nan", "step": 6}]))
     out = train(_cfg(tmp_path, steps=6, ckpt_every=5, nan_policy="skip", fault_injection=True))
     assert out["status"] == "completed" and out["skipped_steps"] == 1
@@ -273,8 +297,10 @@ def test_an_unchanged_resume_touches_nothing(tmp_path, train_log):
     bit for bit where the uninterrupted one does."""
     ref = train(_cfg(tmp_path / "ref", steps=6, ckpt_every=3))
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    shutil.copytree(tmp_path / "ref" / "checkpoints" / "step_00000003",
-                    tmp_path / "run" / "checkpoints" / "step_00000003")  # fmt: skip
+    shutil.copytree(
+        tmp_path / "ref" / "checkpoints" / "step_00000003",
+        tmp_path / "run" / "checkpoints" / "step_00000003",
+    )
     train_log.clear()
     out = train(_cfg(tmp_path / "run", steps=6, ckpt_every=3))
     assert out["resume"]["from_step"] == 3 and any("resume: loaded" in m for m in train_log)
@@ -314,8 +340,14 @@ def test_launch_script_exits_75_on_sigterm(tmp_path):
     script = runner.REPO_ROOT / "project03_capstone_infra" / "launch" / "torchrun_local.sh"
     args = runner.cli_args(run_dir=str(tmp_path), **{**RUN, "steps": 400, "ckpt_every": 100})
     env = {**runner.child_env(), "PYTHON": sys.executable, "MAX_RESTARTS": "0"}
-    proc = subprocess.Popen(["bash", str(script), "2", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        ["bash", str(script), "2", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         runner.wait_for_step(tmp_path, 2, proc)
         time.sleep(0.5)

@@ -32,8 +32,13 @@ def _group_alive(pgid: int) -> bool:
 
 
 def test_sigterm_to_a_demo_ends_the_torchrun_jobs_it_started(tmp_path):
-    demo = subprocess.Popen([sys.executable, "-c", HELPER, str(tmp_path)], cwd=runner.REPO_ROOT,
-                            env=runner.child_env(), stdout=subprocess.PIPE, text=True)  # fmt: skip
+    demo = subprocess.Popen(
+        [sys.executable, "-c", HELPER, str(tmp_path)],
+        cwd=runner.REPO_ROOT,
+        env=runner.child_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         pgid = int(demo.stdout.readline())
         deadline = time.time() + 120

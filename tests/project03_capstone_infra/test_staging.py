@@ -164,8 +164,16 @@ def test_a_dtensor_is_staged_as_a_dtensor_around_a_host_copy_of_its_shard(world_
 
 
 def _trainer(tmp_path, device):
-    cfg = TrainConfig(run_dir=str(tmp_path / "run"), preset="tiny", steps=1000, log_every=1000,
-                      ckpt_every=10**6, keep_last=10, device=device, preflight=False)  # fmt: skip
+    cfg = TrainConfig(
+        run_dir=str(tmp_path / "run"),
+        preset="tiny",
+        steps=1000,
+        log_every=1000,
+        ckpt_every=10**6,
+        keep_last=10,
+        device=device,
+        preflight=False,
+    )
     tr = Trainer(cfg)
     tr.setup()
     return tr

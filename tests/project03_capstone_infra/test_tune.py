@@ -30,9 +30,22 @@ def _rows(trial_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_asha_stops_trials_and_the_report_compares_it_with_random_search(tmp_path):
     reports = tmp_path / "reports"
-    argv = SMALL + ["--num-samples", "4", "--max-steps", "8", "--grace-steps", "2",
-                    "--reduction-factor", "2", "--ckpt-every", "4", "--storage-path",
-                    str(tmp_path / "tune"), "--reports-dir", str(reports)]  # fmt: skip
+    argv = SMALL + [
+        "--num-samples",
+        "4",
+        "--max-steps",
+        "8",
+        "--grace-steps",
+        "2",
+        "--reduction-factor",
+        "2",
+        "--ckpt-every",
+        "4",
+        "--storage-path",
+        str(tmp_path / "tune"),
+        "--reports-dir",
+        str(reports),
+    ]
     assert ptune.main(argv) == 0
     rec = json.loads((reports / "project03_capstone_infra" / "tune.json").read_text())
     res = rec["results"]
@@ -67,9 +80,24 @@ def test_asha_stops_trials_and_the_report_compares_it_with_random_search(tmp_pat
 @pytest.mark.slow
 def test_a_trial_that_fails_once_resumes_from_its_tune_checkpoint(tmp_path):
     storage = tmp_path / "tune"
-    argv = SMALL + ["--num-samples", "1", "--max-steps", "8", "--ckpt-every", "2",
-                    "--fail-at-step", "5", "--max-failures", "1", "--storage-path", str(storage),
-                    "--name", "retry", "--no-compare-random", "--no-report"]  # fmt: skip
+    argv = SMALL + [
+        "--num-samples",
+        "1",
+        "--max-steps",
+        "8",
+        "--ckpt-every",
+        "2",
+        "--fail-at-step",
+        "5",
+        "--max-failures",
+        "1",
+        "--storage-path",
+        str(storage),
+        "--name",
+        "retry",
+        "--no-compare-random",
+        "--no-report",
+    ]
     assert ptune.main(argv) == 0
     (trial_dir,) = [p for p in (storage / "retry").iterdir() if p.is_dir()]
     rows = _rows(trial_dir)
@@ -110,8 +138,12 @@ def _rec(lr, losses, max_steps=8):
 
 
 def test_compare_counts_compute_and_the_random_search_budget():
-    fifo = [_rec(1e-3, [5, 4, 3, 2, 1.9, 1.8, 1.7, 1.6]), _rec(1e-2, [5] * 8),
-            _rec(1e-4, [5, 4.9, 4.8, 4.7, 4.6, 4.5, 4.4, 4.3]), _rec(3e-3, [5, 4, 3, 2.5, 2.4, 2.3, 2.2, 2.1])]  # fmt: skip
+    fifo = [
+        _rec(1e-3, [5, 4, 3, 2, 1.9, 1.8, 1.7, 1.6]),
+        _rec(1e-2, [5] * 8),
+        _rec(1e-4, [5, 4.9, 4.8, 4.7, 4.6, 4.5, 4.4, 4.3]),
+        _rec(3e-3, [5, 4, 3, 2.5, 2.4, 2.3, 2.2, 2.1]),
+    ]
     asha = [fifo[0], _rec(1e-2, [5, 5]), _rec(1e-4, [5, 4.9]), _rec(3e-3, [5, 4, 3, 2.5])]
     c = compare(asha, fifo, 8)
     assert c["asha_trial_steps"] == 8 + 2 + 2 + 4
@@ -137,8 +169,10 @@ def test_tune_checkpoint_staging_keeps_dcp_metadata(tmp_path):
     step_dir.mkdir(parents=True)
     (step_dir / ".metadata").write_bytes(b"index")
     (step_dir / "__0_0.distcp").write_bytes(b"shard")
-    files = {p.name: {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
-             for p in step_dir.iterdir()}  # fmt: skip
+    files = {
+        p.name: {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
+        for p in step_dir.iterdir()
+    }
     manifest = {"format_version": 1, "step": 4, "files": files, "world_size": 1, "config_hash": "x"}
     (step_dir / MANIFEST).write_text(json.dumps(manifest))
     staged = ptune._stage_for_tune(step_dir, tmp_path / "staging")
@@ -195,8 +229,11 @@ def test_deploy_files_parse():
     for path in sorted((deploy / "kuberay").glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())
         kinds[path.name] = doc["kind"]
-    assert kinds == {"raycluster.yaml": "RayCluster", "rayjob.yaml": "RayJob",
-                     "tune-storage.yaml": "PersistentVolumeClaim"}  # fmt: skip
+    assert kinds == {
+        "raycluster.yaml": "RayCluster",
+        "rayjob.yaml": "RayJob",
+        "tune-storage.yaml": "PersistentVolumeClaim",
+    }
     job = yaml.safe_load((deploy / "kuberay" / "rayjob.yaml").read_text())
     assert "project03_capstone_infra.tune" in job["spec"]["entrypoint"]
     assert "--resume-if-exists" in job["spec"]["entrypoint"]

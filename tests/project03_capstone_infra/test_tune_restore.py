@@ -74,11 +74,33 @@ def _rows(trial_dir: Path) -> list[dict]:
 def test_driver_killed_mid_experiment_then_restored(tmp_path):
     storage = tmp_path / "tune"
     exp = storage / "restore"
-    argv = [sys.executable, "-m", "project03_capstone_infra.tune", "--preset", "tiny",
-            "--num-samples", "4", "--max-steps", str(MAX_STEPS), "--ckpt-every", "2",
-            "--scheduler", "fifo", "--max-concurrent", "2", "--num-cpus", "2",
-            "--object-store-mb", "128", "--storage-path", str(storage), "--name", "restore",
-            "--no-compare-random", "--no-report"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "project03_capstone_infra.tune",
+        "--preset",
+        "tiny",
+        "--num-samples",
+        "4",
+        "--max-steps",
+        str(MAX_STEPS),
+        "--ckpt-every",
+        "2",
+        "--scheduler",
+        "fifo",
+        "--max-concurrent",
+        "2",
+        "--num-cpus",
+        "2",
+        "--object-store-mb",
+        "128",
+        "--storage-path",
+        str(storage),
+        "--name",
+        "restore",
+        "--no-compare-random",
+        "--no-report",
+    ]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
@@ -88,8 +110,14 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
         "TUNE_GLOBAL_CHECKPOINT_S": "0.5",
     }
     with open(tmp_path / "driver1.log", "w") as log:
-        driver = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)  # fmt: skip
+        driver = subprocess.Popen(
+            argv,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     finished: dict[str, bytes] = {}
     try:
         deadline = time.monotonic() + 300
@@ -100,8 +128,11 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
             done = [n for n, (status, _, _) in state.items() if status == "TERMINATED"]
             # A running trial whose checkpoint the snapshot already holds (the step alone is not
             # enough: a snapshot can record a result before the checkpoint that goes with it).
-            running_ckpt = [n for n, (status, step, ckpt) in state.items() if status == "RUNNING"
-                            and ckpt > 0 and step < MAX_STEPS]  # fmt: skip
+            running_ckpt = [
+                n
+                for n, (status, step, ckpt) in state.items()
+                if status == "RUNNING" and ckpt > 0 and step < MAX_STEPS
+            ]
             if done and running_ckpt:
                 finished = {n: (exp / n / "result.json").read_bytes() for n in done}
                 break
@@ -112,8 +143,15 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
         driver.wait(timeout=60)
     assert 1 <= len(finished) < 4, (finished.keys(), (tmp_path / "driver1.log").read_text()[-3000:])
 
-    restored = subprocess.run(argv + ["--resume"], cwd=REPO_ROOT, env=env, capture_output=True,
-                              text=True, timeout=400, start_new_session=True)  # fmt: skip
+    restored = subprocess.run(
+        argv + ["--resume"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        start_new_session=True,
+    )
     assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
     summary = json.loads((exp / "summary.json").read_text())
     assert len(summary["trials"]) == 4
@@ -140,8 +178,15 @@ def test_driver_killed_mid_experiment_then_restored(tmp_path):
     # A platform retry of the driver (KubeRay backoffLimit, Slurm requeue) runs the same command
     # with --resume-if-exists: on a finished experiment it trains nothing.
     before = {p.name: (p / "result.json").read_bytes() for p in exp.iterdir() if p.is_dir()}
-    again = subprocess.run(argv + ["--resume-if-exists"], cwd=REPO_ROOT, env=env,
-                           capture_output=True, text=True, timeout=300, start_new_session=True)  # fmt: skip
+    again = subprocess.run(
+        argv + ["--resume-if-exists"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     after = {p.name: (p / "result.json").read_bytes() for p in exp.iterdir() if p.is_dir()}
     assert after == before

@@ -157,8 +157,11 @@ def test_crafted_non_tensor_entry_runs_nothing(tmp_path):
     marker = tmp_path / "marker"
     model, opt = _model_and_opt()
     mgr = CheckpointManager(root, keep_last=10)
-    mgr._state = lambda state, extra: {**state, "extra": RunsCode(marker),
-                                       "rng.rank_0": capture_rng_state()}  # fmt: skip
+    mgr._state = lambda state, extra: {
+        **state,
+        "extra": RunsCode(marker),
+        "rng.rank_0": capture_rng_state(),
+    }
     mgr.save(2, _state(model, opt), {})
     newest = root / "step_00000002"
     # Live: DCP's default planner unpickles it with weights_only=False.

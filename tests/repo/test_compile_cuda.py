@@ -16,7 +16,9 @@ import pytest
 from scripts import compile_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
-NEEDS_NVCC = pytest.mark.skipif(compile_cuda.find_nvcc() is None, reason="nvcc not found: CUDA toolkit absent")  # fmt: skip
+NEEDS_NVCC = pytest.mark.skipif(
+    compile_cuda.find_nvcc() is None, reason="nvcc not found: CUDA toolkit absent"
+)
 
 # A stand-in for nvcc: fails the way nvcc does on a planted error or a torch header, else
 # writes the object file named after -o.
@@ -88,9 +90,12 @@ def test_nothing_to_compile_fails_only_with_strict(tmp_path, fake_nvcc, monkeypa
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--arch", "sm_90"], "argument --arch"), (["--jobs", "0"], "argument --jobs"),
-     (["no/such/file.cu"], "no such file")],
-)  # fmt: skip
+    [
+        (["--arch", "sm_90"], "argument --arch"),
+        (["--jobs", "0"], "argument --jobs"),
+        (["no/such/file.cu"], "no such file"),
+    ],
+)
 def test_bad_arguments_are_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         compile_cuda.main(argv)
@@ -102,9 +107,14 @@ def test_the_script_needs_only_the_standard_library():
     import ast
 
     tree = ast.parse(Path(compile_cuda.__file__).read_text())
-    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}  # fmt: skip
-    names |= {n.module.split(".")[0] for n in ast.walk(tree)
-              if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module}  # fmt: skip
+    names = {
+        a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    names |= {
+        n.module.split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module
+    }
     assert names <= set(sys.stdlib_module_names) | {"__future__"}, names
 
 

@@ -44,8 +44,11 @@ def test_every_demo_step_writes_into_the_run_folder(hw):
                 assert not v.startswith("reports"), f"{step.title} writes to {v}"
         assert not any(a.endswith("README.md") for a in step.argv)
     # the entry points that render README blocks are told not to
-    readme_writers = ("project01_cuda_kernel all", "project02_fsdp_scaling report",
-                      "apple_track/Makefile")  # fmt: skip
+    readme_writers = (
+        "project01_cuda_kernel all",
+        "project02_fsdp_scaling report",
+        "apple_track/Makefile",
+    )
     for step in steps:
         if any(w in " ".join(step.argv) for w in readme_writers):
             assert "--no-readme" in " ".join(step.argv), step.argv
@@ -84,8 +87,13 @@ def test_the_entry_points_accept_the_flags_the_demo_passes():
         if (tuple(command), tuple(sorted(flags))) in seen or not demo._module_exists(module):
             continue
         seen.add((tuple(command), tuple(sorted(flags))))
-        r = subprocess.run([sys.executable, "-m", *command, "--help"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-m", *command, "--help"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         text = r.stdout + r.stderr
         for flag in flags:
             assert flag in text, f"{' '.join(command)} --help does not list {flag}"
@@ -98,8 +106,13 @@ def test_a_demo_step_writes_its_run_folder_and_leaves_reports_and_readmes_alone(
     no change under reports/ nor in any Markdown file."""
 
     def status():
-        r = subprocess.run(["git", "status", "--porcelain", "--", "reports", "*.md"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        r = subprocess.run(
+            ["git", "status", "--porcelain", "--", "reports", "*.md"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return r.stdout
 
     before = status()
@@ -189,6 +202,11 @@ def test_publish_command_line_says_what_is_wrong_in_one_line(tmp_path, capsys):
     assert publish.main([str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("publish: RUN:") and "\n" not in err
-    r = subprocess.run(["make", "--no-print-directory", "publish", f"PYTHON={sys.executable}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        ["make", "--no-print-directory", "publish", f"PYTHON={sys.executable}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "usage: make publish RUN=" in r.stdout

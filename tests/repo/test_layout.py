@@ -33,8 +33,10 @@ def test_the_import_check_catches_a_cross_import(tmp_path):
 
 def test_readme_refresh(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text("x\n<!-- results:p1 -->\nold\n<!-- /results:p1 -->\n"
-                      "<!-- results:p2 -->\nold\n<!-- /results:p2 -->\n")  # fmt: skip
+    readme.write_text(
+        "x\n<!-- results:p1 -->\nold\n<!-- /results:p1 -->\n"
+        "<!-- results:p2 -->\nold\n<!-- /results:p2 -->\n"
+    )
     (tmp_path / "reports" / "p1").mkdir(parents=True)
     (tmp_path / "reports" / "p1" / "summary.md").write_text("| a |\n| --- |\n| 1 |\n")
     assert refresh_readme.refresh(readme, tmp_path / "reports") == ["p1"]
@@ -65,6 +67,17 @@ def test_demo_plan_follows_the_hardware():
 
 def test_make_help_lists_the_targets():
     r = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    for target in ("setup", "test", "gpu-test", "demo", "publish", "project01", "project02",
-                   "project03", "apple", "lint", "fork"):  # fmt: skip
+    for target in (
+        "setup",
+        "test",
+        "gpu-test",
+        "demo",
+        "publish",
+        "project01",
+        "project02",
+        "project03",
+        "apple",
+        "lint",
+        "fork",
+    ):
         assert f"make {target} " in r.stdout, target

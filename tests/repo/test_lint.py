@@ -13,6 +13,7 @@ pytest.importorskip("ruff", reason="ruff is in the dev extra (make setup install
 
 @pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]])
 def test_ruff_is_clean(args):
-    r = subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-1000:]

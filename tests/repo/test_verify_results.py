@@ -22,14 +22,19 @@ P04 = "project04_llm_inference"
 
 
 def latency_record(ms_b1: list[float], tok_s_b256: list[float], env=H200) -> dict:
-    rows = [{"batch": 1, "context": 1024, **flat("engine_multi_ms", Spread.of(ms_b1))},
-            {"batch": 256, "context": 1024, **flat("engine_multi_tok_s", Spread.of(tok_s_b256))}]  # fmt: skip
+    rows = [
+        {"batch": 1, "context": 1024, **flat("engine_multi_ms", Spread.of(ms_b1))},
+        {"batch": 256, "context": 1024, **flat("engine_multi_tok_s", Spread.of(tok_s_b256))},
+    ]
     return {"environment": env, "config": {"decode_steps": 64}, "results": {"rows": rows}}
 
 
 def prefix_record(overhead: list[float], env=H200) -> dict:
-    return {"environment": env, "config": {},
-            "results": {"unshared": flat("overhead_pct", Spread.of(overhead))}}  # fmt: skip
+    return {
+        "environment": env,
+        "config": {},
+        "results": {"unshared": flat("overhead_pct", Spread.of(overhead))},
+    }
 
 
 def fig(key: str) -> vr.Figure:
@@ -40,7 +45,11 @@ def fig(key: str) -> vr.Figure:
 
 
 def test_lookup_follows_keys_indices_and_matchers():
-    rec = {"results": {"rows": [{"batch": 1, "x": 2.0}, {"batch": 8, **flat("x", Spread.of([3, 1, 2]))}]}}  # fmt: skip
+    rec = {
+        "results": {
+            "rows": [{"batch": 1, "x": 2.0}, {"batch": 8, **flat("x", Spread.of([3, 1, 2]))}]
+        }
+    }
     assert vr.lookup(rec, ("results", "rows", {"batch": 1}, "x")) == Spread.of([2.0])
     s = vr.lookup(rec, ("results", "rows", {"batch": 8}, "x"))
     assert (s.median, s.min, s.max, s.n) == (2.0, 1.0, 3.0, 3)
@@ -55,10 +64,12 @@ def test_lookup_follows_keys_indices_and_matchers():
 
 
 def test_worst_decode_share_is_the_reports_definition_with_that_shapes_range():
-    rows = [{"batch": 64, "context": 8192, **flat("ours_gbps", Spread.of([3700.0, 3600.0, 3800.0]))},
-            {"batch": 256, "context": 8192, **flat("ours_gbps", Spread.of([4100.0] * 3))},
-            {"batch": 1, "context": 32768, "ours_gbps": 500.0},  # not one of the target's shapes
-            {"batch": 64, "context": 1024, "ours_gbps": 900.0}]  # fmt: skip
+    rows = [
+        {"batch": 64, "context": 8192, **flat("ours_gbps", Spread.of([3700.0, 3600.0, 3800.0]))},
+        {"batch": 256, "context": 8192, **flat("ours_gbps", Spread.of([4100.0] * 3))},
+        {"batch": 1, "context": 32768, "ours_gbps": 500.0},  # not one of the target's shapes
+        {"batch": 64, "context": 1024, "ours_gbps": 900.0},
+    ]
     s = vr.worst_decode_bandwidth_share({"results": {"rows": rows}})
     assert s.median == pytest.approx(3700 / 43) and s.min == pytest.approx(3600 / 43)
     assert vr.worst_decode_bandwidth_share({"results": {"rows": rows[2:]}}) is None
@@ -146,10 +157,16 @@ def test_tolerance_takes_the_larger_of_relative_and_absolute():
 
 @pytest.mark.parametrize(
     ("statuses", "code"),
-    [(["agree", "agree"], 0), (["agree", "disagree"], 1), (["agree", "not_wired"], 4),
-     (["not_comparable", "rerun_failed"], 1), (["no_record"], 4), (["no_value", "agree"], 1),
-     (["not_run"], 4)],
-)  # fmt: skip
+    [
+        (["agree", "agree"], 0),
+        (["agree", "disagree"], 1),
+        (["agree", "not_wired"], 4),
+        (["not_comparable", "rerun_failed"], 1),
+        (["no_record"], 4),
+        (["no_value", "agree"], 1),
+        (["not_run"], 4),
+    ],
+)
 def test_exit_codes(statuses, code):
     f = fig("p04.decode.b1")
     assert vr.exit_code([vr.Check(f, s) for s in statuses]) == code
@@ -160,16 +177,25 @@ def test_exit_codes(statuses, code):
 
 def _write(root: Path, rel: str, rec: dict) -> None:
     project, name = rel.split("/")
-    save_result(project, name.removesuffix(".json"), rec["results"], config=rec.get("config"),
-                reports_dir=root, env=rec["environment"])  # fmt: skip
+    save_result(
+        project,
+        name.removesuffix(".json"),
+        rec["results"],
+        config=rec.get("config"),
+        reports_dir=root,
+        env=rec["environment"],
+    )
 
 
 def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
     committed, out = tmp_path / "reports", tmp_path / "run"
     _write(committed, f"{P04}/decode_latency.json", latency_record([1.41], [51_559.0]))
     _write(committed, f"{P04}/prefix_caching.json", prefix_record([1.7]))
-    _write(committed, "project02_fsdp_scaling/scaling_gpu.json", {"environment": H200, "results": {
-        "runs": [{"world_size": 1, "mfu": 0.41}]}})  # fmt: skip
+    _write(
+        committed,
+        "project02_fsdp_scaling/scaling_gpu.json",
+        {"environment": H200, "results": {"runs": [{"world_size": 1, "mfu": 0.41}]}},
+    )
     ran = []
 
     def runner(rerun, committed_rec, out_dir):
@@ -179,8 +205,16 @@ def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
             return ""
         return "exit status 1 (log: x): CUDA out of memory"
 
-    figures = [fig(k) for k in ("p04.decode.b1", "p04.decode.b256", "p04.prefix.overhead",
-                                "p04.throughput", "p02.mfu.ws1")]  # fmt: skip
+    figures = [
+        fig(k)
+        for k in (
+            "p04.decode.b1",
+            "p04.decode.b256",
+            "p04.prefix.overhead",
+            "p04.throughput",
+            "p02.mfu.ws1",
+        )
+    ]
     v = vr.verify(figures, committed, out, runner)
     # latency once for both of its figures; prefix ran and failed; throughput has no committed
     # record (not run); project02's scaling is not wired
@@ -189,9 +223,13 @@ def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
     assert latency_argv[:2] == [P04, "latency"] and "--decode-steps" in latency_argv
     assert latency_argv[latency_argv.index("--max-model-len") + 1] == "8352"  # the committed plan's
     got = {c.figure.key: c.status for c in v.checks}
-    assert got == {"p04.decode.b1": "agree", "p04.decode.b256": "disagree",
-                   "p04.prefix.overhead": "rerun_failed", "p04.throughput": "no_record",
-                   "p02.mfu.ws1": "not_wired"}  # fmt: skip
+    assert got == {
+        "p04.decode.b1": "agree",
+        "p04.decode.b256": "disagree",
+        "p04.prefix.overhead": "rerun_failed",
+        "p04.throughput": "no_record",
+        "p02.mfu.ws1": "not_wired",
+    }
     assert vr.exit_code(v.checks) == vr.EXIT_DISAGREE
     text = vr.report(v)
     assert "1.41 (1 run)" in text and "1.45 (1.4–1.5, n=3)" in text
@@ -232,8 +270,16 @@ def test_main_with_a_gpu_writes_the_verdicts(monkeypatch, tmp_path, capsys):
         return ""
 
     monkeypatch.setattr(vr, "run_rerun", runner)
-    code = vr.main(["--only", "p04.prefix", "--committed-dir", str(committed),
-                    "--reports-dir", str(tmp_path / "run")])  # fmt: skip
+    code = vr.main(
+        [
+            "--only",
+            "p04.prefix",
+            "--committed-dir",
+            str(committed),
+            "--reports-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == vr.EXIT_OK
     saved = json.loads((tmp_path / "run" / "verify_results.json").read_text())
     assert saved["exit_code"] == 0 and saved["checks"][0]["status"] == "agree"
@@ -258,10 +304,16 @@ def test_make_help_lists_verify_results():
 P01 = "project01_cuda_kernel"
 # The README's published values, as it prints them (GEMM targets table, attention tables at head
 # dim 128, seq 4,096, non-causal: 632 / 355, 632 / 672, 307 / 305, 307 / 550, 249 / 288).
-P01_PUBLISHED = {"p01.gemm.bf16_4096": 90.9, "p01.gemm.bf16_8192": 98.3,
-                 "p01.gemm.fp32_4096": 82.1, "p01.attention.fwd": 1.78,
-                 "p01.attention.fwd_cudnn": 0.94, "p01.attention.fwd_bwd": 1.01,
-                 "p01.attention.fwd_bwd_cudnn": 0.56, "p01.attention.bwd": 0.86}  # fmt: skip
+P01_PUBLISHED = {
+    "p01.gemm.bf16_4096": 90.9,
+    "p01.gemm.bf16_8192": 98.3,
+    "p01.gemm.fp32_4096": 82.1,
+    "p01.attention.fwd": 1.78,
+    "p01.attention.fwd_cudnn": 0.94,
+    "p01.attention.fwd_bwd": 1.01,
+    "p01.attention.fwd_bwd_cudnn": 0.56,
+    "p01.attention.bwd": 0.86,
+}
 
 
 def test_p01_figures_resolve_against_the_committed_records(repo_root):
@@ -305,35 +357,57 @@ def test_p01_reruns_parse_with_the_benchmarks_own_command_line(key, repo_root, t
         parse_subcommand(commands(), prog=PROG, description="", argv=[*argv[1:], "--no-such"])
 
 
-def gemm_record(bf16_4096: list[float], bf16_8192: list[float], fp32: list[float],
-                env=H200) -> dict:  # fmt: skip
+def gemm_record(
+    bf16_4096: list[float], bf16_8192: list[float], fp32: list[float], env=H200
+) -> dict:
     def row(kernel, dtype, size, pct, correct=True):
-        return {"kernel": kernel, "dtype": dtype, "shape": f"{size}x{size}x{size}",
-                "correct": correct, **flat("pct_of_cublas", Spread.of(pct))}  # fmt: skip
+        return {
+            "kernel": kernel,
+            "dtype": dtype,
+            "shape": f"{size}x{size}x{size}",
+            "correct": correct,
+            **flat("pct_of_cublas", Spread.of(pct)),
+        }
 
-    rows = [row("hgemm_08_mma_sync", "bfloat16", 4096, [48.0] * len(bf16_4096)),
-            row("hgemm_09_wgmma_tma", "bfloat16", 4096, bf16_4096),
-            row("hgemm_09_wgmma_tma", "bfloat16", 8192, bf16_8192),
-            row("sgemm_07_warptiling", "float32", 4096, fp32),
-            # neither is the best bfloat16 kernel: another dtype, a failed check
-            row("hgemm_09_wgmma_tma", "float16", 4096, [120.0]),
-            row("hgemm_08_mma_sync", "bfloat16", 8192, [130.0], correct=False)]  # fmt: skip
-    return {"environment": env, "config": {"warmup_ms": 25.0, "rep_ms": 100.0},
-            "results": {"rows": rows, "baseline": []}}  # fmt: skip
+    rows = [
+        row("hgemm_08_mma_sync", "bfloat16", 4096, [48.0] * len(bf16_4096)),
+        row("hgemm_09_wgmma_tma", "bfloat16", 4096, bf16_4096),
+        row("hgemm_09_wgmma_tma", "bfloat16", 8192, bf16_8192),
+        row("sgemm_07_warptiling", "float32", 4096, fp32),
+        # neither is the best bfloat16 kernel: another dtype, a failed check
+        row("hgemm_09_wgmma_tma", "float16", 4096, [120.0]),
+        row("hgemm_08_mma_sync", "bfloat16", 8192, [130.0], correct=False),
+    ]
+    return {
+        "environment": env,
+        "config": {"warmup_ms": 25.0, "rep_ms": 100.0},
+        "results": {"rows": rows, "baseline": []},
+    }
 
 
 def attention_record(tflops: dict[tuple[str, str], list[float]], env=H200) -> dict:
     shape = {"head_dim": 128, "seq_len": 4096, "batch": 4, "heads": 16, "causal": False}
-    rows = [{**shape, "provider": p, "mode": m, **flat("tflops", Spread.of(v))}
-            for (p, m), v in tflops.items()]  # fmt: skip
-    return {"environment": env, "config": {"warmup_ms": 5.0, "rep_ms": 25.0},
-            "results": {"rows": rows}}  # fmt: skip
+    rows = [
+        {**shape, "provider": p, "mode": m, **flat("tflops", Spread.of(v))}
+        for (p, m), v in tflops.items()
+    ]
+    return {
+        "environment": env,
+        "config": {"warmup_ms": 5.0, "rep_ms": 25.0},
+        "results": {"rows": rows},
+    }
 
 
-COMMITTED_ATTENTION = {("ours", "fwd"): [632.0], ("flash", "fwd"): [355.0],
-                       ("cudnn", "fwd"): [672.0], ("ours", "fwd_bwd"): [307.0],
-                       ("flash", "fwd_bwd"): [305.0], ("cudnn", "fwd_bwd"): [550.0],
-                       ("ours", "bwd"): [249.0], ("flash", "bwd"): [288.0]}  # fmt: skip
+COMMITTED_ATTENTION = {
+    ("ours", "fwd"): [632.0],
+    ("flash", "fwd"): [355.0],
+    ("cudnn", "fwd"): [672.0],
+    ("ours", "fwd_bwd"): [307.0],
+    ("flash", "fwd_bwd"): [305.0],
+    ("cudnn", "fwd_bwd"): [550.0],
+    ("ours", "bwd"): [249.0],
+    ("flash", "bwd"): [288.0],
+}
 
 
 def test_p01_gemm_agrees_within_its_tolerance_and_disagrees_outside():
@@ -358,8 +432,12 @@ def test_p01_attention_ratios_pair_the_repetitions():
     # ours and FLASH both slower in repetition 2 (the GPU's state fell on both): per-repetition
     # ratios 1.8, 1.8, 1.8, 1.75, 1.8 -> 1.8; the ratio of the medians would be 630 / 350 = 1.8 too,
     # but the range shows the pairing: 1.75-1.8, where unpaired values would span 1.62-2.0
-    new = attention_record({("ours", "fwd"): [630.0, 576.0, 630.0, 612.5, 640.0],
-                            ("flash", "fwd"): [350.0, 320.0, 350.0, 350.0, 355.6]})  # fmt: skip
+    new = attention_record(
+        {
+            ("ours", "fwd"): [630.0, 576.0, 630.0, 612.5, 640.0],
+            ("flash", "fwd"): [350.0, 320.0, 350.0, 350.0, 355.6],
+        }
+    )
     c = vr.compare(fig("p01.attention.fwd"), committed, new)
     assert c.status == "agree" and c.new.median == pytest.approx(1.8)
     assert (c.new.min, c.new.max) == (pytest.approx(1.75), pytest.approx(1.8, abs=1e-3))
@@ -375,14 +453,18 @@ def test_p01_reruns_each_run_once_for_their_figures(tmp_path):
     _write(committed, f"{P01}/gemm.json", gemm_record([90.9], [98.3], [82.1]))
     _write(committed, f"{P01}/attention.json", attention_record(COMMITTED_ATTENTION))
     ran = []
-    repeated = {k: [v[0] * f for f in (0.97, 1.0, 1.02, 0.99, 1.01)]
-                for k, v in COMMITTED_ATTENTION.items()}  # fmt: skip
+    repeated = {
+        k: [v[0] * f for f in (0.97, 1.0, 1.02, 0.99, 1.01)] for k, v in COMMITTED_ATTENTION.items()
+    }
     repeated[("cudnn", "fwd_bwd")] = [700.0] * 5  # cuDNN much faster: ours / cuDNN 0.44 vs 0.56
 
     def runner(rerun, committed_rec, out_dir):
         ran.append(rerun.key)
-        rec = (gemm_record([91.0, 92.0, 90.0, 89.5, 91.5], [97.0] * 5, [81.0] * 5)
-               if rerun.key == "p01-gemm" else attention_record(repeated))  # fmt: skip
+        rec = (
+            gemm_record([91.0, 92.0, 90.0, 89.5, 91.5], [97.0] * 5, [81.0] * 5)
+            if rerun.key == "p01-gemm"
+            else attention_record(repeated)
+        )
         _write(out_dir, rerun.record, rec)
         return ""
 

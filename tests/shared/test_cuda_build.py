@@ -67,6 +67,13 @@ def test_project01_keeps_its_names_and_shares_the_error_class():
     from project01_cuda_kernel import CudaUnavailableError, _build
 
     assert CudaUnavailableError is cuda_build.CudaUnavailableError
-    for name in ("CSRC", "build_root", "cuda_unavailable_reason", "is_hopper", "load_extension",
-                 "require_cuda", "target_arch_list"):  # fmt: skip
+    for name in (
+        "CSRC",
+        "build_root",
+        "cuda_unavailable_reason",
+        "is_hopper",
+        "load_extension",
+        "require_cuda",
+        "target_arch_list",
+    ):
         assert hasattr(_build, name), name

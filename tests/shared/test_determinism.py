@@ -61,8 +61,12 @@ def test_enable_sets_every_flag_and_restore_puts_them_back(clean_env):
         assert torch.are_deterministic_algorithms_enabled()
         assert not torch.is_deterministic_algorithms_warn_only_enabled()
         assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
-        assert sdpa_backends() == {"flash": True, "mem_efficient": False, "math": True,
-                                   "cudnn": False}  # fmt: skip
+        assert sdpa_backends() == {
+            "flash": True,
+            "mem_efficient": False,
+            "math": True,
+            "cudnn": False,
+        }
         # the variables a launcher should have set are set in-process, except the one Python
         # reads only at start-up, which is named in a note instead
         for name in ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE"):
@@ -102,10 +106,16 @@ def test_a_launcher_set_environment_is_kept_and_not_removed_by_restore(clean_env
     assert os.environ["NCCL_ALGO"] == "ring" and os.environ["PYTHONHASHSEED"] == "0"
 
 
-@pytest.mark.parametrize(("name", "value"), [("NCCL_ALGO", "Tree"), ("NCCL_PROTO", "LL128"),
-                                             ("NCCL_NVLS_ENABLE", "1"),
-                                             ("CUBLAS_WORKSPACE_CONFIG", ":0:0"),
-                                             ("PYTHONHASHSEED", "random")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("NCCL_ALGO", "Tree"),
+        ("NCCL_PROTO", "LL128"),
+        ("NCCL_NVLS_ENABLE", "1"),
+        ("CUBLAS_WORKSPACE_CONFIG", ":0:0"),
+        ("PYTHONHASHSEED", "random"),
+    ],
+)
 def test_a_conflicting_variable_is_refused_by_name(clean_env, monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
@@ -115,9 +125,16 @@ def test_a_conflicting_variable_is_refused_by_name(clean_env, monkeypatch, name,
         check_env({name: value})
 
 
-@pytest.mark.parametrize("kwargs", [{"seed": -1, "rank": 0}, {"seed": 0, "rank": -1},
-                                    {"seed": 1.5, "rank": 0}, {"seed": True, "rank": 0},
-                                    {"seed": 0, "rank": 0, "device_type": "tpu"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"seed": -1, "rank": 0},
+        {"seed": 0, "rank": -1},
+        {"seed": 1.5, "rank": 0},
+        {"seed": True, "rank": 0},
+        {"seed": 0, "rank": 0, "device_type": "tpu"},
+    ],
+)
 def test_bad_arguments_are_refused(clean_env, kwargs):
     with pytest.raises(ValueError):
         enable_determinism(**kwargs)

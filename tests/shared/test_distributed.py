@@ -15,9 +15,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _failure_lines(stderr: str) -> str:
     """What the ranks said before torchrun's summary (the summary alone hides the cause)."""
-    keep = [ln for ln in stderr.splitlines()
-            if any(w in ln for w in ("Error", "error", "terminate", "what()", "Traceback",
-                                     "[rank", "exitcode", "Signal"))]  # fmt: skip
+    keep = [
+        ln
+        for ln in stderr.splitlines()
+        if any(
+            w in ln
+            for w in (
+                "Error",
+                "error",
+                "terminate",
+                "what()",
+                "Traceback",
+                "[rank",
+                "exitcode",
+                "Signal",
+            )
+        )
+    ]
     return "\n".join(keep[-60:])
 
 
@@ -27,8 +41,16 @@ def _torchrun(nproc: int, out: Path, bug: str = "") -> subprocess.CompletedProce
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", str(WORKER), str(out), *([bug] if bug else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(WORKER),
+        str(out),
+        *([bug] if bug else []),
+    ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 

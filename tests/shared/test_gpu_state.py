@@ -97,8 +97,11 @@ def test_unsupported_queries_are_none_not_a_failure(monkeypatch):
 def test_no_driver_and_no_pynvml_say_why(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     s = gs.gpu_state(nvml=fake_nvml(fail_init=True))
-    assert s == {"available": False, "time": s["time"],
-                 "reason": "NVML could not start: _NVMLError: NVML Shared Library Not Found"}  # fmt: skip
+    assert s == {
+        "available": False,
+        "time": s["time"],
+        "reason": "NVML could not start: _NVMLError: NVML Shared Library Not Found",
+    }
     assert gs.state_line(s).startswith("GPU state: not read (NVML could not start")
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     s = gs.gpu_state()
@@ -128,8 +131,9 @@ def test_records_carry_the_state_at_start_and_end(tmp_path, monkeypatch):
     assert env["gpu_state"]["start"] == start and env["gpu_state"]["end"]["available"]
     assert env["gpu_state"]["end"]["clock_events"] == []
     assert environment()["gpu_state"]["start"] is None
-    path = save_result("p", "r", {"x": 1}, reports_dir=tmp_path, env={"gpu": "G"},
-                       gpu_state_start=start)  # fmt: skip
+    path = save_result(
+        "p", "r", {"x": 1}, reports_dir=tmp_path, env={"gpu": "G"}, gpu_state_start=start
+    )
     rec = load_result(path)
     assert rec["environment"]["gpu"] == "G"
     assert rec["environment"]["gpu_state"]["start"]["sm_clock_mhz"] == 1500

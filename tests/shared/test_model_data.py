@@ -213,8 +213,10 @@ def test_stream_is_deterministic_and_resumable():
 @pytest.mark.parametrize("world", [2, 4])
 def test_global_batch_is_the_same_for_any_world_size(world):
     full_x, full_y = SyntheticTokens(256, 16, 8, seed=0).batch_at(5)
-    parts = [SyntheticTokens(256, 16, 8, seed=0, rank=r, world_size=world).batch_at(5)
-             for r in range(world)]  # fmt: skip
+    parts = [
+        SyntheticTokens(256, 16, 8, seed=0, rank=r, world_size=world).batch_at(5)
+        for r in range(world)
+    ]
     torch.testing.assert_close(torch.cat([p[0] for p in parts]), full_x)
     torch.testing.assert_close(torch.cat([p[1] for p in parts]), full_y)
     assert parts[0][0].shape == (8 // world, 16)

@@ -52,8 +52,10 @@ def test_fsdp_bf16_compiled_training_on_one_gpu():
     info = init_distributed()
     try:
         model = build_model("tiny", seed=0).to(info.device)
-        parallelize(model, ParallelConfig(param_dtype="bfloat16", compile=True,
-                                          activation_checkpointing=True))  # fmt: skip
+        parallelize(
+            model,
+            ParallelConfig(param_dtype="bfloat16", compile=True, activation_checkpointing=True),
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
         data = SyntheticTokens(256, 64, 16, seed=0)
         losses = []

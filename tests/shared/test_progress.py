@@ -8,18 +8,34 @@ import pytest
 from shared.progress import human_count, human_seconds, progress
 
 
-@pytest.mark.parametrize(("n", "text"), [
-    (0, "0"), (7, "7"), (950, "950"), (1000, "1.00 K"), (12_345, "12.3 K"), (139_584, "139.6 K"),
-    (999_999, "1.00 M"), (134_217_728, "134.2 M"), (1_105_712_128, "1.11 B"), (2.5e12, "2.50 T"),
-    (-139_584, "-139.6 K"), (float("nan"), "n/a"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0"),
+        (7, "7"),
+        (950, "950"),
+        (1000, "1.00 K"),
+        (12_345, "12.3 K"),
+        (139_584, "139.6 K"),
+        (999_999, "1.00 M"),
+        (134_217_728, "134.2 M"),
+        (1_105_712_128, "1.11 B"),
+        (2.5e12, "2.50 T"),
+        (-139_584, "-139.6 K"),
+        (float("nan"), "n/a"),
+    ],
+)
 def test_human_count(n, text):
     assert human_count(n) == text
 
 
 def test_human_seconds():
     assert [human_seconds(s) for s in (4.23, 185, 3720, None)] == [
-        "4.2 s", "3 min 05 s", "1 h 02 min", "?"]  # fmt: skip
+        "4.2 s",
+        "3 min 05 s",
+        "1 h 02 min",
+        "?",
+    ]
 
 
 def test_a_log_gets_the_first_every_nth_and_the_last_item_with_rate_and_eta():
@@ -29,7 +45,11 @@ def test_a_log_gets_the_first_every_nth_and_the_last_item_with_rate_and_eta():
             bar.advance(status=f"loss {i}")
     lines = out.getvalue().splitlines()
     assert [ln.split(" steps")[0] for ln in lines] == [
-        "[train] 1/25", "[train] 11/25", "[train] 21/25", "[train] 25/25"]  # fmt: skip
+        "[train] 1/25",
+        "[train] 11/25",
+        "[train] 21/25",
+        "[train] 25/25",
+    ]
     assert "ETA" in lines[0] and "step/s" in lines[0] and lines[0].endswith("| loss 0")
     assert "ETA" not in lines[-1] and lines[-1].endswith("| loss 24")
 

@@ -23,8 +23,10 @@ def _sequence(values, log, name):
 
 def test_interleave_alternates_the_order_and_keeps_every_value():
     log: list[str] = []
-    fns = {"ours": _sequence([1.0, 5.0, 2.0, 4.0, 3.0], log, "ours"),
-           "base": _sequence([10.0, 10.0, 12.0, 8.0, 11.0], log, "base")}  # fmt: skip
+    fns = {
+        "ours": _sequence([1.0, 5.0, 2.0, 4.0, 3.0], log, "ours"),
+        "base": _sequence([10.0, 10.0, 12.0, 8.0, 11.0], log, "base"),
+    }
     r = interleave(fns, 5)
     assert log == ["ours", "base", "base", "ours", "ours", "base", "base", "ours", "ours", "base"]
     assert r.order == [["ours", "base"], ["base", "ours"]] * 2 + [["ours", "base"]]

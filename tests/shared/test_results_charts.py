@@ -18,8 +18,17 @@ from shared.results import (
 
 def test_environment_has_every_field():
     env = environment()
-    for key in ("gpu", "driver", "cuda", "torch", "python", "host", "date", "git_commit",
-                "git_dirty"):  # fmt: skip
+    for key in (
+        "gpu",
+        "driver",
+        "cuda",
+        "torch",
+        "python",
+        "host",
+        "date",
+        "git_commit",
+        "git_dirty",
+    ):
         assert key in env
     assert env["torch"] and env["python"] and env["date"]
     assert "torch" in environment_line(env)
@@ -37,9 +46,13 @@ def test_git_commit_override_wins(monkeypatch):
 
 def test_save_and_load_result(tmp_path):
     path = save_result(
-        "demo", "run1", [{"x": 1.5}], baseline={"cublas_tflops": 700.0},
-        config={"n": 3}, reports_dir=tmp_path,
-    )  # fmt: skip
+        "demo",
+        "run1",
+        [{"x": 1.5}],
+        baseline={"cublas_tflops": 700.0},
+        config={"n": 3},
+        reports_dir=tmp_path,
+    )
     assert path == tmp_path / "demo" / "run1.json"
     rec = load_result(path)
     assert rec["results"] == [{"x": 1.5}]
@@ -111,18 +124,47 @@ def _is_png(path):
 
 def test_charts_write_pngs(tmp_path):
     paths = [
-        charts.bar_chart(tmp_path / "bar.png", ["a", "b"], [1.0, 2.0], title="t",
-                         ylabel="TFLOP/s", baseline=1.5, baseline_label="cuBLAS"),
-        charts.grouped_bar_chart(tmp_path / "g.png", ["512", "1k"], {"ours": [1, 2],
-                                 "sdpa": [2, None]}, title="t", ylabel="TFLOP/s"),
-        charts.line_chart(tmp_path / "l.png", {"fsdp": ([1, 2, 4], [1, 1.9, 3.7])},
-                          title="t", xlabel="GPUs", ylabel="tokens/s", ideal=([1, 4], [1, 4]),
-                          logx=True),
-        charts.roofline_chart(tmp_path / "r.png", [("k", 100.0, 2e14)], peak_flops=989e12,
-                              peak_bandwidth=4.8e12, title="roofline"),
-        charts.stacked_bar_chart(tmp_path / "s.png", ["1", "2"], {"compute": [1, 1],
-                                 "comm": [0, 0.2]}, title="t", ylabel="ms", footnote="H200"),
-    ]  # fmt: skip
+        charts.bar_chart(
+            tmp_path / "bar.png",
+            ["a", "b"],
+            [1.0, 2.0],
+            title="t",
+            ylabel="TFLOP/s",
+            baseline=1.5,
+            baseline_label="cuBLAS",
+        ),
+        charts.grouped_bar_chart(
+            tmp_path / "g.png",
+            ["512", "1k"],
+            {"ours": [1, 2], "sdpa": [2, None]},
+            title="t",
+            ylabel="TFLOP/s",
+        ),
+        charts.line_chart(
+            tmp_path / "l.png",
+            {"fsdp": ([1, 2, 4], [1, 1.9, 3.7])},
+            title="t",
+            xlabel="GPUs",
+            ylabel="tokens/s",
+            ideal=([1, 4], [1, 4]),
+            logx=True,
+        ),
+        charts.roofline_chart(
+            tmp_path / "r.png",
+            [("k", 100.0, 2e14)],
+            peak_flops=989e12,
+            peak_bandwidth=4.8e12,
+            title="roofline",
+        ),
+        charts.stacked_bar_chart(
+            tmp_path / "s.png",
+            ["1", "2"],
+            {"compute": [1, 1], "comm": [0, 0.2]},
+            title="t",
+            ylabel="ms",
+            footnote="H200",
+        ),
+    ]
     for p in paths:
         assert _is_png(p)
     with pytest.raises(ValueError, match="lengths differ"):
