@@ -33,7 +33,6 @@ import random
 import re
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -116,7 +115,7 @@ def report_name(cfg: ChaosConfig, cuda: bool) -> str:
 
 
 def _log(msg: str) -> None:
-    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    runner.log("chaos", msg)
 
 
 def plan_faults(cfg: ChaosConfig, nproc: int) -> tuple[list[dict], int]:

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import shutil
 import statistics
-import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -82,7 +80,7 @@ class DeterminismCostConfig:
 
 
 def _log(msg: str) -> None:
-    print(f"[determinism_cost {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    runner.log("determinism_cost", msg)
 
 
 def step_times(run_dir: Path, warmup: int) -> list[float]:

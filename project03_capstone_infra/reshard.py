@@ -21,9 +21,7 @@ Writes reshard.json (curves, checks, environment) and reshard.png to the reports
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -111,7 +109,7 @@ class ReshardConfig:
 
 
 def _log(msg: str) -> None:
-    print(f"[reshard {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    runner.log("reshard", msg)
 
 
 def _launch(run_dir: Path, cfg: ReshardConfig, nproc: int, what: str, **overrides) -> None:

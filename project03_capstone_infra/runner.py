@@ -219,3 +219,8 @@ def final_checkpoint(run_dir: str | Path) -> Path:
     if not dirs:
         raise FileNotFoundError(f"no checkpoint under {run_dir}/checkpoints")
     return dirs[-1]
+
+
+def log(tag: str, msg: str) -> None:
+    """A demo's progress line on stderr: `[tag HH:MM:SS] msg`."""
+    print(f"[{tag} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
