@@ -14,6 +14,12 @@ Bytes = the weight + the activations read and written once; GB/s = bytes / media
 Each shape is timed in `repeats` repetitions (default 5), ours and cuBLAS alternating
 (`shared.repeat.interleave`); figures are medians with `_min`/`_max`, the speedup the median of
 per-repetition ratios.
+
+Chain: the four projections of every layer of the model back to back (16 layers: 1.95 GB of
+weights per pass), as a decode step runs them, captured in one CUDA graph per variant and timed
+by replaying it: the GEMV kernel with programmatic dependent launch (the engine's default on
+sm_90), the GEMV kernel with ordinary launches, and the cuBLAS path. What PDL saves shows here
+and not in the single-projection rows, which time one launch after an L2 flush.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ class GemvBenchConfig:
     seed: int = 0
     repeats: int = DEFAULT_REPEATS
     """repetitions per shape, ours and cuBLAS alternating; figures are medians with min-max"""
+    chain_tokens: list[int] = field(default_factory=lambda: [1, 2])
+    """rows of the layer-chain timing (empty: skip it)"""
+    chain_layers: int = 16
+    """layers in the chain (Llama-3.2-1B has 16)"""
     reports_dir: str = ""
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
 
@@ -118,6 +128,111 @@ def run_shape(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig
     return row
 
 
+def _chain_weights(layers: int, dtype: torch.dtype) -> list[dict]:
+    def w(n: int, k: int) -> torch.Tensor:
+        return torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
+
+    def nw(k: int) -> torch.Tensor:
+        return 1 + 0.1 * torch.randn(k, device="cuda", dtype=dtype)
+
+    shapes = {name: (n, k) for name, n, k, _ in SHAPES_1B}
+    return [
+        {
+            "qkv": w(*shapes["qkv"]),
+            "o": w(*shapes["o"]),
+            "gate_up": w(*shapes["gate_up"]),
+            "down": w(*shapes["down"]),
+            "norm1": nw(shapes["qkv"][1]),
+            "norm2": nw(shapes["gate_up"][1]),
+        }
+        for _ in range(layers)
+    ]
+
+
+def run_chain(t: int, weights: list[dict], cfg: GemvBenchConfig) -> dict:
+    """The layers' projections back to back in one CUDA graph: GEMV with and without PDL, cuBLAS."""
+    from project04_llm_inference.kernels import gemv, pdl
+    from project04_llm_inference.kernels.norm_act import fused_add_rms_norm, rms_norm, silu_and_mul
+
+    dtype = getattr(torch, cfg.dtype)
+    d = weights[0]["o"].shape[0]
+    x = torch.randn(t, d, device="cuda", dtype=dtype)
+    attn = torch.randn(t, d, device="cuda", dtype=dtype)  # stands for the attention output
+
+    def ours() -> torch.Tensor:
+        h, res = x, None
+        for lw in weights:
+            _, res = gemv.norm_linear(h, res, lw["norm1"], lw["qkv"], 1e-5)
+            o = gemv.linear(attn, lw["o"])
+            act, res = gemv.norm_linear(o, res, lw["norm2"], lw["gate_up"], 1e-5, silu_mul=True)
+            h = gemv.linear(act, lw["down"])
+        return h + res
+
+    def cublas() -> torch.Tensor:
+        h, res = x.clone(), None
+        for lw in weights:
+            if res is None:
+                hn, res = rms_norm(h, lw["norm1"], 1e-5), h
+            else:
+                hn, res = fused_add_rms_norm(h, res, lw["norm1"], 1e-5)
+            F.linear(hn, lw["qkv"])
+            o = F.linear(attn, lw["o"])
+            hn, res = fused_add_rms_norm(o, res, lw["norm2"], 1e-5)
+            h = F.linear(silu_and_mul(F.linear(hn, lw["gate_up"])), lw["down"])
+        return h + res
+
+    def capture(fn, use_pdl: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        saved, pdl.USE_PDL = pdl.USE_PDL, use_pdl
+        try:
+            fn()  # eager first: extensions loaded, function attributes set
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            return graph, out
+        finally:
+            pdl.USE_PDL = saved
+
+    variants = {
+        "gemv_pdl": capture(ours, True),
+        "gemv": capture(ours, False),
+        "cublas": capture(cublas, False),
+    }
+    ref = variants["gemv"][1].float()
+    row = {
+        "tokens": t,
+        "layers": len(weights),
+        "bytes": sum(sum(v.numel() * v.element_size() for v in lw.values()) for lw in weights),
+        "pdl_bitwise_equal": bool(torch.equal(variants["gemv_pdl"][1].float(), ref)),
+        "max_abs_diff_vs_cublas": (variants["cublas"][1].float() - ref).abs().max().item(),
+        "pdl_capable": torch.cuda.get_device_capability() >= (9, 0),
+    }
+
+    def timed(graph: torch.cuda.CUDAGraph, n: int = 50):
+        def measure() -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            graph.replay()
+            start.record()
+            for _ in range(n):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / n  # ms per pass
+
+        return measure
+
+    reps = interleave({k: timed(g) for k, (g, _) in variants.items()}, cfg.repeats)
+    for key in variants:
+        ms = reps.spread(key)
+        row.update(flat(f"{key}_us", ms.map(lambda v: v * 1e3)))
+        row.update(flat(f"{key}_gbps", ms.map(lambda v: row["bytes"] / (v * 1e-3) / 1e9)))
+    row.update(flat("pdl_speedup", reps.ratio("gemv", "gemv_pdl")))
+    row.update(flat("pdl_speedup_vs_cublas", reps.ratio("cublas", "gemv_pdl")))
+    return row
+
+
 def run(cfg: GemvBenchConfig) -> dict:
     """Time every (projection, tokens) shape, save the JSON record, return it with its path."""
     from shared.gpu_state import gpu_state, state_line
@@ -129,6 +244,10 @@ def run(cfg: GemvBenchConfig) -> dict:
         raise ValueError(f"GemvBenchConfig.repeats must be >= 1, got {cfg.repeats}")
     if not cfg.tokens or any(not 1 <= t <= 8 for t in cfg.tokens):
         raise ValueError(f"GemvBenchConfig.tokens must be in 1..8, got {cfg.tokens}")
+    if any(not 1 <= t <= 8 for t in cfg.chain_tokens):
+        raise ValueError(f"GemvBenchConfig.chain_tokens must be in 1..8, got {cfg.chain_tokens}")
+    if cfg.chain_layers < 1:
+        raise ValueError(f"GemvBenchConfig.chain_layers must be >= 1, got {cfg.chain_layers}")
     start = gpu_state()
     print(f"GPU at start: {state_line(start)}")
     torch.manual_seed(cfg.seed)
@@ -142,10 +261,23 @@ def run(cfg: GemvBenchConfig) -> dict:
                 f"cuBLAS {r['cublas_us']:7.1f} us {r['cublas_gbps']:6.0f} GB/s   "
                 f"x{r['speedup_vs_cublas']:.2f}"
             )
+    chain = []
+    if cfg.chain_tokens:
+        weights = _chain_weights(cfg.chain_layers, getattr(torch, cfg.dtype))
+        for t in cfg.chain_tokens:
+            chain.append(run_chain(t, weights, cfg))
+            r = chain[-1]
+            print(
+                f"chain of {r['layers']} layers T={t}: GEMV+PDL {r['gemv_pdl_us']:7.1f} us "
+                f"({r['gemv_pdl_gbps']:.0f} GB/s), GEMV {r['gemv_us']:7.1f} us, cuBLAS "
+                f"{r['cublas_us']:7.1f} us; PDL x{r['pdl_speedup']:.3f}, "
+                f"bitwise equal {r['pdl_bitwise_equal']}"
+            )
+        del weights
     reports_dir = cfg.reports_dir or str(
         REPO_ROOT / "runs" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     )
-    results = {"rows": rows, "copy_ceiling_gbps": 4294, "repeats": cfg.repeats}
+    results = {"rows": rows, "chain": chain, "copy_ceiling_gbps": 4294, "repeats": cfg.repeats}
     path = save_result(
         PROJECT,
         "gemv_kernel",

@@ -7,6 +7,9 @@
 // RMSNorm and each silu-and-mul between them is one more launch of a ~2 us kernel that moves a
 // few kilobytes. This kernel does the three in one pass:
 //
+//   preload   each warp issues the loads of its first weight chunk before anything that depends
+//             on the previous kernel, so they are in flight during the wait for it (with PDL,
+//             pdl.cuh, this kernel starts while the previous one still runs) and the prologue.
 //   prologue  every CTA stages the T input rows in shared memory. With a norm it first forms the
 //             residual sum h = x + residual (CTA 0 writes h out: the next layer's residual), then
 //             normalises h (sum of squares reduced over the CTA), exactly as the separate RMSNorm
@@ -23,6 +26,7 @@
 #include <stdint.h>
 
 #include "gemv.h"
+#include "pdl.cuh"
 
 namespace {
 
@@ -94,6 +98,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   extern __shared__ uint4 staged[];  // (NT, k / 8) 16-byte chunks of the (normalised) inputs
   const int kvec = k / kVec;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  p04::allow_next_kernel();  // the next kernel may start prefetching its own weights
+
+  // ---- preload: this warp's first weight chunk (the weights depend on no earlier kernel) -----
+  constexpr int R = kSilu ? 2 : 1;  // weight rows per output: gate and up for SwiGLU
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  const int stride = gridDim.x * kWarps;
+  uint4 wl[R][kUnroll];
+  // wl = the kUnroll 16-byte chunks c0 + 32 u of output row r (and of its up row, r + n_out)
+  auto load_chunk = [&](int r, int c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int c = c0 + u * 32;
+#pragma unroll
+      for (int q = 0; q < R; ++q)
+        wl[q][u] = c < kvec ? load_stream(wv + (int64_t)(r + q * n_out) * kvec + c)
+                            : make_uint4(0, 0, 0, 0);
+    }
+  };
+  int row = blockIdx.x * kWarps + warp;
+  if (row < n_out) load_chunk(row, lane);
+  p04::wait_previous_kernel();  // x and residual are the previous kernel's outputs
 
   // ---- prologue: stage the T rows (padding rows t >= tokens are zeros) ----------------------
   float ss[NT];
@@ -159,26 +184,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
 
   // ---- main loop: one warp per output row (gate and up rows for SwiGLU) ----------------------
-  constexpr int R = kSilu ? 2 : 1;
-  const uint4* wv = reinterpret_cast<const uint4*>(w);
-  for (int row = blockIdx.x * kWarps + warp; row < n_out; row += gridDim.x * kWarps) {
-    const uint4* wr[R];
-    wr[0] = wv + (int64_t)row * kvec;
-    if constexpr (kSilu) wr[R - 1] = wv + (int64_t)(row + n_out) * kvec;
+  for (; row < n_out; row += stride) {
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
     for (int c0 = lane; c0 < kvec; c0 += 32 * kUnroll) {
-      uint4 wl[R][kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + u * 32;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          wl[r][u] = c < kvec ? load_stream(wr[r] + c) : make_uint4(0, 0, 0, 0);
-      }
+      // wl holds chunk c0 of this row
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int c = c0 + u * 32;
@@ -190,6 +203,13 @@ __global__ void __launch_bounds__(kWarps * 32)
             for (int r = 0; r < R; ++r) acc[r][t] = dot8<T>(wl[r][u], xs, acc[r][t]);
           }
         }
+      }
+      // the next chunk, or the next row's first: in flight during the reduction and the store
+      const int next = c0 + 32 * kUnroll;
+      if (next < kvec) {
+        load_chunk(row, next);
+      } else if (row + stride < n_out) {
+        load_chunk(row + stride, lane);
       }
     }
 #pragma unroll
@@ -232,11 +252,11 @@ cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
   }
   int ctas = (a.n_out + kWarps - 1) / kWarps;
   if (a.max_ctas > 0 && ctas > a.max_ctas) ctas = a.max_ctas;
-  kernel<<<ctas, kWarps * 32, smem, stream>>>(
-      static_cast<const T*>(a.x), static_cast<const T*>(a.residual),
-      static_cast<T*>(a.residual_out), static_cast<const T*>(a.norm_w),
-      static_cast<const T*>(a.w), static_cast<T*>(a.out), a.tokens, a.k, a.n_out, a.eps);
-  return cudaGetLastError();
+  return p04::launch(kernel, dim3(ctas), dim3(kWarps * 32), smem, stream, a.pdl,
+                     static_cast<const T*>(a.x), static_cast<const T*>(a.residual),
+                     static_cast<T*>(a.residual_out), static_cast<const T*>(a.norm_w),
+                     static_cast<const T*>(a.w), static_cast<T*>(a.out), a.tokens, a.k,
+                     a.n_out, a.eps);
 }
 
 template <typename T, int NT>

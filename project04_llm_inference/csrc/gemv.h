@@ -23,6 +23,7 @@ struct GemvArgs {
   bool silu_mul;
   float eps;
   int max_ctas;
+  bool pdl;  // launch with programmatic dependent launch (pdl.cuh); sm_90 and newer
 };
 
 cudaError_t launch_gemv(const GemvArgs& a, DType dtype, cudaStream_t stream);

@@ -23,7 +23,8 @@ void* ptr_or_null(const std::optional<torch::Tensor>& t) {
 // out = act(pre(x) @ w^T); see gemv.h for what each optional tensor switches on.
 void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
           std::optional<torch::Tensor> residual, std::optional<torch::Tensor> residual_out,
-          std::optional<torch::Tensor> norm_w, bool silu_mul, double eps, int64_t max_ctas) {
+          std::optional<torch::Tensor> norm_w, bool silu_mul, double eps, int64_t max_ctas,
+          bool pdl) {
   const c10::cuda::CUDAGuard guard(x.device());
   GemvArgs a;
   a.x = x.data_ptr();
@@ -38,6 +39,7 @@ void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
   a.silu_mul = silu_mul;
   a.eps = static_cast<float>(eps);
   a.max_ctas = static_cast<int>(max_ctas);
+  a.pdl = pdl;
   const cudaError_t err = launch_gemv(a, tag(x), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "gemv: ", cudaGetErrorString(err));
 }

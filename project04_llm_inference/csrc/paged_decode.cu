@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "pdl.cuh"
+
 namespace {
 
 constexpr int kWarps = 4;        // warps per CTA
@@ -154,6 +156,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int kAcc = kTwoRows ? 4 : 2;  // live accumulators per 16x8 tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
 
+  p04::allow_next_kernel();
+  p04::wait_previous_kernel();  // q, the cache and the block tables come from earlier kernels
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;  // mma fragment coordinates
@@ -363,6 +367,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 // Merge a sequence's split partials: one CTA per (query head, sequence), one thread per dim.
 template <typename T>
 __global__ void paged_decode_combine_kernel(const DecodeParams<T> p, int D) {
+  p04::allow_next_kernel();
+  p04::wait_previous_kernel();
   const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
   const int64_t head = (int64_t)b * p.n_heads + hq;
   const int ctx = min(p.context_lens[b], p.max_blocks << p.block_shift);
@@ -411,28 +417,30 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T, int D, bool kTwoRows>
-void launch(const DecodeParams<T>& p, int batch, cudaStream_t stream) {
+void launch(const DecodeParams<T>& p, int batch, bool pdl, cudaStream_t stream) {
   constexpr int smem = split_smem_bytes<D>();
   auto kernel = paged_decode_split_kernel<T, D, kTwoRows>;
   // Above 48 KiB of dynamic shared memory needs an opt-in (a function attribute, not a stream
   // operation, so it is allowed while a CUDA graph is being captured).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(p.num_splits, p.n_kv_heads, batch);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(p04::launch(kernel, grid, dim3(kWarps * 32), smem, stream, pdl, p));
   if (p.num_splits > 1) {
-    paged_decode_combine_kernel<T><<<dim3(p.n_heads, batch), D, 0, stream>>>(p, D);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    C10_CUDA_CHECK(p04::launch(paged_decode_combine_kernel<T>, dim3(p.n_heads, batch), dim3(D), 0,
+                               stream, pdl, p, D));
   }
 }
 
 template <typename T>
-void dispatch(const DecodeParams<T>& p, int batch, int head_dim, cudaStream_t stream) {
+void dispatch(const DecodeParams<T>& p, int batch, int head_dim, bool pdl,
+              cudaStream_t stream) {
   const bool two_rows = p.group > 8;
   if (head_dim == 64) {
-    two_rows ? launch<T, 64, true>(p, batch, stream) : launch<T, 64, false>(p, batch, stream);
+    two_rows ? launch<T, 64, true>(p, batch, pdl, stream)
+             : launch<T, 64, false>(p, batch, pdl, stream);
   } else if (head_dim == 128) {
-    two_rows ? launch<T, 128, true>(p, batch, stream) : launch<T, 128, false>(p, batch, stream);
+    two_rows ? launch<T, 128, true>(p, batch, pdl, stream)
+             : launch<T, 128, false>(p, batch, pdl, stream);
   } else {
     TORCH_CHECK(false, "paged_decode: head_dim must be 64 or 128, got ", head_dim);
   }
@@ -474,7 +482,7 @@ DecodeParams<T> make_params(const torch::Tensor& out, const torch::Tensor& q,
 void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                   torch::Tensor v_cache, torch::Tensor block_tables, torch::Tensor context_lens,
                   double scale, int64_t partition_size, int64_t num_splits,
-                  torch::Tensor part_out, torch::Tensor part_ml) {
+                  torch::Tensor part_out, torch::Tensor part_ml, bool pdl) {
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda(), "paged_decode: tensors must be on a CUDA device");
   TORCH_CHECK(partition_size % kTileTokens == 0, "paged_decode: partition_size % 16 != 0");
   const int batch = static_cast<int>(q.size(0));
@@ -485,12 +493,12 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
   if (q.scalar_type() == at::kBFloat16) {
     dispatch(make_params<__nv_bfloat16>(out, q, k_cache, v_cache, block_tables, context_lens,
                                         scale, partition_size, num_splits, part_out, part_ml),
-             batch, head_dim, stream);
+             batch, head_dim, pdl, stream);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kHalf, "paged_decode: q must be bfloat16 or float16");
     dispatch(make_params<__half>(out, q, k_cache, v_cache, block_tables, context_lens, scale,
                                  partition_size, num_splits, part_out, part_ml),
-             batch, head_dim, stream);
+             batch, head_dim, pdl, stream);
   }
 }
 

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "pdl.cuh"
+
 namespace {
 
 constexpr int kThreads = 128;
@@ -67,6 +69,8 @@ __global__ void __launch_bounds__(kThreads) rope_and_cache_kernel(const RopePara
     uint4 raw;
     T e[kVec];
   };
+  p04::allow_next_kernel();
+  p04::wait_previous_kernel();  // q, k, v, positions and slots come from earlier kernels
   const int t = blockIdx.x;
   const int D = p.head_dim, half = D / 2;
   const int64_t pos = p.positions[t];
@@ -138,7 +142,8 @@ namespace {
 template <typename T>
 void launch(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v,
             const torch::Tensor& positions, const torch::Tensor& cos_sin, torch::Tensor& k_cache,
-            torch::Tensor& v_cache, const torch::Tensor& slot_mapping, cudaStream_t stream) {
+            torch::Tensor& v_cache, const torch::Tensor& slot_mapping, bool pdl,
+            cudaStream_t stream) {
   RopeParams<T> p;
   p.q = reinterpret_cast<T*>(q.data_ptr());
   p.k = reinterpret_cast<T*>(k.data_ptr());
@@ -154,8 +159,8 @@ void launch(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v,
   p.n_heads = static_cast<int>(q.size(1));
   p.n_kv_heads = static_cast<int>(k.size(1));
   p.head_dim = static_cast<int>(q.size(2));
-  rope_and_cache_kernel<T><<<static_cast<unsigned>(q.size(0)), kThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  C10_CUDA_CHECK(p04::launch(rope_and_cache_kernel<T>, dim3(static_cast<unsigned>(q.size(0))),
+                             dim3(kThreads), 0, stream, pdl, p));
 }
 
 }  // namespace
@@ -164,20 +169,23 @@ void launch(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v,
 // (kernels/rope_cache.py); this entry point only launches.
 void rope_and_cache(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor positions,
                     torch::Tensor cos_sin, torch::Tensor k_cache, torch::Tensor v_cache,
-                    torch::Tensor slot_mapping) {
+                    torch::Tensor slot_mapping, bool pdl) {
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda(), "rope_and_cache: tensors must be on a CUDA device");
   if (q.size(0) == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   switch (q.scalar_type()) {
     case at::kBFloat16:
-      launch<__nv_bfloat16>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, stream);
+      launch<__nv_bfloat16>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl,
+                      stream);
       break;
     case at::kHalf:
-      launch<__half>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, stream);
+      launch<__half>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl,
+               stream);
       break;
     case at::kFloat:
-      launch<float>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, stream);
+      launch<float>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl,
+              stream);
       break;
     default:
       TORCH_CHECK(false, "rope_and_cache: q must be bfloat16, float16 or float32");

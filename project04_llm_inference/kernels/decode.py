@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .pdl import pdl_enabled
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION = "p04_paged_decode"
@@ -184,5 +185,6 @@ def paged_decode_attention(
         splits,
         part_out,
         part_ml,
+        pdl_enabled(q.device),
     )
     return out

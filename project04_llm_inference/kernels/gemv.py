@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .norm_act import fused_add_rms_norm, rms_norm, silu_and_mul
+from .pdl import pdl_enabled
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
@@ -77,7 +78,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if not _fits(x, weight):
         return F.linear(x, weight)
     out = x.new_empty(x.shape[0], weight.shape[0])
-    _ext().gemv(out, x, weight, None, None, None, False, 0.0, _max_ctas(x.device.index or 0))
+    dev = x.device.index or 0
+    _ext().gemv(out, x, weight, None, None, None, False, 0.0, _max_ctas(dev), pdl_enabled(x.device))
     return out
 
 
@@ -123,6 +125,7 @@ def norm_linear(
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = x.new_empty(x.shape[0], n_out)
     res_out = None if residual is None else torch.empty_like(x)
+    dev = x.device.index or 0
     _ext().gemv(
         out,
         x,
@@ -132,6 +135,7 @@ def norm_linear(
         norm_weight,
         silu_mul,
         float(eps),
-        _max_ctas(x.device.index or 0),
+        _max_ctas(dev),
+        pdl_enabled(x.device),
     )
     return out, (x if residual is None else res_out)

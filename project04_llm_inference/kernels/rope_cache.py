@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .pdl import pdl_enabled
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION = "p04_rope_cache"
@@ -135,4 +136,6 @@ def rope_and_cache(
     if q.device.type != "cuda":
         reference.rope_and_cache(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
         return
-    _ext().rope_and_cache(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+    _ext().rope_and_cache(
+        q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl_enabled(q.device)
+    )

@@ -421,7 +421,43 @@ def _gemv_kernel_md(rec: dict) -> str:
         "(`F.linear`) with the separate fused add+RMSNorm and silu-and-mul kernels, as the "
         "engine ran them before. Rows whose path is cuBLAS are beyond the kernel's row "
         "limit: there ours is the baseline's path (the engine's dispatch). Bytes: the weight "
-        "plus the activations read and written once.\n\n" + _table(rows) + "\n"
+        "plus the activations read and written once.\n\n"
+        + _table(rows)
+        + "\n"
+        + _gemv_chain_md(rec)
+    )
+
+
+def _gemv_chain_md(rec: dict) -> str:
+    chain = rec["results"].get("chain") or []
+    if not chain:
+        return ""
+    rows = [
+        {
+            "tokens": r["tokens"],
+            "layers": r["layers"],
+            "weights (GB)": r["bytes"] / 1e9,
+            "GEMV + PDL (us)": _ranged(r, "gemv_pdl_us", r.get("gemv_pdl_us")),
+            "GEMV + PDL (GB/s)": _ranged(r, "gemv_pdl_gbps", r.get("gemv_pdl_gbps")),
+            "GEMV, ordinary launches (us)": _ranged(r, "gemv_us", r.get("gemv_us")),
+            "cuBLAS path (us)": _ranged(r, "cublas_us", r.get("cublas_us")),
+            "PDL speedup (x)": _ranged(r, "pdl_speedup", r.get("pdl_speedup")),
+            "vs cuBLAS path (x)": _ranged(
+                r, "pdl_speedup_vs_cublas", r.get("pdl_speedup_vs_cublas")
+            ),
+            "PDL output bitwise equal": "yes" if r.get("pdl_bitwise_equal") else "NO",
+        }
+        for r in chain
+    ]
+    return (
+        "\nThe four projections of every layer back to back, as a decode step runs them (no "
+        "attention between them), each variant captured in one CUDA graph and timed by replaying "
+        "it: the GEMV kernel with programmatic dependent launch (each kernel starts while the "
+        "one before it finishes and issues its first weight loads before waiting for its "
+        "inputs; the engine's default on sm_90), the same kernel with ordinary launches, and "
+        "the cuBLAS path (cuBLAS with the separate norm and activation kernels).\n\n"
+        + _table(rows)
+        + "\n"
     )
 
 

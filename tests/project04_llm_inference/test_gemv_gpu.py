@@ -156,3 +156,55 @@ def test_replays_in_a_cuda_graph():
         want_act, want_stream = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
         assert torch.equal(act, want_act) and torch.equal(stream, want_stream)
         assert torch.equal(y, gemv.linear(want_act, w[:, :256].contiguous()))
+
+
+@pytest.mark.smoke  # programmatic dependent launch keeps every read after the write it needs
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_a_chain_with_pdl_equals_ordinary_launches(tokens):
+    """Layers of norm -> projection -> projection -> norm+SwiGLU -> projection, each product
+    reading the one before, captured in one CUDA graph with PDL: every kernel starts early and
+    loads weights before it waits, so a read of an input before its producer finished would
+    change the output. Same kernels, same order: bitwise equal to eager ordinary launches."""
+    from project04_llm_inference.kernels import pdl
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90 or newer")
+    d, f, layers = 2048, 4096, 4
+    ws = [
+        {
+            "n1": (1 + _rand(d, dtype=torch.float32, scale=0.1, seed=100 + i)).to(torch.bfloat16),
+            "n2": (1 + _rand(d, dtype=torch.float32, scale=0.1, seed=200 + i)).to(torch.bfloat16),
+            "a": _rand(d, d, dtype=torch.bfloat16, scale=d**-0.5, seed=300 + i),
+            "o": _rand(d, d, dtype=torch.bfloat16, scale=d**-0.5, seed=400 + i),
+            "gu": _rand(2 * f, d, dtype=torch.bfloat16, scale=d**-0.5, seed=500 + i),
+            "down": _rand(d, f, dtype=torch.bfloat16, scale=f**-0.5, seed=600 + i),
+        }
+        for i in range(layers)
+    ]
+    x = _rand(tokens, d, dtype=torch.bfloat16, seed=20)
+
+    def chain():
+        h, res = x, None
+        for lw in ws:
+            a, res = gemv.norm_linear(h, res, lw["n1"], lw["a"], EPS)
+            o = gemv.linear(a, lw["o"])
+            act, res = gemv.norm_linear(o, res, lw["n2"], lw["gu"], EPS, silu_mul=True)
+            h = gemv.linear(act, lw["down"])
+        return h, res
+
+    saved = pdl.USE_PDL
+    try:
+        pdl.USE_PDL = True
+        chain()  # builds and warms up outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, stream = chain()
+        pdl.USE_PDL = False
+        for seed in (21, 22, 23):
+            x.copy_(_rand(tokens, d, dtype=torch.bfloat16, seed=seed))
+            graph.replay()
+            want, want_stream = chain()
+            assert torch.isfinite(want.float()).all()
+            assert torch.equal(out, want) and torch.equal(stream, want_stream)
+    finally:
+        pdl.USE_PDL = saved
