@@ -20,10 +20,11 @@ from .pdl import pdl_enabled
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
-# The most tokens the kernel takes. Measured on an H200 (`gemv-kernel`, with a build for up to 8
-# rows: reports/.../gemv_kernel_rows_1_to_8.json) against cuBLAS plus the separate norm and
-# activation kernels: 1.0-1.5x at one token, 1.03-1.34x at two (the LM head 0.83x), 0.75-1.14x
-# at four and 0.44-0.83x at eight, so larger steps go to cuBLAS.
+# The most tokens the kernel takes. Measured on an H200 (`gemv-kernel`: gemv_kernel.json) against
+# cuBLAS plus the separate norm and activation kernels: 1.0-1.66x at one token and
+# 0.98-1.42x at two (the LM head 1.00x and 0.98x); with a build for up to 8 rows
+# (gemv_kernel_rows_1_to_8.json, before the weight preload) 0.75-1.14x at four and 0.44-0.83x at
+# eight, so larger steps go to cuBLAS.
 GEMV_MAX_TOKENS = 2
 CTAS_PER_SM = 4  # the grid's bound; warps loop over the remaining rows
 # Every CTA stages its input rows in shared memory: beyond this bound (two rows of K > 40,960)
