@@ -97,6 +97,9 @@ class ThroughputConfig(BenchConfig):
     """vLLM's share of GPU memory (the engine is freed before vLLM starts)"""
     num_scheduler_steps: int = 8
     """the engine's decode steps per host round trip (EngineArgs.num_scheduler_steps)"""
+    max_num_seqs: int = 256
+    """the engine's running-batch cap (EngineArgs.max_num_seqs); decode steps up to it are
+    captured in CUDA graphs"""
     single_step: bool = True
     """also run the engine one step at a time (num_scheduler_steps 1), the same workload"""
     static_baseline: bool = True
@@ -109,6 +112,8 @@ class ThroughputConfig(BenchConfig):
 
     def __post_init__(self) -> None:
         _check_repeats("ThroughputConfig.repeats", self.repeats)
+        if self.max_num_seqs < 1:
+            raise ValueError(f"ThroughputConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
 
 
 @dataclass
@@ -490,7 +495,13 @@ def run_throughput(cfg: ThroughputConfig) -> dict | None:
     if cfg.single_step and cfg.num_scheduler_steps != 1:
         runs.append(("engine_single_step", 1))
     for key, k in runs:
-        llm = build_llm(cfg, max_model_len=cfg.max_model_len, num_scheduler_steps=k)
+        llm = build_llm(
+            cfg,
+            max_model_len=cfg.max_model_len,
+            num_scheduler_steps=k,
+            max_num_seqs=cfg.max_num_seqs,
+            cuda_graph_max_batch=cfg.max_num_seqs,
+        )
         warm_up(llm, c["vocab_size"])
         done = []
         for r in range(cfg.repeats):

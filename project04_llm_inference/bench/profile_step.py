@@ -3,7 +3,11 @@
     python -m project04_llm_inference.bench.profile_step --batch 256 --context 1024
 
 Prints the GPU kernels by total time and the host/GPU split of a step (a GPU that idles while
-the host prepares the next step shows up as step wall time above the kernels' sum)."""
+the host prepares the next step shows up as step wall time above the kernels' sum). With
+programmatic dependent launch a kernel starts before the one ahead of it ends and waits, so its
+own duration overstates it: the critical-path table charges each kernel only for the time from
+the end of everything before it to its own end, and counts the GPU's idle gaps.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ class ProfileConfig:
     """Decode steps profiled (after the prefill and a warm-up)."""
     shape: str = "llama-3.2-1b"
     """Dummy-weight shape."""
+    num_scheduler_steps: int = 1
+    """Decode steps per host round trip (8: multi-step, as the benchmarks' headline runs)."""
 
 
 def run(cfg: ProfileConfig) -> None:
@@ -36,12 +42,21 @@ def run(cfg: ProfileConfig) -> None:
         max_model_len=cfg.context + 256,
         max_num_batched_tokens=32768,
         max_num_seqs=max(cfg.batch, 1),
+        num_scheduler_steps=cfg.num_scheduler_steps,
     )
     eng = llm.engine
     g = torch.Generator().manual_seed(0)
     for i in range(cfg.batch):
         ids = torch.randint(0, 1000, (cfg.context,), generator=g).tolist()
-        eng.add_request(str(i), ids, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+        eng.add_request(
+            str(i),
+            ids,
+            SamplingParams(
+                max_tokens=(cfg.steps + 6) * cfg.num_scheduler_steps + 16,
+                temperature=0,
+                ignore_eos=True,
+            ),
+        )
     while eng.scheduler.waiting or any(
         s.num_computed_tokens < len(s.prompt_token_ids) for s in eng.scheduler.running
     ):
@@ -69,6 +84,31 @@ def run(cfg: ProfileConfig) -> None:
     print(
         f"batch {cfg.batch}, context {cfg.context}: step wall {wall:.2f} ms, GPU kernels {gpu_total:.2f} ms/step"
     )
+    print_critical_path(prof, cfg.steps * cfg.num_scheduler_steps)
+
+
+def print_critical_path(prof, steps: int, top: int = 16) -> None:
+    """Each kernel charged for end - max(start, end of every kernel before it); gaps as idle."""
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type.name == "CUDA"),
+        key=lambda e: e.time_range.start,
+    )
+    charged: dict[str, float] = {}
+    idle, last_end = 0.0, None
+    for e in kernels:
+        start, end = e.time_range.start, e.time_range.end
+        if last_end is not None:
+            idle += max(0.0, start - last_end)
+            start = max(start, last_end)
+        if end > start:
+            charged[e.name] = charged.get(e.name, 0.0) + end - start
+        last_end = end if last_end is None else max(last_end, end)
+    busy = sum(charged.values())
+    print(
+        f"critical path per decode step: busy {busy / steps / 1e3:.3f} ms, idle {idle / steps / 1e3:.3f} ms"
+    )
+    for name, us in sorted(charged.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {us / steps:8.1f} us  {100 * us / max(busy, 1e-9):5.1f}%  {name[:90]}")
 
 
 def main(argv: list[str] | None = None) -> None:

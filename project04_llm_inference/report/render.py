@@ -391,7 +391,16 @@ def _decode_kernel_md(rec: dict) -> str:
         "K/V (block size 16, Llama-3.2-1B attention: 32 query / 8 KV heads of 64, bf16), "
         "one layer. Bytes: every context token's K and V read once, plus q and out. "
         "Baseline: SDPA with `enable_gqa=True` over a contiguous (B, Hkv, S, D) cache of the "
-        "same tokens, in the same process.\n\n" + _table(rows) + "\n"
+        "same tokens, in the same process. "
+        + (
+            "Both timed by replaying a CUDA graph of the call (GPU time, as in the engine)."
+            if rec.get("config", {}).get("timing") == "cuda_graph"
+            else "Both timed one Python call at a time: at small shapes the figure is the "
+            "host's launch time, not the kernel's (re-measured with graph replay since)."
+        )
+        + "\n\n"
+        + _table(rows)
+        + "\n"
     )
 
 
