@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "norm_act.h"
+#include "pdl.cuh"
 
 namespace {
 
@@ -39,6 +40,8 @@ constexpr int kMaxPerThread = 8;
 template <typename T, bool kResidual>
 __global__ void rms_norm_kernel(T* __restrict__ x, T* __restrict__ res, T* __restrict__ out,
                                 const T* __restrict__ w, int hidden, float eps) {
+  p04::allow_next_kernel();
+  p04::wait_previous_kernel();  // x and the residual come from earlier kernels
   const int64_t row = blockIdx.x;
   T* xr = x + row * hidden;
   T* rr = kResidual ? res + row * hidden : nullptr;
@@ -72,6 +75,8 @@ __global__ void rms_norm_kernel(T* __restrict__ x, T* __restrict__ res, T* __res
 
 template <typename T>
 __global__ void silu_and_mul_kernel(const T* __restrict__ in, T* __restrict__ out, int f) {
+  p04::allow_next_kernel();
+  p04::wait_previous_kernel();
   const int64_t row = blockIdx.x;
   const T* g = in + row * 2 * f;
   const T* u = g + f;
@@ -97,30 +102,35 @@ int threads_for(int hidden) {
 }  // namespace
 
 cudaError_t launch_rms_norm(void* out, void* x, void* residual, const void* w, int rows,
-                            int hidden, float eps, DType dtype, cudaStream_t stream) {
+                            int hidden, float eps, DType dtype, cudaStream_t stream, bool pdl) {
   if (rows == 0) return cudaSuccess;
   if (hidden > 1024 * kMaxPerThread) return cudaErrorInvalidValue;
+  cudaError_t err = cudaSuccess;
   P04_DISPATCH(dtype, [&] {
+    const dim3 grid(rows), block(threads_for(hidden));
     if (residual != nullptr) {
-      rms_norm_kernel<scalar_t, true><<<rows, threads_for(hidden), 0, stream>>>(
-          static_cast<scalar_t*>(x), static_cast<scalar_t*>(residual), nullptr,
-          static_cast<const scalar_t*>(w), hidden, eps);
+      err = p04::launch(rms_norm_kernel<scalar_t, true>, grid, block, 0, stream, pdl,
+                        static_cast<scalar_t*>(x), static_cast<scalar_t*>(residual),
+                        static_cast<scalar_t*>(nullptr), static_cast<const scalar_t*>(w), hidden,
+                        eps);
     } else {
-      rms_norm_kernel<scalar_t, false><<<rows, threads_for(hidden), 0, stream>>>(
-          static_cast<scalar_t*>(x), nullptr, static_cast<scalar_t*>(out),
-          static_cast<const scalar_t*>(w), hidden, eps);
+      err = p04::launch(rms_norm_kernel<scalar_t, false>, grid, block, 0, stream, pdl,
+                        static_cast<scalar_t*>(x), static_cast<scalar_t*>(nullptr),
+                        static_cast<scalar_t*>(out), static_cast<const scalar_t*>(w), hidden,
+                        eps);
     }
   });
-  return cudaGetLastError();
+  return err;
 }
 
 cudaError_t launch_silu_and_mul(void* out, const void* in, int rows, int f, DType dtype,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, bool pdl) {
   if (rows == 0) return cudaSuccess;
   const int threads = f >= 1024 ? 1024 : ((f + 31) / 32) * 32;
+  cudaError_t err = cudaSuccess;
   P04_DISPATCH(dtype, [&] {
-    silu_and_mul_kernel<scalar_t><<<rows, threads, 0, stream>>>(
-        static_cast<const scalar_t*>(in), static_cast<scalar_t*>(out), f);
+    err = p04::launch(silu_and_mul_kernel<scalar_t>, dim3(rows), dim3(threads), 0, stream, pdl,
+                      static_cast<const scalar_t*>(in), static_cast<scalar_t*>(out), f);
   });
-  return cudaGetLastError();
+  return err;
 }

@@ -19,27 +19,28 @@ DType tag(const torch::Tensor& t) {
 
 void check(cudaError_t err) { TORCH_CHECK(err == cudaSuccess, cudaGetErrorString(err)); }
 
-void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps) {
+void rms_norm(torch::Tensor out, torch::Tensor x, torch::Tensor w, double eps, bool pdl) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int hidden = x.size(-1);
   check(launch_rms_norm(out.data_ptr(), x.data_ptr(), nullptr, w.data_ptr(), x.numel() / hidden,
                         hidden, static_cast<float>(eps), tag(x),
-                        c10::cuda::getCurrentCUDAStream()));
+                        c10::cuda::getCurrentCUDAStream(), pdl));
 }
 
-void fused_add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
+void fused_add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps,
+                        bool pdl) {
   const c10::cuda::CUDAGuard guard(x.device());
   const int hidden = x.size(-1);
   check(launch_rms_norm(nullptr, x.data_ptr(), residual.data_ptr(), w.data_ptr(),
                         x.numel() / hidden, hidden, static_cast<float>(eps), tag(x),
-                        c10::cuda::getCurrentCUDAStream()));
+                        c10::cuda::getCurrentCUDAStream(), pdl));
 }
 
-void silu_and_mul(torch::Tensor out, torch::Tensor in) {
+void silu_and_mul(torch::Tensor out, torch::Tensor in, bool pdl) {
   const c10::cuda::CUDAGuard guard(in.device());
   const int f = out.size(-1);
   check(launch_silu_and_mul(out.data_ptr(), in.data_ptr(), out.numel() / f, f, tag(in),
-                            c10::cuda::getCurrentCUDAStream()));
+                            c10::cuda::getCurrentCUDAStream(), pdl));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .pdl import pdl_enabled
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
@@ -40,7 +41,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.device.type != "cuda":
         return reference.rms_norm(x, weight, eps)
     out = torch.empty_like(x)
-    _ext().rms_norm(out, x, weight, float(eps))
+    _ext().rms_norm(out, x, weight, float(eps), pdl_enabled(x.device))
     return out
 
 
@@ -58,7 +59,7 @@ def fused_add_rms_norm(
         )
     if x.device.type != "cuda":
         return reference.fused_add_rms_norm(x, residual, weight, eps)
-    _ext().fused_add_rms_norm(x, residual, weight, float(eps))
+    _ext().fused_add_rms_norm(x, residual, weight, float(eps), pdl_enabled(x.device))
     return x, residual
 
 
@@ -70,5 +71,5 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.device.type != "cuda":
         return reference.silu_and_mul(gate_up)
     out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
-    _ext().silu_and_mul(out, gate_up)
+    _ext().silu_and_mul(out, gate_up, pdl_enabled(gate_up.device))
     return out
