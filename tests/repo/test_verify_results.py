@@ -102,7 +102,14 @@ def test_committed_values_of_the_published_project04_records(repo_root):
     assert fig("p04.decode.b1").value(rec).median == row["engine_multi_ms"]
     assert 0.3 < row["engine_multi_ms"] < 5  # ms per batch-1 token on a GPU: the right field
     rec = json.loads((repo_root / "reports" / P04 / "decode_attention.json").read_text())
-    assert fig("p04.decode_kernel.share").value(rec).median == pytest.approx(87.8, abs=0.05)
+    # the worst shape of the target's range (batch 64/256, context >= 8k), % of 4.3 TB/s
+    shares = [
+        r["ours_gbps"] / 43
+        for r in rec["results"]["rows"]
+        if r["batch"] in (64, 256) and r["context"] >= 8192 and "ours_gbps" in r
+    ]
+    assert shares and 50 < min(shares) < 100
+    assert fig("p04.decode_kernel.share").value(rec).median == pytest.approx(min(shares))
 
 
 # --- the verdicts --------------------------------------------------------------------------------
@@ -304,15 +311,15 @@ def test_make_help_lists_verify_results():
 P01 = "project01_cuda_kernel"
 # The README's published values, as it prints them (GEMM targets table, attention tables at head
 # dim 128, seq 4,096, non-causal: 632 / 355, 632 / 672, 307 / 305, 307 / 550, 249 / 288).
-P01_PUBLISHED = {
-    "p01.gemm.bf16_4096": 90.9,
+P01_PUBLISHED = {  # the committed records' medians of 5 repetitions, as the README prints them
+    "p01.gemm.bf16_4096": 91.1,
     "p01.gemm.bf16_8192": 98.3,
-    "p01.gemm.fp32_4096": 82.1,
+    "p01.gemm.fp32_4096": 81.8,
     "p01.attention.fwd": 1.78,
-    "p01.attention.fwd_cudnn": 0.94,
-    "p01.attention.fwd_bwd": 1.01,
-    "p01.attention.fwd_bwd_cudnn": 0.56,
-    "p01.attention.bwd": 0.86,
+    "p01.attention.fwd_cudnn": 0.93,
+    "p01.attention.fwd_bwd": 1.00,
+    "p01.attention.fwd_bwd_cudnn": 0.58,
+    "p01.attention.bwd": 0.88,
 }
 
 
@@ -322,7 +329,7 @@ def test_p01_figures_resolve_against_the_committed_records(repo_root):
         f = fig(key)
         rec = json.loads((repo_root / "reports" / vr.RERUNS[f.rerun].record).read_text())
         s = f.value(rec)
-        assert s is not None and s.n == 1 and isinstance(s.median, float), key
+        assert s is not None and s.n == 5 and isinstance(s.median, float), key
         # printed with one decimal (%) or two (x): within half of the last printed digit
         assert s.median == pytest.approx(published, abs=0.05 if published > 10 else 0.005), key
 
