@@ -96,6 +96,11 @@ class EngineArgs:
     """Decode steps run back to back on the device per host round trip when every running
     sequence decodes greedily and no waiting request could join: tokens then arrive k at a time
     and the GPU does not wait for the host between steps. 1: one step at a time."""
+    async_multi_step: bool = True
+    """With num_scheduler_steps > 1: queue the next multi-step run before reading the last
+    one's tokens when it does not depend on them (same batch, nobody waiting to join), so the
+    host's bookkeeping overlaps the device's work. A sequence that stopped (a stop token) in
+    the earlier run discards what the next one computed for it."""
     speculative_method: Literal["none", "ngram", "draft"] = "none"
     """Speculative decoding: 'ngram' proposes from the sequence's own earlier tokens (prompt
     lookup), 'draft' from a small model (`speculative_model`); the output is unchanged (lossless)."""

@@ -640,17 +640,24 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         print(
             f"engine: batch {b}, context {ctx}, {p['max_tokens']} tokens each, "
             f"{cfg.repeats} repetition(s)"
-            + (f", one step and {k_multi} steps per round trip alternating" if k_multi > 1 else "")
+            + (
+                f", one step and {k_multi} steps per round trip (next run queued ahead or not) "
+                "alternating"
+                if k_multi > 1
+                else ""
+            )
         )
-        counts: dict[int, list[tuple[int, int | None]]] = {1: [], k_multi: []}
+        counts: dict[int, list[tuple[int, int | None]]] = {1: [], k_multi: [], -k_multi: []}
 
-        def engine_run(k: int, llm=llm, wl=wl, b=b, counts=counts):
+        def engine_run(k: int, queue_ahead: bool = True, llm=llm, wl=wl, b=b, counts=counts):
             def measure() -> float | None:
-                # the same engine (weights, pool, graphs); k decode steps per host round trip
+                # the same engine (weights, pool, graphs); k decode steps per host round trip,
+                # the next run queued before the last one's tokens are read (or not)
                 llm.engine.args.num_scheduler_steps = k
+                llm.engine.args.async_multi_step = queue_ahead
                 r = generate(llm, wl, use_tqdm=False)
                 ms, n = decode_ms_from_step_log(r["steps"], b)
-                counts[k].append((n, r["stats"].get("num_preemptions")))
+                counts[k if queue_ahead else -k].append((n, r["stats"].get("num_preemptions")))
                 return ms
 
             return measure
@@ -658,6 +665,7 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         fns = {"engine": engine_run(1)}
         if k_multi > 1:
             fns["engine_multi"] = engine_run(k_multi)
+            fns["engine_multi_sync"] = engine_run(k_multi, queue_ahead=False)
         reps = interleave(fns, cfg.repeats)
         floor = decode_floor_ms(c, b, ctx, cfg.bandwidth_tb_s)
         eng = reps.spread("engine")
@@ -681,6 +689,12 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
                     "engine_multi_pure_steps": min(n for n, _ in counts[k_multi]),
                     **_per_rep(multi, "engine_multi_tok_s", lambda ms, b=b: b / ms * 1e3),
                     "engine_multi_vs_floor": multi.median / floor if multi else None,
+                    **flat("engine_multi_sync_ms", reps.spread("engine_multi_sync")),
+                    **_per_rep(
+                        reps.spread("engine_multi_sync"),
+                        "engine_multi_sync_tok_s",
+                        lambda ms, b=b: b / ms * 1e3,
+                    ),
                 }
             )
         if reps.errors:
@@ -737,6 +751,7 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
             ("engine_tok_s", "engine tok/s"),
             ("engine_multi_ms", "multi-step ms"),
             ("engine_multi_tok_s", "multi-step tok/s"),
+            ("engine_multi_sync_ms", "multi-step, no queue-ahead ms"),
             ("static_cuda_graph_ms", "static graph ms"),
             ("floor_ms", "floor ms"),
             ("engine_pure_steps", "steps"),

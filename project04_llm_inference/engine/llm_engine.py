@@ -28,7 +28,7 @@ from ..spec.draft import DraftProposer
 from ..spec.ngram import NgramProposer
 from ..spec.verifier import SpecGroup, verify_groups
 from .block_manager import BlockManager
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, MultiRun
 from .sampler import sample
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -59,6 +59,15 @@ class StepRecord:
     duration_s: float  # wall time of the step, the device synchronised (sampling reads tokens)
     draft_tokens: int = 0  # speculative drafts verified in this step
     num_steps: int = 1  # decode steps run back to back (multi-step decoding): duration covers all
+
+
+@dataclass
+class _Round:
+    """A multi-step run on the device whose tokens the engine has not read yet."""
+
+    run: MultiRun
+    running_now: int  # running sequences when it was queued (the peak counter)
+    want_lp: bool
 
 
 @dataclass
@@ -132,6 +141,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self.step_log: list[StepRecord] = []
         self.counters = _Counters()
+        self._inflight: _Round | None = None  # the next multi-step run, queued (async)
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self._q: torch.Tensor | None = None  # the draft model's q of this step's proposals
         self._q_rows: dict[int, int] = {}  # id(sequence) -> its row in _q
@@ -204,12 +214,24 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        if self.scheduler.has_unfinished():
+            return True
+        self._drain()  # a run queued for sequences that all stopped meanwhile
+        return False
+
+    def _drain(self) -> None:
+        """Wait for and drop a multi-step run still in flight (its sequences are gone)."""
+        if self._inflight is not None:
+            self.runner.collect_multi(self._inflight.run)
+            self._inflight = None
 
     # --- one step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
+        if self._inflight is not None:  # a multi-step run queued by the last step
+            rnd, self._inflight = self._inflight, None
+            return self._advance(rnd, t0)
         proposed = self._propose() if self.proposer is not None else []
         batch = self.scheduler.schedule()
         for seq in batch.preempted:
@@ -333,14 +355,66 @@ class LLMEngine:
 
     def _step_multi(self, batch, rooms: list[int], running_now: int, t0: float):
         seqs = [s for s, _ in batch.items]
-        k = max(rooms)
         want_lp = any(s.params.logprobs for s in seqs)
-        tokens, logprobs = self.runner.run_multi(seqs, rooms, k, logprobs=want_lp)
+        run = self.runner.launch_multi(seqs, rooms, max(rooms), logprobs=want_lp)
+        return self._advance(_Round(run, running_now, want_lp), t0)
+
+    def _advance(self, rnd: _Round, t0: float) -> list[RequestOutput]:
+        """Queue the run after `rnd` if it can start without rnd's tokens, then read rnd's."""
+        self._inflight = self._launch_after(rnd) if self.args.async_multi_step else None
+        return self._collect(rnd, t0)
+
+    def _launch_after(self, rnd: _Round) -> _Round | None:
+        """The next multi-step run of rnd's sequences, queued behind rnd on the device, or None.
+
+        Every sequence is assumed to emit all of rnd's tokens: its positions continue past
+        rnd's room and its first input is rnd's last token, read on the device. One that will
+        reach max_tokens or max_model_len within rnd is left out; one that stops on a stop
+        token or string instead is found when rnd is read, and the next run's tokens for it
+        are discarded (its K/V land past its end, in blocks only it holds). Runs only when
+        nothing could join the batch meanwhile, as multi-step itself."""
+        sched, k = self.scheduler, self.args.num_scheduler_steps
+        if sched.waiting and len(sched.running) < sched.max_num_seqs:
+            return None
+        run = rnd.run
+        rows, seqs, rooms = [], [], []
+        bm, bs = self.block_manager, self.args.block_size
+        for i, seq in enumerate(run.seqs):
+            if seq.finish_reason is not None:  # aborted since rnd was queued
+                continue
+            ahead = run.rooms[i]  # tokens rnd computes for it
+            p = seq.params
+            room = min(
+                k,
+                p.max_tokens - len(seq.output_token_ids) - ahead,
+                self.max_model_len - seq.num_tokens - ahead,
+            )
+            if room < 1:
+                continue
+            if not bm.allocate(seq, ahead + room):
+                room = len(seq.block_ids) * bs - seq.num_computed_tokens - ahead
+                if room < 1:
+                    continue
+            rows.append(i)
+            seqs.append(seq)
+            rooms.append(room)
+        if not seqs or max(rooms) <= 1:
+            return None
+        nxt = self.runner.launch_multi(
+            seqs, rooms, max(rooms), logprobs=rnd.want_lp, after=run, after_rows=rows
+        )
+        return _Round(nxt, len(sched.running), rnd.want_lp)
+
+    def _collect(self, rnd: _Round, t0: float) -> list[RequestOutput]:
+        run = rnd.run
+        tokens, logprobs = self.runner.collect_multi(run)
         outputs, produced = [], 0
         now = time.monotonic()
-        for i, seq in enumerate(seqs):
-            lp = logprobs[i][: rooms[i]] if want_lp and seq.params.logprobs else None
-            emitted = self._append(seq, tokens[i][: rooms[i]], lp)
+        for i, seq in enumerate(run.seqs):
+            if seq.finish_reason is not None:
+                continue  # stopped in the run before this one, or aborted: discarded
+            lp = logprobs[i][: run.rooms[i]] if rnd.want_lp and seq.params.logprobs else None
+            emitted = self._append(seq, tokens[i][: run.rooms[i]], lp)
             produced += len(emitted)
             # K/V were written for the last token and every emitted token but the newest
             seq.num_computed_tokens += len(emitted)
@@ -352,9 +426,11 @@ class LLMEngine:
             outputs.append(self._output(seq, emitted))
         c = self.counters
         c.decode_tokens += produced
-        c.steps += k
-        c.peak_running_seqs = max(c.peak_running_seqs, running_now)
-        self.step_log.append(StepRecord(0, len(seqs), time.perf_counter() - t0, num_steps=k))
+        c.steps += run.k
+        c.peak_running_seqs = max(c.peak_running_seqs, rnd.running_now)
+        self.step_log.append(
+            StepRecord(0, len(run.seqs), time.perf_counter() - t0, num_steps=run.k)
+        )
         return outputs
 
     def _finish(self, seq: Sequence) -> None:

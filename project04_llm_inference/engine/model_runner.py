@@ -16,6 +16,7 @@ bookkeeping, which at batch 1 is as long as the step itself.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,6 +25,20 @@ from ..config import EngineArgs
 from ..model.llama import AttnMetadata, LlamaForCausalLM
 from .sampler import argmax_rows
 from .sequence import Sequence
+
+
+@dataclass
+class MultiRun:
+    """A multi-step run queued on the device (`ModelRunner.launch_multi`)."""
+
+    seqs: list[Sequence]
+    rooms: list[int]
+    k: int
+    b: int
+    out: torch.Tensor  # (k, b) int64 on the device: step j's token of sequence i
+    host: torch.Tensor  # its copy on the host (pinned on a GPU), valid once `done` has passed
+    host_lps: torch.Tensor | None
+    done: torch.cuda.Event | None  # None on the CPU (the run finished when launch returned)
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -44,6 +59,7 @@ class ModelRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.num_blocks = 0
         self._staging: dict[str, torch.Tensor] = {}
+        self._multi_slot = 1  # the staging buffers of the last multi-step launch (0 or 1)
         self._pool = None  # the CUDA graphs' shared memory pool
         # multi-token steps padded to mt_q tokens per sequence (speculative verification, a
         # draft's catch-up): replayed from mt_graphs on a GPU, run eagerly padded elsewhere
@@ -272,23 +288,36 @@ class ModelRunner:
 
     # --- multi-step decoding -----------------------------------------------------------------
 
-    def _decode_plan(self, seqs: list[Sequence], rooms: list[int], k: int, width: int):
+    def _decode_plan(
+        self,
+        seqs: list[Sequence],
+        rooms: list[int],
+        k: int,
+        width: int,
+        *,
+        offsets: list[int] | None = None,
+        slot: int = 0,
+    ):
         """Host arrays for k decode steps of seqs (padded to `width` rows): row 0 the first
         input ids, then per step positions, slots and context lengths ((1 + 3k, width) int64),
         and the block tables ((width, max_blocks) int32); both host tensors ready to copy. Step j of
         sequence i is valid while j < rooms[i]; an invalid entry writes nothing (slot -1) and
-        reads one cached token of its own (context 1), so it is harmless and is discarded."""
+        reads one cached token of its own (context 1), so it is harmless and is discarded.
+        offsets[i]: tokens sequence i has beyond its num_computed_tokens that a run still in
+        flight computes (its first input id is then that run's output: row 0 is left 0).
+        slot: which of the two staging buffers to fill (a run in flight may still be copying the
+        other)."""
         bs, b = self.block_size, len(seqs)
-        tables = self._pinned("tables", (width, self.max_blocks_per_seq), torch.int32)
+        tables = self._pinned(f"tables{slot}", (width, self.max_blocks_per_seq), torch.int32)
         t = tables.numpy()
         t.fill(0)
         c = np.empty(b, dtype=np.int64)
-        plan_t = self._pinned("plan", (1 + 3 * k, width), torch.int64)
+        plan_t = self._pinned(f"plan{slot}", (1 + 3 * k, width), torch.int64)
         plan = plan_t.numpy()
         for i, seq in enumerate(seqs):
             t[i, : len(seq.block_ids)] = seq.block_ids
-            c[i] = seq.num_computed_tokens
-            plan[0, i] = seq.all_token_ids[seq.num_computed_tokens]
+            c[i] = seq.num_computed_tokens + (offsets[i] if offsets else 0)
+            plan[0, i] = 0 if offsets else seq.all_token_ids[seq.num_computed_tokens]
         plan[:, b:] = 0
         plan[1 + 2 * k :, b:] = 0  # padding rows: context 0
         plan[1 + k : 1 + 2 * k, b:] = -1  # and no slot
@@ -315,16 +344,35 @@ class ModelRunner:
             self._staging[name] = buf
         return buf[:numel].view(shape)
 
-    @torch.inference_mode()
     def run_multi(self, seqs: list[Sequence], rooms: list[int], k: int, logprobs: bool = False):
         """k greedy decode steps of seqs without reading back in between. Each sequence must
         hold blocks for rooms[i] <= k more tokens; steps past its room are discarded.
 
         Returns (tokens (b, k) list of lists, logprobs (b, k) list of lists or None)."""
+        return self.collect_multi(self.launch_multi(seqs, rooms, k, logprobs=logprobs))
+
+    @torch.inference_mode()
+    def launch_multi(
+        self,
+        seqs: list[Sequence],
+        rooms: list[int],
+        k: int,
+        *,
+        logprobs: bool = False,
+        after: MultiRun | None = None,
+        after_rows: list[int] | None = None,
+    ) -> MultiRun:
+        """Queue k greedy decode steps of seqs on the device and return without waiting.
+
+        after: a run still in flight whose last token of each sequence is this run's first
+        input (seqs[i] is after.seqs[after_rows[i]], whose positions continue past that run's
+        rooms); its tokens need not have been read. `collect_multi` waits for the result."""
         b = len(seqs)
         use_graph = self.device.type == "cuda" and self.graphs and b <= max(self.graphs)
         width = min(s for s in self.graphs if s >= b) if use_graph else b
-        plan, tables = self._decode_plan(seqs, rooms, k, width)
+        slot = self._multi_slot = 1 - self._multi_slot
+        offsets = [after.rooms[r] for r in after_rows] if after is not None else None
+        plan, tables = self._decode_plan(seqs, rooms, k, width, offsets=offsets, slot=slot)
         max_ctx = int(plan[1 + 2 * k :, :b].max())
         dev_plan = plan.to(self.device, non_blocking=True)
         dev_tables = tables.to(self.device, non_blocking=True)
@@ -334,6 +382,13 @@ class ModelRunner:
         if use_graph:
             self.g_tables[:width].copy_(dev_tables)
         ids = dev_plan[0]
+        if after is not None:
+            # each sequence's last token of the run in flight: out[rooms - 1, row] of that run
+            flat = self._pinned(f"after{slot}", (b,), torch.int64)
+            flat.numpy()[:] = [(after.rooms[r] - 1) * after.b + r for r in after_rows]
+            first = after.out.view(-1).index_select(0, flat.to(self.device, non_blocking=True))
+            ids = torch.zeros(width, dtype=torch.int64, device=self.device)
+            ids[:b] = first
         for j in range(k):
             if use_graph:
                 self.g_ids[:width].copy_(ids[:width])
@@ -359,8 +414,24 @@ class ModelRunner:
                 nxt = torch.zeros(width, dtype=torch.int64, device=self.device)
                 nxt[:b] = out[j]
                 ids = nxt
-        tokens = out.t().tolist()
-        return tokens, (lps.t().tolist() if lps is not None else None)
+        host = self._pinned(f"out{slot}", (k, b), torch.int64)
+        host.copy_(out, non_blocking=True)
+        host_lps = None
+        if lps is not None:
+            host_lps = self._pinned(f"lps{slot}", (k, b), torch.float32)
+            host_lps.copy_(lps, non_blocking=True)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return MultiRun(list(seqs), list(rooms), k, b, out, host, host_lps, done)
+
+    def collect_multi(self, run: MultiRun):
+        """Wait for a run queued by `launch_multi`: (tokens (b, k), logprobs (b, k) or None)."""
+        if run.done is not None:
+            run.done.synchronize()
+        tokens = run.host.t().tolist()
+        return tokens, (run.host_lps.t().tolist() if run.host_lps is not None else None)
 
     # --- multi-token steps in CUDA graphs ------------------------------------------------------
 

@@ -289,6 +289,9 @@ def _latency_md(rec: dict) -> str:
     if k:
         cols[4:4] = ["engine_multi_ms", "engine_multi_tok_s"]
         heads[4:4] = [f"engine, {k} steps/sync (ms/step)", f"engine, {k} steps/sync (tok/s)"]
+        if any(r.get("engine_multi_sync_ms") is not None for r in res["rows"]):
+            cols[6:6] = ["engine_multi_sync_ms"]
+            heads[6:6] = [f"engine, {k} steps/sync, next run not queued ahead (ms/step)"]
     floor = (
         f"Floor: {res['weight_bytes'] / 1e9:.2f} GB of weights ({res['params'] / 1e9:.3f} B "
         f"params, bf16) + batch x context x {res['kv_bytes_per_token']:,} B of KV per step, "

@@ -29,7 +29,8 @@ class _Engine:
 
 def fake_llm_class(ms_of_call):
     """An LLM whose decode steps in its i-th generate call take ms_of_call(i, k) ms each, k the
-    decode steps per round trip it runs with; every call is logged as (k, prompts)."""
+    decode steps per round trip it runs with (negative: multi-step without the next run queued
+    ahead); every call is logged as (k, prompts)."""
     calls: list = []
 
     class LLM:
@@ -38,12 +39,14 @@ def fake_llm_class(ms_of_call):
 
         def generate(self, prompts, params, use_tqdm=True):
             k, i = self.engine.args.num_scheduler_steps, len(calls)
-            calls.append((k, [list(p) for p in prompts]))
+            queue_ahead = getattr(self.engine.args, "async_multi_step", True)
+            signed = k if queue_ahead or k == 1 else -k
+            calls.append((signed, [list(p) for p in prompts]))
             step = types.SimpleNamespace
             self.engine.step_log.append(
                 step(prefill_tokens=sum(map(len, prompts)), decode_seqs=0, duration_s=1.0)
             )
-            n, per_step = len(prompts), ms_of_call(i, k) / 1e3
+            n, per_step = len(prompts), ms_of_call(i, signed) / 1e3
             for _ in range(max(p.max_tokens for p in params) // k):
                 self.engine.step_log.append(
                     step(prefill_tokens=0, decode_seqs=n, duration_s=per_step * k, num_steps=k)
@@ -69,8 +72,9 @@ def engine(monkeypatch):
 def test_latency_interleaves_one_step_and_multi_step_and_keeps_every_repetition(
     engine, tmp_path, monkeypatch
 ):
-    # call i: one step per round trip takes i + 1 ms per step, multi-step half of that
-    calls = engine(lambda i, k: (i + 1) * (0.5 if k > 1 else 1.0))
+    # call i: one step per round trip takes i + 1 ms per step, multi-step half of that, and
+    # multi-step without the next run queued ahead three quarters
+    calls = engine(lambda i, k: (i + 1) * (0.5 if k > 1 else 0.75 if k < 0 else 1.0))
     monkeypatch.setattr(offline, "warm_up", lambda llm, v: None)
     monkeypatch.setattr(
         baselines, "decode_step_times", lambda c, b, ctx, n: [2.0, 1.0, 3.0, 5.0, 4.0][:n]
@@ -80,24 +84,28 @@ def test_latency_interleaves_one_step_and_multi_step_and_keeps_every_repetition(
             shape="tiny", batches=(1,), contexts=(1024,), decode_steps=8, reports_dir=str(tmp_path)
         )
     )
-    assert [k for k, _ in calls] == [1, 8, 8, 1, 1, 8, 8, 1, 1, 8]  # alternating, 5 each
+    # alternating, the order reversed every other repetition, 5 each
+    assert [k for k, _ in calls] == [1, 8, -8, -8, 8, 1, 1, 8, -8, -8, 8, 1, 1, 8, -8]
     row = res["rows"][0]
-    assert row["engine_ms_reps"] == pytest.approx([1.0, 4.0, 5.0, 8.0, 9.0])  # calls 0, 3, 4, 7, 8
+    # calls 0, 5, 6, 11, 12
+    assert row["engine_ms_reps"] == pytest.approx([1.0, 6.0, 7.0, 12.0, 13.0])
     assert (row["engine_ms"], row["engine_ms_min"], row["engine_ms_max"]) == pytest.approx(
-        (5, 1, 9)
+        (7, 1, 13)
     )
-    assert row["engine_multi_ms_reps"] == pytest.approx([1.0, 1.5, 3.0, 3.5, 5.0])
-    assert row["engine_multi_ms"] == pytest.approx(3.0)
+    assert row["engine_multi_ms_reps"] == pytest.approx([1.0, 2.5, 4.0, 5.5, 7.0])
+    assert row["engine_multi_ms"] == pytest.approx(4.0)
+    assert row["engine_multi_sync_ms_reps"] == pytest.approx([2.25, 3.0, 6.75, 7.5, 11.25])
     # tok/s per repetition: its range comes from the fastest and slowest runs
-    assert row["engine_multi_tok_s_min"] == pytest.approx(1e3 / 5.0)
+    assert row["engine_multi_tok_s_min"] == pytest.approx(1e3 / 7.0)
     assert row["engine_multi_tok_s_max"] == pytest.approx(1e3 / 1.0)
     assert row["static_cuda_graph_ms"] == 3.0 and row["static_cuda_graph_ms_max"] == 5.0
     assert res["repeats"] == 5
     t = targets({"decode_latency": {"results": res}})[0]  # batch 1, context 1,024
-    assert t["measured"] == pytest.approx(3.0) and t["range"] == pytest.approx((1.0, 5.0))
+    assert t["measured"] == pytest.approx(4.0) and t["range"] == pytest.approx((1.0, 7.0))
     assert "8 steps per round trip" in t["unit"]
     md = render(tmp_path)[0].read_text()
-    assert "| 5 (1–9) |" in md and "| 3 (1–5) |" in md  # engine ms, multi-step ms
+    assert "| 7 (1–13) |" in md and "| 4 (1–7) |" in md  # engine ms, multi-step ms
+    assert "| 6.75 (2.25–11.2) |" in md and "not queued ahead" in md
     assert "Measured: the median of repeated runs" in md
 
 

@@ -160,3 +160,87 @@ def test_multi_step_leaves_sampling_and_admission_alone():
 def test_bad_num_scheduler_steps(kw):
     with pytest.raises(ValueError, match="num_scheduler_steps"):
         EngineArgs(load_format="dummy", dummy_shape="tiny", **kw)
+
+
+def _count_queued_behind(llm: LLM) -> list[int]:
+    """Wrap the runner's launch_multi: the number of runs queued behind one still in flight."""
+    runner, calls = llm.engine.runner, [0]
+    launch = runner.launch_multi
+
+    def counted(*args, **kw):
+        if kw.get("after") is not None:
+            calls[0] += 1
+        return launch(*args, **kw)
+
+    runner.launch_multi = counted
+    return calls
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_async_multi_step_equals_sync_and_single_steps(k):
+    """Queuing the next run before reading the last one's tokens (the default) gives what
+    reading each run first gives, and what single steps give: ragged max_tokens and stop
+    tokens end sequences inside runs whose successors were already queued."""
+    prompts, params = _workload(14, seed=20 + k)
+    kw = dict(max_num_seqs=5, max_num_batched_tokens=64)
+    ref = _generate(_tiny(**kw), prompts, params)
+    sync = _tiny(**kw, num_scheduler_steps=k, async_multi_step=False)
+    queued = _count_queued_behind(sync)
+    _assert_same(ref, _generate(sync, prompts, params))
+    assert queued[0] == 0
+    llm = _tiny(**kw, num_scheduler_steps=k)
+    queued = _count_queued_behind(llm)
+    _assert_same(ref, _generate(llm, prompts, params))
+    assert queued[0] > 0, "no run was queued behind another: the test would prove nothing"
+
+
+def test_async_multi_step_with_a_small_pool_and_max_model_len():
+    """Rooms cut by the blocks the pool still has and by max_model_len, for runs queued ahead."""
+    prompts, params = _workload(10, seed=31, shared_prefix=12)
+    for p in params:
+        p.max_tokens = max(p.max_tokens, 40)
+    kw = dict(max_num_seqs=5, max_num_batched_tokens=48, num_gpu_blocks=16, max_model_len=72)
+    ref = _generate(_tiny(**kw), prompts, params)
+    llm = _tiny(**kw, num_scheduler_steps=6)
+    queued = _count_queued_behind(llm)
+    _assert_same(ref, _generate(llm, prompts, params))
+    assert queued[0] > 0
+
+
+def test_async_multi_step_abort_and_join_while_a_run_is_queued():
+    """A request aborted while a run for it is queued frees its blocks and returns nothing
+    more; one added meanwhile waits for the queued run, then joins; the rest decode exactly
+    as without multi-step."""
+    prompts, _ = _workload(4, seed=41)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    extra = [11, 12, 13, 14]
+    ref = _generate(_tiny(max_num_seqs=3), prompts[:3] + [extra], [params] * 4, streams=False)
+
+    llm = _tiny(max_num_seqs=3, num_scheduler_steps=4)
+    eng = llm.engine
+    queued = _count_queued_behind(llm)
+    for i in range(3):
+        eng.add_request(str(i), prompts[i], params)
+    got: dict[str, list[int]] = {}
+    final = {}
+
+    def step():
+        for out in eng.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                final[out.request_id] = out
+
+    while queued[0] == 0:
+        step()
+    assert eng._inflight is not None
+    assert eng.abort("1")  # its queued tokens are discarded
+    step()
+    assert "1" not in got or len(got["1"]) < 30
+    eng.add_request("3", extra, params)  # the batch has room: no run is queued behind this one
+    while eng.has_unfinished():
+        step()
+    eng.block_manager.check_no_leaks([])
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+    assert "1" not in final
+    for rid, want in (("0", ref[0]), ("2", ref[2]), ("3", ref[3])):
+        assert final[rid].token_ids == want.token_ids and got[rid] == want.token_ids
