@@ -730,8 +730,10 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         f"`context_max`; the figure is the median over {cfg.repeats} repetition(s), min-max in "
         "*_min / *_max. Floor and baseline are at `context`. multi-step: the same engine running "
         "`multi_step_k` decode steps per host round trip (EngineArgs.num_scheduler_steps), "
-        "alternating with one step per round trip in every repetition; its ms per step is each "
-        "run's duration / k. The static baseline's repetitions run after the engine is freed; "
+        "the next run queued before the last one's tokens are read (EngineArgs.async_multi_step), "
+        "and, as its same-run baseline, without that; the three alternate in every repetition; "
+        "multi-step ms per step is each run's duration / k. The static baseline's repetitions run "
+        "after the engine is freed; "
         "engine / static is the ratio of their medians.",
     }
     _save(

@@ -10,7 +10,10 @@ runs k steps back to back on the device. The host computes every step's position
 context lengths at once (the blocks for k tokens are allocated beforehand), copies them in one
 transfer, and each step's input ids are the previous step's argmax, copied on the device; the
 host reads the k x batch tokens back once. The GPU then never waits for the host's per-step
-bookkeeping, which at batch 1 is as long as the step itself.
+bookkeeping, which at batch 1 is as long as the step itself. `launch_multi` queues a run and
+returns; `collect_multi` reads its tokens. With `EngineArgs.async_multi_step` the engine queues
+the next run (`after=`: its first inputs gathered from the last run's outputs on the device)
+before reading the last one, so the host's bookkeeping between runs overlaps the device too.
 """
 
 from __future__ import annotations
