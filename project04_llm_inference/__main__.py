@@ -125,7 +125,7 @@ def _report(cfg: ReportConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     import tyro
 
-    from .bench import offline, prefill, serving, spec
+    from .bench import gemv, kernels, offline, prefill, serving, spec
     from .spec import train_corpus
 
     commands = {
@@ -151,15 +151,10 @@ def main(argv: list[str] | None = None) -> None:
         train_corpus.TrainCorpusConfig: train_corpus.run,
         **offline.RUNNERS,
     }
-    try:
-        from .bench import gemv, kernels
-
-        commands["decode-kernel"] = kernels.KernelBenchConfig
-        runners[kernels.KernelBenchConfig] = kernels.run
-        commands["gemv-kernel"] = gemv.GemvBenchConfig
-        runners[gemv.GemvBenchConfig] = gemv.run
-    except (ImportError, AttributeError):  # the decode-kernel benchmark is optional here
-        pass
+    commands["decode-kernel"] = kernels.KernelBenchConfig
+    runners[kernels.KernelBenchConfig] = kernels.run
+    commands["gemv-kernel"] = gemv.GemvBenchConfig
+    runners[gemv.GemvBenchConfig] = gemv.run
     cfg = tyro.extras.subcommand_cli_from_dict(
         commands, args=argv, prog="python -m project04_llm_inference"
     )

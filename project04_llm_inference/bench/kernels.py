@@ -23,7 +23,6 @@ environment holds the GPU's clocks, temperature and power at the start and the e
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,15 +37,27 @@ PROJECT = "project04_llm_inference"
 
 @dataclass
 class KernelBenchConfig:
+    """Time the paged decode attention kernel against SDPA over a contiguous cache (GPU)."""
+
     batches: list[int] = field(default_factory=lambda: [1, 64, 256])
+    """sequences per launch"""
     contexts: list[int] = field(default_factory=lambda: [1024, 4096, 8192, 16384, 32768])
+    """tokens of context of every sequence"""
     n_heads: int = 32
+    """query heads (Llama-3.2-1B: 32)"""
     n_kv_heads: int = 8
+    """key/value heads (Llama-3.2-1B: 8)"""
     head_dim: int = 64
+    """dimensions per head: 64 or 128"""
     block_size: int = 16
+    """tokens per KV-cache block"""
     dtype: str = "bfloat16"
+    """bfloat16 or float16"""
     seed: int = 0
-    memory_fraction: float = 0.6  # of free GPU memory the two caches may take
+    """seed of the random cache and queries"""
+    memory_fraction: float = 0.6
+    """share of free GPU memory the two caches (paged and contiguous) may take; larger shapes
+    are skipped"""
     repeats: int = DEFAULT_REPEATS
     """repetitions per shape, ours and SDPA alternating; figures are medians with min-max"""
     reports_dir: str = ""
@@ -169,24 +180,13 @@ def run(cfg: KernelBenchConfig) -> dict:
     return {**results, "path": str(Path(path))}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from shared.cli import positive_int
+def main(argv: list[str] | None = None) -> None:
+    """`python -m <this module>`: the package's `decode-kernel` command (one CLI, one --help)."""
+    import sys
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reports-dir", default="", help="default: runs/<UTC time>/")
-    ap.add_argument("--batches", nargs="*", type=int, default=[1, 64, 256])
-    ap.add_argument("--contexts", nargs="*", type=int, default=[1024, 4096, 8192, 16384, 32768])
-    ap.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=DEFAULT_REPEATS,
-        help="repetitions per shape, ours and SDPA alternating",
-    )
-    ns = ap.parse_args(argv)
-    cfg = KernelBenchConfig(
-        batches=ns.batches, contexts=ns.contexts, reports_dir=ns.reports_dir, repeats=ns.repeats
-    )
-    return run(cfg)
+    from project04_llm_inference.__main__ import main as package_main
+
+    package_main(["decode-kernel", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ environment holds the GPU's clocks, temperature and power at the start and the e
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -199,24 +198,13 @@ def run(cfg: PrefillBenchConfig) -> dict:
     return {**results, "path": str(Path(path))}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from shared.cli import positive_int
+def main(argv: list[str] | None = None) -> None:
+    """`python -m <this module>`: the package's `prefill-kernel` command (one CLI, one --help)."""
+    import sys
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reports-dir", default="", help="default: runs/<UTC time>/")
-    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    ap.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=DEFAULT_REPEATS,
-        help="repetitions per workload, ours and the baselines alternating",
-    )
-    ns = ap.parse_args(argv)
-    cfg = PrefillBenchConfig(
-        workloads=ns.workloads, dtype=ns.dtype, reports_dir=ns.reports_dir, repeats=ns.repeats
-    )
-    return run(cfg)
+    from project04_llm_inference.__main__ import main as package_main
+
+    package_main(["prefill-kernel", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
