@@ -1,19 +1,11 @@
-// Building blocks shared by the FlashAttention forward and backward kernels (sm_80 and newer).
+// Building blocks shared by the FlashAttention forward and backward kernels (sm_80 and newer):
+// element-type traits, the XOR swizzle of shared tiles, the tile copy built on cp.async, and
+// quad reductions over the rows of a C fragment.
 //
-// Everything here is a thin wrapper over one PTX instruction, with the fragment layout it
-// produces written next to it, so the kernels read as tile algebra:
-//   - cp.async 16-byte global->shared copies with zero fill (masked tails cost no branches),
-//   - ldmatrix (x4, plain and .trans) shared->register loads of 8x8 b16 matrices,
-//   - mma.sync m16n8k16 with float32 accumulators, for __half and __nv_bfloat16.
-//
-// Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
-// g = lane / 4 and t = lane % 4:
-//   A (16x16, row major), 4 x b32:  a0 = A[g][2t..2t+1]    a1 = A[g+8][2t..2t+1]
-//                                   a2 = A[g][2t+8..2t+9]  a3 = A[g+8][2t+8..2t+9]
-//   B (16x8, k x n), 2 x b32:       b0 = B[2t..2t+1][g]    b1 = B[2t+8..2t+9][g]
-//   C (16x8, float32), 4 floats:    c0,c1 = C[g][2t..2t+1] c2,c3 = C[g+8][2t..2t+1]
-// ldmatrix gives lane l the pair (row l/4, cols 2(l%4)..+1) of each 8x8 matrix; with .trans the
-// pair (rows 2(l%4)..+1, col l/4). Lanes 8i..8i+7 supply the 8 row addresses of matrix i.
+// The PTX wrappers they use (cp.async with zero fill, ldmatrix x4 plain and .trans, mma.sync
+// m16n8k16 with float32 accumulators, and the fragment layouts those produce) live in
+// common/sm80.cuh and are brought into namespace flash below, so the kernels read as tile
+// algebra.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,7 +13,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "common/sm80.cuh"
+
 namespace flash {
+
+using namespace p01::sm80;  // cp.async, ldmatrix and mma.sync wrappers (common/sm80.cuh)
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -50,72 +46,6 @@ struct TypeTraits<__nv_bfloat16> {
     return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v));
   }
 };
-
-// ---- tensor-core MMA: C(16x8 f32) += A(16x16) * B(16x8) -------------------------------------
-// Not volatile: a pure register operation, which the compiler may schedule freely. (ldmatrix
-// and cp.async stay volatile: they must not move across barriers.)
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t (&a)[4],
-                                                  uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
-                                                         uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// ---- shared memory loads ----------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// ---- asynchronous global -> shared copies -------------------------------------------------------
-// src_bytes = 0 reads nothing and writes 16 zero bytes: rows past the end of a sequence become
-// zeros in shared memory, so tails need no special path in the MMA loops.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // ---- swizzled tiles in shared memory ---------------------------------------------------------------
 // A tile of ROWS x COLS 16-bit elements, rows of COLS * 2 bytes (a multiple of 128 bytes), split in

@@ -5,6 +5,7 @@
 //   - wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and an
 //     empty asm that pins registers so the compiler keeps accesses out of asynchronous regions;
 //   - host: the driver's cuTensorMapEncodeTiled, fetched through the runtime (no libcuda link).
+// smem_u32 (shared-memory addresses as PTX takes them) is sm80.cuh's, re-exported here.
 // The device functions compile for any architecture, but only sm_90a has the instructions: the
 // kernels that use them guard their bodies with __CUDA_ARCH_FEAT_SM90_ALL.
 #pragma once
@@ -14,11 +15,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "common/sm80.cuh"
+
 namespace p01::sm90 {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using p01::sm80::smem_u32;  // shared-memory addresses as PTX takes them (common/sm80.cuh)
 
 // ---- mbarriers ----------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {

@@ -17,9 +17,12 @@
 #include <cuda_fp16.h>
 
 #include "common.cuh"
+#include "common/sm80.cuh"
 #include "gemm.h"
 
 namespace {
+
+using namespace p01::sm80;  // cp.async, ldmatrix and mma.sync wrappers (common/sm80.cuh)
 
 constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 4;
 constexpr int kThreads = 128;  // 4 warps, 2 x 2
@@ -38,49 +41,6 @@ __device__ __forceinline__ int a_offset(int r, int chunk) {
 // B tile (32 x 128): row r holds 16 chunks; chunk c lives at c ^ (r & 7).
 __device__ __forceinline__ int b_offset(int r, int chunk) {
   return r * kBN + ((chunk ^ (r & 7)) << 3);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;  // 0: write 16 zero bytes, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
 }
 
 template <typename T>
@@ -131,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
       T* dst = as + a_offset(r, ch);
       if constexpr (kAligned) {
         const bool valid = gr < m && gc < k;
-        cp_async16(smem_addr(dst), valid ? a + gr * k + gc : a, valid);
+        cp_async_16(smem_u32(dst), valid ? a + gr * k + gc : a, valid);
       } else {
         *reinterpret_cast<uint4*>(dst) =
             gr < m ? load_chunk_guarded(a + gr * k, gc, k) : make_uint4(0, 0, 0, 0);
@@ -145,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
       T* dst = bs + b_offset(r, ch);
       if constexpr (kAligned) {
         const bool valid = gr < k && gc < n;
-        cp_async16(smem_addr(dst), valid ? b + gr * n + gc : b, valid);
+        cp_async_16(smem_u32(dst), valid ? b + gr * n + gc : b, valid);
       } else {
         *reinterpret_cast<uint4*>(dst) =
             gr < k ? load_chunk_guarded(b + gr * n, gc, n) : make_uint4(0, 0, 0, 0);
@@ -180,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
         // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15 -> a0..a3
         const int r = warp_row + mi * 16 + (lane % 16);
         const int ch = kk / 8 + lane / 16;
-        ldmatrix_x4(fa[mi], smem_addr(as + a_offset(r, ch)));
+        ldmatrix_x4(fa[mi], smem_u32(as + a_offset(r, ch)));
       }
 #pragma unroll
       for (int nj = 0; nj < kNI / 2; ++nj) {
@@ -188,14 +148,14 @@ __global__ void __launch_bounds__(kThreads)
         const int r = kk + (lane % 8) + ((lane / 8) & 1) * 8;
         const int ch = (warp_col + nj * 16) / 8 + lane / 16;
         uint32_t tmp[4];
-        ldmatrix_x4_trans(tmp, smem_addr(bs + b_offset(r, ch)));
+        ldmatrix_x4_trans(tmp, smem_u32(bs + b_offset(r, ch)));
         fb[2 * nj][0] = tmp[0], fb[2 * nj][1] = tmp[1];
         fb[2 * nj + 1][0] = tmp[2], fb[2 * nj + 1][1] = tmp[3];
       }
 #pragma unroll
       for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < kNI; ++ni) mma_16816<T>(acc[mi][ni], fa[mi], fb[ni]);
+        for (int ni = 0; ni < kNI; ++ni) mma_16816<T>(acc[mi][ni], fa[mi], fb[ni][0], fb[ni][1]);
     }
   }
   cp_async_wait<0>();
