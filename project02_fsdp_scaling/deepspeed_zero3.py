@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,7 @@ from project02_fsdp_scaling.train import (
     train_flops_per_token,
     write_json,
 )
+from shared.cuda_build import clear_stale_lock
 from shared.data import SyntheticTokens
 from shared.distributed import DistInfo, cleanup, init_distributed, seed_everything
 
@@ -203,6 +205,20 @@ def run_deepspeed(
     return result, final
 
 
+def clear_stale_op_build_locks() -> list[Path]:
+    """Remove build locks DeepSpeed's killed op builds left behind; returns their folders.
+
+    DeepSpeed compiles some ops on first use (on CPU, its shared-memory allreduce) through
+    torch's cpp_extension, in torch's extensions folder. A run killed during that build leaves
+    the folder's `lock` file, and every later DeepSpeed run on the machine then waits on it,
+    silently and forever. Locks older than any build takes are removed (`clear_stale_lock`)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    folders = sorted(root.glob("deepspeed*")) + sorted(root.glob("*/deepspeed*"))
+    return [d for d in folders if d.is_dir() and clear_stale_lock(d)]
+
+
 def run(cfg: DeepSpeedConfig) -> int:
     """`deepspeed`: validate, train on this rank, and on rank 0 write the JSON record (--out) and
     the final parameters (--save-params)."""
@@ -212,6 +228,7 @@ def run(cfg: DeepSpeedConfig) -> int:
     if not ok:
         print(f"{why}; install the extra: pip install -e '.[deepspeed]'", file=sys.stderr)
         return 2
+    clear_stale_op_build_locks()
     info = init_distributed(device=resolve_device(cfg))
     try:
         result, final = run_deepspeed(cfg, info)
