@@ -12,7 +12,6 @@ extra: `pip install -e ".[deepspeed]"`.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sys
@@ -42,7 +41,13 @@ from project02_fsdp_scaling.train import (
 )
 from shared.cuda_build import clear_stale_lock
 from shared.data import SyntheticTokens
-from shared.distributed import DistInfo, cleanup, init_distributed, seed_everything
+from shared.distributed import (
+    DistInfo,
+    cleanup,
+    exit_under_launcher,
+    init_distributed,
+    seed_everything,
+)
 
 
 def deepspeed_available() -> tuple[bool, str]:
@@ -250,15 +255,8 @@ def run(cfg: DeepSpeedConfig) -> int:
                 save_tensors(cfg.save_params, final)
     finally:
         cleanup()
-    if info.world_size > 1 and "TORCHELASTIC_RUN_ID" in os.environ:
-        # Under torchrun, leave without the interpreter's teardown: on CPU a DeepSpeed worker
-        # occasionally aborts there ("terminate called without an active exception", a native
-        # thread still joinable at exit), after its results are written and the group is gone,
-        # and the launcher then reports the whole run as failed. Everything is flushed first.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    if info.world_size > 1:
+        exit_under_launcher(0)  # a DeepSpeed CPU worker can abort in the interpreter's teardown
     return 0
 
 

@@ -519,5 +519,8 @@ if __name__ == "__main__":  # `python -m <this module>` runs its command of the 
     import sys
 
     from project02_fsdp_scaling.__main__ import main
+    from shared.distributed import exit_under_launcher
 
-    sys.exit(main(["train", *sys.argv[1:]]))
+    code = main(["train", *sys.argv[1:]])
+    exit_under_launcher(code)  # a gloo worker thread can abort the interpreter's teardown
+    sys.exit(code)

@@ -826,4 +826,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from shared.distributed import exit_under_launcher
+
+    code = main()
+    # The process group is destroyed and every file closed by now; a gloo worker thread can still
+    # abort the interpreter's teardown, which torchrun would report as a failed job.
+    exit_under_launcher(code)
+    raise SystemExit(code)

@@ -145,6 +145,24 @@ def cleanup() -> None:
             dist.destroy_process_group()
 
 
+def exit_under_launcher(code: int) -> None:
+    """Under torchrun, end the process with `code` without the interpreter's teardown.
+
+    On CPU a gloo worker occasionally aborts during interpreter finalisation ("terminate called
+    without an active exception": a native thread of the process group's backend is still
+    joinable when its object is destroyed), after the results are written and the group is gone;
+    torchrun then reports the whole job as failed and stops its peers. Call this after
+    `cleanup()` and after every file is closed: logging is shut down and stdout/stderr flushed
+    here, then `os._exit` skips the rest. Outside torchrun (a plain `python -m`, or a caller in
+    the same process) it returns and the caller exits normally."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 

@@ -127,3 +127,29 @@ def test_logger_prints_rank_zero_info(capsys):
     log = get_logger("shared-test")
     log.info("hello from rank zero")
     assert "hello from rank zero" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_exit_under_launcher_flushes_and_ends_only_under_torchrun(launched):
+    # Under torchrun the process ends at once with the given code, its buffered output and log
+    # records written first; outside it the call returns and the program goes on.
+    script = (
+        "import logging, sys\n"
+        "from shared.distributed import exit_under_launcher\n"
+        "logging.basicConfig(stream=sys.stderr, level=logging.INFO)\n"
+        "logging.getLogger('t').info('logged before exit')\n"
+        "print('printed before exit', end='')\n"
+        "exit_under_launcher(7)\n"
+        "print(' and after')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    if launched:
+        env["TORCHELASTIC_RUN_ID"] = "test"
+    r = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "logged before exit" in r.stderr
+    if launched:
+        assert (r.returncode, r.stdout) == (7, "printed before exit")
+    else:
+        assert (r.returncode, r.stdout) == (0, "printed before exit and after\n")
