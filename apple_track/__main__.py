@@ -1,33 +1,43 @@
-"""python -m apple_track {export,report,profile} [...]: the track's commands."""
+"""`python -m apple_track <command> --help`: export, report, profile.
+
+python -m apple_track export                          # every variant, measured; the README
+python -m apple_track export --preset 125m --seq-len 128 --train-steps 0 --name export_125m
+python -m apple_track report --no-readme              # the chart and summary from the JSON alone
+python -m apple_track profile litert int8 --seconds 20
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
-COMMANDS = {
-    "export": "export every variant, measure, write reports/apple_track/ and the README",
-    "report": "rewrite the charts, summary and README from the recorded JSON",
-    "profile": "run one exported variant in a loop (a target for Instruments / powermetrics)",
-}
+from shared.cli import main_guard, parse_subcommand
+
+PROG = "python -m apple_track"
 
 
+def commands() -> dict[str, tuple[type, Callable[..., int]]]:
+    """Command name -> (its config class, the function that runs it and returns an exit code)."""
+    from . import export, profile, report
+
+    return {
+        "export": (export.ExportCommandConfig, export.run),
+        "report": (report.ReportConfig, report.run),
+        "profile": (profile.ProfileConfig, profile.run),
+    }
+
+
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
-        print(
-            f"error: unknown command {argv[0]!r}; expected one of {sorted(COMMANDS)} "
-            "(see python -m apple_track --help)",
-            file=sys.stderr,
-        )
-        return 2
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m apple_track {export,report,profile} [--help]\n")
-        for name, what in COMMANDS.items():
-            print(f"  {name:<8} {what}")
-        return 0
-    import importlib
-
-    return importlib.import_module(f"apple_track.{argv[0]}").main(argv[1:])
+    table = commands()
+    name, cfg = parse_subcommand(
+        table,
+        prog=PROG,
+        description="The shared transformer on device: Core ML, LiteRT and MLX exports measured "
+        "against PyTorch, Metal kernels, the report and a profiling loop.",
+        argv=argv,
+    )
+    return table[name][1](cfg)
 
 
 if __name__ == "__main__":

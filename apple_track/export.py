@@ -1,22 +1,21 @@
 """Export the shared transformer to Core ML, LiteRT and MLX; measure; write the report.
 
-    python -m apple_track.export                   # tiny preset, every variant (make apple)
-    python -m apple_track.export --preset 125m --seq-len 128 --train-steps 0
-    python -m apple_track.export --coreml fp16 int8 --litert fp32 --mlx fp32
+    python -m apple_track export                   # tiny preset, every variant (make apple)
+    python -m apple_track export --preset 125m --seq-len 128 --train-steps 0
+    python -m apple_track export --coreml fp16 int8 --litert fp32 --mlx fp32
 
 One run, one process, so every figure has its baseline from the same run: the PyTorch float32
 model (eager, CPU) gives the reference logits and the reference latency. Per variant it records
 size on disk, op counts, input/output descriptions, parity against the reference and CPU
 latency; then `apple_track.report` writes reports/apple_track/ (JSON, charts, summary) and
-regenerates apple_track/README.md. Model files go to --out-dir (default .build/apple_track/NAME,
-not committed). All CPU timings are single-threaded: `torch.utils.benchmark` (which
-shared.timing uses) pins PyTorch to one thread, so LiteRT runs with num_threads=1 and MLX's BLAS
-with OPENBLAS_NUM_THREADS=1, for a like-for-like comparison.
+regenerates apple_track/README.md. Model files go to --models-dir (default
+.build/apple_track/NAME, not committed). All CPU timings are single-threaded:
+`torch.utils.benchmark` (which shared.timing uses) pins PyTorch to one thread, so LiteRT runs
+with num_threads=1 and MLX's BLAS with OPENBLAS_NUM_THREADS=1, for a like-for-like comparison.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import platform
@@ -24,30 +23,24 @@ import re
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Annotated
 
 import torch
+import tyro
 
 from apple_track.model import (
     COREML_VARIANTS,
     LITERT_VARIANTS,
     MLX_VARIANTS,
     TOLERANCES,
-    VARIANTS,
     ExportConfig,
     build_export_model,
     parity,
     within_tolerance,
 )
-from shared.cli import (
-    ArgumentParser,
-    nonempty_path,
-    nonneg_int,
-    one_line,
-    positive_int,
-    writable_dir,
-)
-from shared.model import PRESETS
+from shared.cli import require_nonempty, writable_dir
 from shared.results import REPO_ROOT, REPORTS_DIR, save_result
 from shared.timing import benchmark
 
@@ -291,10 +284,11 @@ def run_metal() -> dict:
     return results
 
 
-def run(
+def measure(
     cfg: ExportConfig, out_dir: Path, reports_dir: Path | None = None, *, name: str = RESULT_NAME
 ) -> tuple[Path, int]:
-    """Everything; returns (the result file, the number of runtimes that failed)."""
+    """Export, measure and record every variant of `cfg` (model files into `out_dir`); returns
+    (the result file, the number of runtimes that failed)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as torch.utils.benchmark times it; restored on the way out
     try:
@@ -381,13 +375,11 @@ def _run(cfg: ExportConfig, out_dir: Path, reports_dir: Path | None, name: str):
     return path, n_failed
 
 
-def _parse_overrides(items: list[str]) -> dict:
+def _parse_overrides(items: tuple[str, ...]) -> dict:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
-        if not key.strip():
+        if not sep or not key.strip():
             raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
         try:
             out[key] = int(value)
@@ -401,85 +393,69 @@ def _parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ExportConfig, argparse.Namespace]:
-    p = ArgumentParser(
-        prog="python -m apple_track.export",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--preset", default="tiny", help=f"one of {sorted(PRESETS)} (default tiny)")
-    p.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="NAME=VALUE",
-        help="override ModelArgs fields, e.g. --set dim=128 n_layers=4",
-    )
-    p.add_argument("--batch", type=positive_int, default=1)
-    p.add_argument("--seq-len", type=positive_int, default=64)
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--train-steps", type=nonneg_int, default=300)
-    for runtime, names in VARIANTS.items():
-        p.add_argument(
-            f"--{runtime}",
-            nargs="*",
-            default=list(names),
-            metavar="VARIANT",
-            help=f"{runtime} variants: any of {', '.join(names)} (default all; none to skip)",
-        )
-    p.add_argument(
-        "--out-dir",
-        type=nonempty_path,
-        default=None,
-        help="where model files are written (default .build/apple_track/NAME)",
-    )
-    p.add_argument("--reports-dir", type=nonempty_path, default=None, help="default reports/")
-    p.add_argument(
-        "--name",
-        default=RESULT_NAME,
-        help=f"result name: reports/apple_track/NAME.json (default {RESULT_NAME}, the "
-        "main run; other names are extra runs listed in the README)",
-    )
-    p.add_argument("--no-readme", action="store_true", help="do not regenerate the README")
-    args = p.parse_args(argv)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", args.name) or args.name.endswith(".json"):
-        raise ValueError(f"--name must be a plain file stem like 'export_125m', got {args.name!r}")
-    cfg = ExportConfig(
-        preset=args.preset,
-        overrides=_parse_overrides(args.set),
-        batch=args.batch,
-        seq_len=args.seq_len,
-        seed=args.seed,
-        train_steps=args.train_steps,
-        coreml=tuple(args.coreml),
-        litert=tuple(args.litert),
-        mlx=tuple(args.mlx),
-    )
-    return cfg, args
+@dataclass(frozen=True)
+class ExportCommandConfig(ExportConfig):
+    """Export every variant, measure each against PyTorch float32 in the same run, write the
+    record and chart under reports/apple_track/ and regenerate the README."""
+
+    overrides: tyro.conf.Suppress[dict] = field(default_factory=dict)
+    set: Annotated[
+        tuple[str, ...],
+        tyro.conf.arg(metavar="[NAME=VALUE ...]", help_behavior_hint="(default: none)"),
+    ] = ()
+    """override ModelArgs fields of the preset, e.g. --set dim=128 n_layers=4"""
+    models_dir: str | None = None
+    """where the model files are written (None: .build/apple_track/NAME)"""
+    reports_dir: str | None = None
+    """the record goes to <reports-dir>/apple_track/NAME.json (None: the repo's reports/)"""
+    name: str = RESULT_NAME
+    """result name: export is the main run; other names are extra runs listed in the README"""
+    readme: bool = True
+    """regenerate apple_track/README.md (--no-readme: the record, chart and summary only)"""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "overrides", {**self.overrides, **_parse_overrides(self.set)})
+        super().__post_init__()
+        for flag, path in (("--models-dir", self.models_dir), ("--reports-dir", self.reports_dir)):
+            if path is not None:
+                require_nonempty(flag, path)
+        stem = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name)
+        if not stem or self.name.endswith(".json"):
+            raise ValueError(
+                f"--name must be a plain file stem like 'export_125m', got {self.name!r}"
+            )
+
+    def export_config(self) -> ExportConfig:
+        """What is exported and measured, as the record stores it."""
+        return ExportConfig(**{f.name: getattr(self, f.name) for f in fields(ExportConfig)})
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg, args = parse_args(argv)
-        out_dir = args.out_dir if args.out_dir is not None else DEFAULT_OUT / args.name
-        writable_dir("--out-dir", out_dir)  # both before the training and the exports
-        writable_dir("--reports-dir", Path(args.reports_dir or REPORTS_DIR) / PROJECT)
-    except (ValueError, TypeError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+def run(cfg: ExportCommandConfig) -> int:
+    """The `export` command: 0, or 1 when a runtime failed (the record says which)."""
+    models_dir = Path(cfg.models_dir) if cfg.models_dir is not None else DEFAULT_OUT / cfg.name
+    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else None
+    writable_dir("--models-dir", models_dir)  # both before the training and the exports
+    writable_dir("--reports-dir", (reports_dir or REPORTS_DIR) / PROJECT)
     # Before MLX loads its BLAS: one thread, like PyTorch under torch.utils.benchmark. Set by
     # the command, not at import, so importing this module changes nothing for its importer.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):
         os.environ.setdefault(var, "1")
-    path, n_failed = run(cfg, out_dir, args.reports_dir, name=args.name)
+    path, n_failed = measure(cfg.export_config(), models_dir, reports_dir, name=cfg.name)
     _log(f"wrote {path}")
     from apple_track import report
 
-    written = report.write_report(path, readme=not args.no_readme)
+    written = report.write_report(path, readme=cfg.readme)
     for w in written:
         _log(f"wrote {w}")
     print(report.console_summary(path))
     return 1 if n_failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m apple_track.export`: the package's `export` command (one CLI, one --help)."""
+    from apple_track.__main__ import main as package_main
+
+    return package_main(["export", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

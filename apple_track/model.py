@@ -86,23 +86,27 @@ def _check_choices(argument: str, values, allowed: dict[str, str]) -> tuple[str,
 
 @dataclass(frozen=True)
 class ExportConfig:
-    """What `python -m apple_track.export` builds and measures.
-
-    preset: a shared.model preset ("tiny", "125m", "1b"); dim/n_layers/... override it.
-    batch, seq_len: the fixed input shape the exported graphs take.
-    train_steps: AdamW steps on the synthetic token stream before export, so the weights have the
-        structure (and the outliers) of a trained model rather than of an initialisation.
-    """
+    """What `python -m apple_track export` builds and measures: the model, the fixed input
+    shape its exported graphs take, and the variants of each runtime."""
 
     preset: str = "tiny"
+    """a shared.model preset: tiny, 125m or 1b"""
     overrides: dict = field(default_factory=dict)
+    """ModelArgs fields set over the preset's (dim, n_layers, ...)"""
     batch: int = 1
+    """batch of the fixed input shape"""
     seq_len: int = 64
+    """sequence length of the fixed input shape (at most the model's max_seq_len)"""
     seed: int = 0
+    """seed of the initial weights, the training stream and the held-out batch"""
     train_steps: int = 300
+    """AdamW steps on the synthetic token stream first: trained weights, outliers included"""
     coreml: tuple[str, ...] = tuple(COREML_VARIANTS)
+    """Core ML variants to export, any of the default's (none: skip Core ML)"""
     litert: tuple[str, ...] = tuple(LITERT_VARIANTS)
+    """LiteRT variants to export, any of the default's (none: skip LiteRT)"""
     mlx: tuple[str, ...] = tuple(MLX_VARIANTS)
+    """MLX variants to export, any of the default's (none: skip MLX)"""
 
     def __post_init__(self) -> None:
         if not isinstance(self.preset, str) or self.preset not in PRESETS:
@@ -118,10 +122,10 @@ class ExportConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.train_steps, int) or self.train_steps < 0:
-            raise ValueError(
-                f"train_steps must be a non-negative integer, got {self.train_steps!r}"
-            )
+        for name in ("seed", "train_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.seq_len > args.max_seq_len:
             raise ValueError(
                 f"seq_len {self.seq_len} exceeds the model's max_seq_len {args.max_seq_len}"

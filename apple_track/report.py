@@ -1,7 +1,7 @@
-"""The track's report, from the result record `python -m apple_track.export` wrote.
+"""The track's report, from the result record `python -m apple_track export` wrote.
 
-    python -m apple_track.report                       # reports/apple_track/export.json
-    python -m apple_track.report --record path/to/export.json --no-readme
+    python -m apple_track report                       # reports/apple_track/export.json
+    python -m apple_track report --record path/to/export.json --no-readme
 
 Writes next to the record: `tradeoff.png` (size vs error per variant, and CPU latency against
 PyTorch eager, same colours), `summary.md` (the short table the root README's refresh pastes,
@@ -12,12 +12,12 @@ checks it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from shared.cli import ArgumentParser, nonempty_path, one_line
+from shared.cli import require_nonempty
 from shared.results import (
     REPO_ROOT,
     REPORTS_DIR,
@@ -502,22 +502,32 @@ def console_summary(record_path: str | os.PathLike) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(
-        prog="python -m apple_track.report",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--record", type=nonempty_path, default=DEFAULT_RECORD)
-    p.add_argument("--no-readme", action="store_true")
-    args = p.parse_args(argv)
-    try:
-        written = write_report(args.record, readme=not args.no_readme)
-    except (FileNotFoundError, ValueError, TypeError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+@dataclass
+class ReportConfig:
+    """Rewrite the chart, summary and README from a recorded JSON (no exporter needed)."""
+
+    record: str | None = None
+    """the export record; the chart goes next to it (None: reports/apple_track/export.json)"""
+    readme: bool = True
+    """regenerate apple_track/README.md from every record in the record's folder"""
+
+    def __post_init__(self) -> None:
+        if self.record is not None:
+            require_nonempty("--record", self.record)
+
+
+def run(cfg: ReportConfig) -> int:
+    """The `report` command."""
+    written = write_report(cfg.record or DEFAULT_RECORD, readme=cfg.readme)
     print("\n".join(f"wrote {w}" for w in written))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m apple_track.report`: the package's `report` command (one CLI, one --help)."""
+    from apple_track.__main__ import main as package_main
+
+    return package_main(["report", *(sys.argv[1:] if argv is None else argv)])
 
 
 README_TEMPLATE = """\
@@ -540,7 +550,7 @@ make apple                                  # from the repo root: the whole trac
 make -f apple_track/Makefile setup          # just create .venv-apple (once: 3.6 min, 6.7 GB)
 make -f apple_track/Makefile test           # the track's tests with every runtime installed
 make -f apple_track/Makefile report REPORT_ARGS="--preset 125m --seq-len 128 --train-steps 0"
-.venv-apple/bin/python -m apple_track.export --help
+.venv-apple/bin/python -m apple_track export --help
 ```
 
 `litert-torch` pins its own torch release (2.14 at the time of writing) and pulls jax, so the
@@ -631,7 +641,7 @@ masking and online softmax, not Metal compilation or speed.
 
 ## Profiling on device: energy and memory with Instruments
 
-`python -m apple_track.profile RUNTIME VARIANT --seconds N` runs one exported variant (or a
+`python -m apple_track profile RUNTIME VARIANT --seconds N` runs one exported variant (or a
 Metal kernel) in a loop, a steady target for Instruments. On a Mac with Xcode (these commands
 were not run for the numbers above, which come from the machine named in the results):
 
@@ -640,21 +650,21 @@ xcrun xctrace list templates                      # what this Xcode offers (name
 
 # Core ML: load / prediction intervals, and which compute unit (CPU, GPU, Neural Engine) ran
 xcrun xctrace record --template 'Core ML' --output coreml_palettize4.trace \\
-    --launch -- .venv-apple/bin/python -m apple_track.profile coreml palettize4 --seconds 20
+    --launch -- .venv-apple/bin/python -m apple_track profile coreml palettize4 --seconds 20
 
 # memory: heap allocations and resident size (weights mapped in, activations)
 xcrun xctrace record --template 'Allocations' --output mem_palettize4.trace \\
-    --launch -- .venv-apple/bin/python -m apple_track.profile coreml palettize4 --seconds 20
+    --launch -- .venv-apple/bin/python -m apple_track profile coreml palettize4 --seconds 20
 
 # CPU and memory of the process over time, every variant one after another
 for v in fp16 int8 palettize6 palettize4; do
   xcrun xctrace record --template 'Activity Monitor' --output activity_$v.trace \\
-      --launch -- .venv-apple/bin/python -m apple_track.profile coreml $v --seconds 15
+      --launch -- .venv-apple/bin/python -m apple_track profile coreml $v --seconds 15
 done
 
 # Metal kernels: the GPU timeline (encoders, kernel durations, occupancy)
 xcrun xctrace record --template 'Metal System Trace' --output metal.trace \\
-    --launch -- .venv-apple/bin/python -m apple_track.profile metal simdgroup --seconds 10
+    --launch -- .venv-apple/bin/python -m apple_track profile metal simdgroup --seconds 10
 
 # energy on an iPhone or iPad running the exported model in an app: the Power Profiler
 # template (Xcode 16 and later; check that `list templates` shows it)
@@ -664,7 +674,7 @@ xcrun xctrace record --template 'Power Profiler' --device <UDID> --all-processes
 
 # energy on a Mac: sampled CPU, GPU and Neural Engine power while a variant runs
 sudo powermetrics --samplers cpu_power,gpu_power,ane_power -i 500 -n 40 > power.txt &
-.venv-apple/bin/python -m apple_track.profile coreml palettize4 --seconds 20
+.venv-apple/bin/python -m apple_track profile coreml palettize4 --seconds 20
 
 # read a trace without the GUI: its table of contents, then one table as XML
 xcrun xctrace export --input coreml_palettize4.trace --toc

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 
+from shared.cli import main_guard, parse_subcommand
+
 from .config import EngineArgs, SamplingParams
+
+PROG = "python -m project04_llm_inference"
 
 
 def _engine_defaults() -> EngineArgs:
@@ -122,48 +127,39 @@ def _report(cfg: ReportConfig) -> None:
         print(path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import tyro
-
+def commands() -> dict[str, tuple[type, Callable]]:
+    """Command name -> (its config class, the function that runs it)."""
     from .bench import gemv, kernels, offline, prefill, serving, spec
     from .spec import train_corpus
 
-    commands = {
-        "generate": GenerateConfig,
-        "serve": ServeConfig,
-        "throughput": offline.ThroughputConfig,
-        "latency": offline.LatencyConfig,
-        "memory": offline.MemoryConfig,
-        "prefix": offline.PrefixConfig,
-        "prefill-kernel": prefill.PrefillBenchConfig,
-        "serving": serving.ServingBenchConfig,
-        "spec": spec.SpecBenchConfig,
-        "spec-train": train_corpus.TrainCorpusConfig,
-        "report": ReportConfig,
+    return {
+        "generate": (GenerateConfig, _generate),
+        "serve": (ServeConfig, _serve),
+        **{name: (cls, offline.RUNNERS[cls]) for name, cls in offline.COMMANDS.items()},
+        "prefill-kernel": (prefill.PrefillBenchConfig, prefill.run),
+        "serving": (serving.ServingBenchConfig, serving.run),
+        "spec": (spec.SpecBenchConfig, spec.run),
+        "spec-train": (train_corpus.TrainCorpusConfig, train_corpus.run),
+        "report": (ReportConfig, _report),
+        "decode-kernel": (kernels.KernelBenchConfig, kernels.run),
+        "gemv-kernel": (gemv.GemvBenchConfig, gemv.run),
     }
-    runners = {
-        GenerateConfig: _generate,
-        ServeConfig: _serve,
-        ReportConfig: _report,
-        prefill.PrefillBenchConfig: prefill.run,
-        serving.ServingBenchConfig: serving.run,
-        spec.SpecBenchConfig: spec.run,
-        train_corpus.TrainCorpusConfig: train_corpus.run,
-        **offline.RUNNERS,
-    }
-    commands["decode-kernel"] = kernels.KernelBenchConfig
-    runners[kernels.KernelBenchConfig] = kernels.run
-    commands["gemv-kernel"] = gemv.GemvBenchConfig
-    runners[gemv.GemvBenchConfig] = gemv.run
-    cfg = tyro.extras.subcommand_cli_from_dict(
-        commands, args=argv, prog="python -m project04_llm_inference"
+
+
+@main_guard
+def main(argv: list[str] | None = None) -> int:
+    table = commands()
+    name, cfg = parse_subcommand(
+        table,
+        prog=PROG,
+        description="A small LLM inference engine (paged KV cache, continuous batching, CUDA "
+        "graphs, its own attention kernels) and its OpenAI-compatible server: generation, "
+        "benchmarks against the baselines and the report.",
+        argv=argv,
     )
-    try:
-        runners[type(cfg)](cfg)
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    rc = table[name][1](cfg)
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -44,6 +44,9 @@ WORKLOADS = {
 
 @dataclass
 class PrefillBenchConfig:
+    """Time the paged prefill attention kernel against SDPA FLASH, per sequence and over a padded
+    batch (GPU)."""
+
     workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
     n_heads: int = 32
     n_kv_heads: int = 8

@@ -24,6 +24,7 @@ from apple_track.model import (
 )
 from shared.data import SyntheticTokens
 from shared.model import build_model
+from shared.testing import assert_one_line_error, run_entry
 
 
 def test_unknown_preset_is_a_clear_error():
@@ -135,38 +136,34 @@ def test_brief_training_lowers_the_loss():
 
 
 def test_cli_rejects_bad_arguments_with_a_message(capsys):
-    assert export.main(["--coreml", "int4"]) == 2
-    assert "unsupported coreml variant 'int4'" in capsys.readouterr().err
-    assert export.main(["--preset", "huge"]) == 2
-    assert "unknown preset 'huge'" in capsys.readouterr().err
-    assert export.main(["--set", "dim"]) == 2
-    assert "NAME=VALUE" in capsys.readouterr().err
-    assert export.main(["--name", "../elsewhere"]) == 2
-    assert "--name must be a plain file stem" in capsys.readouterr().err
+    for argv, message in (
+        (["--coreml", "int4"], "unsupported coreml variant 'int4'"),
+        (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--set", "dim"], "NAME=VALUE"),
+        (["--name", "../elsewhere"], "--name must be a plain file stem"),
+    ):
+        assert_one_line_error(*run_entry(export.main, argv, capsys), message)
 
 
 def test_profile_rejects_bad_arguments(capsys):
     from apple_track import profile
 
-    with pytest.raises(SystemExit) as e:
-        profile.main(["litert", "fp16"])
-    assert e.value.code == 2
-    assert "unsupported litert variant 'fp16'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        profile.main(["tensorrt", "fp16"])
-    assert profile.main(["litert", "int8", "--record", "no/such/record.json"]) == 2
-    assert "no result file" in capsys.readouterr().err
+    for argv, message in (
+        (["litert", "fp16"], "unsupported litert variant 'fp16'"),
+        (["tensorrt", "fp16"], "'tensorrt'"),
+        (["litert", "int8", "--record", "no/such/record.json"], "no result file"),
+    ):
+        assert_one_line_error(*run_entry(profile.main, argv, capsys), message)
 
 
 def test_cli_help_runs(repo_root):
-    for args in (
-        ["-m", "apple_track", "--help"],
-        ["-m", "apple_track.export", "--help"],
-        ["-m", "apple_track.report", "--help"],
-        ["-m", "apple_track.profile", "--help"],
-    ):
+    for command in ([], ["export"], ["report"], ["profile"]):
         r = subprocess.run(
-            [sys.executable, *args], cwd=repo_root, capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "apple_track", *command, "--help"],
+            cwd=repo_root,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert r.returncode == 0, r.stderr
-        assert "usage" in r.stdout.lower()
+        assert " ".join(["usage: python -m apple_track", *command]) in r.stdout

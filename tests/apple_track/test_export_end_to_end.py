@@ -1,4 +1,4 @@
-"""`python -m apple_track.export` end to end, into temporary folders: every runtime converts,
+"""`python -m apple_track export` end to end, into temporary folders: every runtime converts,
 runs and lands within its tolerance; the record, chart and README are written. Needs the
 track's environment (.venv-apple), where every exporter is installed."""
 
@@ -38,7 +38,7 @@ def test_export_writes_a_complete_record(tmp_path):
             "--mlx",
             "fp32",
             "q4",
-            "--out-dir",
+            "--models-dir",
             str(tmp_path / "models"),
             "--reports-dir",
             str(tmp_path / "reports"),
@@ -77,7 +77,7 @@ def test_export_writes_a_complete_record(tmp_path):
     common = [
         "--seconds",
         "0.2",
-        "--model-dir",
+        "--models-dir",
         str(tmp_path / "models"),
         "--record",
         str(record_path),

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from apple_track import report
-from apple_track.model import TOLERANCES
+from apple_track.model import TOLERANCES, ExportConfig
+from shared.testing import assert_one_line_error, run_entry
 
 ENV = {
     "date": "2026-11-29T12:00:00+00:00",
@@ -177,8 +178,8 @@ def test_readme_without_results_says_how_to_get_them():
 
 
 def test_report_command_on_a_missing_record(tmp_path, capsys):
-    assert report.main(["--record", str(tmp_path / "none.json"), "--no-readme"]) == 2
-    assert "no result file" in capsys.readouterr().err
+    argv = ["--record", str(tmp_path / "none.json"), "--no-readme"]
+    assert_one_line_error(*run_entry(report.main, argv, capsys), "no result file")
 
 
 def test_export_without_exporters_reports_each_runtime_as_skipped(tmp_path):
@@ -193,8 +194,8 @@ def test_export_without_exporters_reports_each_runtime_as_skipped(tmp_path):
         pytest.skip(f"{mod} is installed here: this test is for an environment without it")
     from apple_track import export
 
-    cfg, _ = export.parse_args(["--train-steps", "2", "--seq-len", "16"])
-    path, n_failed = export.run(cfg, tmp_path / "models", reports_dir=tmp_path / "reports")
+    cfg = ExportConfig(train_steps=2, seq_len=16)
+    path, n_failed = export.measure(cfg, tmp_path / "models", reports_dir=tmp_path / "reports")
     record = json.loads(path.read_text())
     assert n_failed == 0
     failures = record["results"]["runtime_failures"]
