@@ -4,6 +4,7 @@ python -m project02_fsdp_scaling scaling --gpus 1,2,4,8      # strong scaling, t
 python -m project02_fsdp_scaling scaling                     # CPU: tiny, 1 and 2 gloo processes
 python -m project02_fsdp_scaling sweep --preset 1b           # one-GPU variants, best by MFU
 python -m project02_fsdp_scaling compare --world-size 2      # FSDP2 vs DeepSpeed ZeRO-3
+python -m project02_fsdp_scaling precision                   # bf16 vs fp8 vs fp16: parity, speed
 python -m project02_fsdp_scaling report --reports-dir runs/<time> --no-readme
 torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --compile
 torchrun --nproc-per-node 2 -m project02_fsdp_scaling deepspeed --preset tiny
@@ -22,7 +23,7 @@ PROG = "python -m project02_fsdp_scaling"
 
 def commands() -> dict[str, tuple[type, Callable]]:
     """Command name -> (its config class, the function that runs it)."""
-    from . import comm_analysis, compare, deepspeed_zero3, report, scaling, sweep, train
+    from . import comm_analysis, compare, deepspeed_zero3, precision, report, scaling, sweep, train
     from .config import DeepSpeedConfig, TrainConfig
 
     return {
@@ -30,6 +31,7 @@ def commands() -> dict[str, tuple[type, Callable]]:
         "scaling": (scaling.ScalingConfig, scaling.run),
         "sweep": (sweep.SweepConfig, sweep.run),
         "compare": (compare.CompareConfig, compare.run),
+        "precision": (precision.PrecisionConfig, precision.run),
         "deepspeed": (DeepSpeedConfig, deepspeed_zero3.run),
         "report": (report.ReportConfig, report.run),
         "comm-analysis": (comm_analysis.CommAnalysisConfig, comm_analysis.run),

@@ -2,7 +2,7 @@
 in bf16 mixed precision and in float32.
 
     python -m project02_fsdp_scaling compare --world-size 2          # CPU: tiny, gloo
-    python -m project02_fsdp_scaling compare --world-size 2 --preset 1b --precisions bfloat16
+    python -m project02_fsdp_scaling compare --world-size 2 --preset 1b --precisions bf16
 
 For each precision both jobs get the same flags (model, seed, data, global batch, micro-batch,
 AdamW, clipping) and run as `torchrun` jobs one after the other; each saves its final full
@@ -26,7 +26,7 @@ import torch
 
 from project02_fsdp_scaling.config import (
     DeepSpeedConfig,
-    DTypeName,
+    DeepSpeedPrecisionName,
     Train,
     TrainConfig,
     check_name,
@@ -56,10 +56,10 @@ class CompareConfig:
 
     world_size: int = 2
     """processes (GPUs, or CPU processes over gloo)"""
-    precisions: tuple[DTypeName, ...] = ("bfloat16", "float32")
-    """one FSDP2 / DeepSpeed pair of jobs per entry, in this order. bfloat16: FSDP2
+    precisions: tuple[DeepSpeedPrecisionName, ...] = ("bf16", "fp32")
+    """one FSDP2 / DeepSpeed pair of jobs per entry, in this order. bf16: FSDP2
     MixedPrecisionPolicy(param bf16, reduce fp32) against DeepSpeed bf16 (fp32 master weights
-    and gradient communication); float32: neither mixed. Loss parity is judged only when both
+    and gradient communication); fp32: neither mixed. Loss parity is judged only when both
     are run (the tolerance is FSDP2's own bf16-vs-float32 gap)"""
     equal_start: bool = True
     """bf16 pairs: both start from the bf16 image of the initial weights (DeepSpeed's master
@@ -78,7 +78,7 @@ class CompareConfig:
         for name in ("world_size", "timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        allowed = get_args(DTypeName)
+        allowed = get_args(DeepSpeedPrecisionName)
         if not self.precisions or any(p not in allowed for p in self.precisions):
             raise ValueError(
                 f"precisions must name one or more of {allowed}, got {list(self.precisions)}"
@@ -98,11 +98,11 @@ class CompareConfig:
         set_by_harness(
             self.train,
             "compare",
-            ("param_dtype", "bf16_rounded_init"),
+            ("precision", "bf16_rounded_init"),
             "one pair of jobs per --precisions entry, started as --equal-start says",
         )
         for p in self.precisions:  # what DeepSpeed cannot run, named before any job
-            DeepSpeedConfig.from_train(replace(self.train, param_dtype=p))
+            DeepSpeedConfig.from_train(replace(self.train, precision=p))
         check_reports_dir(self.reports_dir)
         return self
 
@@ -133,7 +133,7 @@ def param_parity(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict
 def _pair(train: TrainConfig, cfg: CompareConfig, on_gpu: bool, tmp: str) -> dict:
     """One precision: the FSDP2 job, then the DeepSpeed job; their summaries and parity."""
     key_of = {"fsdp": "train", "deepspeed": "deepspeed"}
-    run: dict = {"param_dtype": train.param_dtype, "bf16_rounded_init": train.bf16_rounded_init}
+    run: dict = {"precision": train.precision, "bf16_rounded_init": train.bf16_rounded_init}
     params = {}
     for key, job in (("fsdp", train), ("deepspeed", DeepSpeedConfig.from_train(train))):
         if key == "deepspeed":
@@ -142,7 +142,7 @@ def _pair(train: TrainConfig, cfg: CompareConfig, on_gpu: bool, tmp: str) -> dic
                 run[key] = {"status": "skipped", "note": why}
                 run["note"] = f"DeepSpeed side not run: {why}."
                 continue
-        stem = f"{tmp}/{key}_{train.param_dtype}"
+        stem = f"{tmp}/{key}_{train.precision}"
         job = replace(job, out=f"{stem}.json", save_params=f"{stem}.pt")
         rc, tail = launch(
             cfg.world_size, key_of[key], cli_flags(job), on_gpu=on_gpu, timeout_s=cfg.timeout_s
@@ -196,7 +196,7 @@ def run(cfg: CompareConfig) -> Path:
         "runs": [],
         "tolerance": None,
     }
-    per_run = {"param_dtype": None, "bf16_rounded_init": None}  # set per run: see "runs"
+    per_run = {"precision": None, "bf16_rounded_init": None}  # set per run: see "runs"
     config = {"compare": portable(asdict(cfg)), "train": portable({**asdict(train), **per_run})}
     env = environment()
     path = None
@@ -204,15 +204,15 @@ def run(cfg: CompareConfig) -> Path:
         for precision in cfg.precisions:
             job = replace(
                 train,
-                param_dtype=precision,
-                bf16_rounded_init=cfg.equal_start and precision == "bfloat16",
+                precision=precision,
+                bf16_rounded_init=cfg.equal_start and precision == "bf16",
             )
             results["runs"].append(_pair(job, cfg, on_gpu, tmp))
             results["tolerance"] = judge(results["runs"])
             path = _publish(results, config, env, root, out_dir, name)
     print(Path(path).with_suffix(".md").read_text(), flush=True)
     failed = [
-        f"{k} {r['param_dtype']}"
+        f"{k} {r['precision']}"
         for r in results["runs"]
         for k in ("fsdp", "deepspeed")
         if r.get(k, {}).get("status") == "failed"

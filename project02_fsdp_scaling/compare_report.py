@@ -9,19 +9,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from project02_fsdp_scaling.config import record_precision
 from project02_fsdp_scaling.parity import loss_gaps
 from shared.results import environment_line, markdown_table
 
 SIDES = (("fsdp", "FSDP2 (torch)"), ("deepspeed", "DeepSpeed ZeRO-3"))
 SHORT = {"fsdp": "FSDP2", "deepspeed": "DeepSpeed ZeRO-3"}
-DTYPE_SHORT = {"bfloat16": "bf16", "float32": "fp32"}
-
-PRECISION_NOTE = {
-    "bfloat16": "FSDP2 with MixedPrecisionPolicy (bf16 parameters for compute, float32 gradient "
+# The notes of each precision, by the name a record gives it (older records: the dtype's name).
+_BF16_NOTE = (
+    "FSDP2 with MixedPrecisionPolicy (bf16 parameters for compute, float32 gradient "
     "reduction, float32 master weights); DeepSpeed with `bf16: enabled` (float32 master weights, "
-    "float32 gradient communication)",
-    "float32": "neither path mixed; float32 matmuls with TF32 off (PyTorch's default)",
+    "float32 gradient communication)"
+)
+_FP32_NOTE = "neither path mixed; float32 matmuls with TF32 off (PyTorch's default)"
+PRECISION_NOTE = {
+    "bf16": _BF16_NOTE,
+    "bfloat16": _BF16_NOTE,
+    "fp32": _FP32_NOTE,
+    "float32": _FP32_NOTE,
 }
+
+
+def _named(run: dict) -> str:
+    """A run's precision as its record names it (bf16, or bfloat16 in older records)."""
+    return run.get("precision", run.get("param_dtype"))
 
 
 def compare_markdown(rec: dict, heading: str = "#", name: str | None = None) -> str:
@@ -38,7 +49,7 @@ def compare_markdown(rec: dict, heading: str = "#", name: str | None = None) -> 
             r = run.get(key)
             if not r:
                 continue
-            row = {"precision": run["param_dtype"], "path": label, "status": r.get("status")}
+            row = {"precision": _named(run), "path": label, "status": r.get("status")}
             if r.get("status") != "ok":
                 rows.append({**row, "note": (r.get("note") or "")[:120]})
                 continue
@@ -77,7 +88,7 @@ def compare_markdown(rec: dict, heading: str = "#", name: str | None = None) -> 
         "",
     ]
     lines += _parity_lines(res, h, name)
-    notes = [f"{run['note']} ({run['param_dtype']})" for run in runs if run.get("note")]
+    notes = [f"{run['note']} ({_named(run)})" for run in runs if run.get("note")]
     lines += [*notes, ""] if notes else []
     if any(_ok(run, k) for run in runs for k, _ in SIDES):
         lines += [f"![loss curves]({name}_loss.png)", ""]
@@ -95,7 +106,7 @@ def _parity_lines(res: dict, h: str, name: str) -> list[str]:
         within = p.get("within_tolerance")
         rows.append(
             {
-                "precision": run["param_dtype"],
+                "precision": _named(run),
                 "start": _start(run),
                 "largest loss difference": p["max_loss_diff"],
                 "at step": p["max_loss_diff_step"],
@@ -125,15 +136,15 @@ def _parity_lines(res: dict, h: str, name: str) -> list[str]:
         ]
     else:
         out += [
-            "No tolerance: R is FSDP2's own bfloat16-vs-float32 gap, which needs both precisions "
-            "of FSDP2 in the same run (`--precisions bfloat16 float32`).",
+            "No tolerance: R is FSDP2's own bf16-vs-fp32 gap, which needs both precisions "
+            "of FSDP2 in the same run (`--precisions bf16 fp32`).",
             "",
         ]
     return out
 
 
 def _start(run: dict) -> str:
-    if run["param_dtype"] != "bfloat16":
+    if record_precision(run) != "bf16":
         return "same float32 weights"
     if run.get("bf16_rounded_init"):
         return "same: the bf16 image of the initial weights"
@@ -153,9 +164,9 @@ def compare_charts(rec: dict, out_dir: Path, name: str | None = None) -> list[Pa
     name = name or rec.get("name", "compare")
     foot = charts.footer(rec["environment"])
     if "runs" not in res:  # one precision: the sides' names alone
-        pairs, dtypes = [(res, "")], res["param_dtype"]
+        pairs, dtypes = [(res, "")], _named(res)
     else:
-        pairs = [(run, " " + DTYPE_SHORT.get(run["param_dtype"], "?")) for run in res["runs"]]
+        pairs = [(run, " " + record_precision(run)) for run in res["runs"]]
         dtypes = " and ".join(res["precisions"])
     series = {
         f"{SHORT[k]}{suffix}": (
@@ -182,10 +193,10 @@ def compare_charts(rec: dict, out_dir: Path, name: str | None = None) -> list[Pa
     tol = res.get("tolerance") if "runs" in res else None
     judged = [run for run in res.get("runs", []) if run.get("parity")]
     if tol and judged:
-        by = {run["param_dtype"]: run for run in res["runs"]}
-        scale = loss_gaps(by["bfloat16"]["fsdp"]["losses"], by["float32"]["fsdp"]["losses"])
+        by = {record_precision(run): run for run in res["runs"]}
+        scale = loss_gaps(by["bf16"]["fsdp"]["losses"], by["fp32"]["fsdp"]["losses"])
         gaps = {
-            f"|DeepSpeed - FSDP2| {DTYPE_SHORT.get(run['param_dtype'], '?')}": (
+            f"|DeepSpeed - FSDP2| {record_precision(run)}": (
                 list(range(1, len(run["parity"]["loss_diffs"]) + 1)),
                 # a step with equal losses has no place on a log axis: left out of its line
                 [d if d > 0 else float("nan") for d in run["parity"]["loss_diffs"]],
@@ -238,7 +249,7 @@ def _single_precision_markdown(rec: dict, heading: str, name: str | None) -> str
     parity = res.get("parity") or {}
     lines = [
         f"{h} FSDP2 vs DeepSpeed ZeRO-3: `{res['preset']}`, world size {res['world_size']}, "
-        f"{res['param_dtype']}, {res['steps_total']} steps",
+        f"{_named(res)}, {res['steps_total']} steps",
         "",
         f"Measured on: {environment_line(rec['environment'])}.",
         "",

@@ -22,9 +22,33 @@ import tyro
 from shared.model import PRESETS, ModelArgs
 
 DTypeName = Literal["bfloat16", "float32"]
-# float64 trains without mixed precision, parameters and gradient reduction in float64: the CPU
-# equivalence tests use it so reduction-order rounding stays far below their tolerance.
-ParamDTypeName = Literal["bfloat16", "float32", "float64"]
+# The training recipes of `--precision`. fp64 trains without mixed precision, parameters and
+# gradient reduction in float64: the CPU equivalence tests use it so reduction-order rounding
+# stays far below their tolerance.
+PrecisionName = Literal["bf16", "fp8-tensorwise", "fp8-rowwise", "fp16", "fp32", "fp64"]
+# What DeepSpeed runs here: its bf16 mode, or plain float32.
+DeepSpeedPrecisionName = Literal["bf16", "fp32"]
+# The FSDP2 MixedPrecisionPolicy parameter dtype of each recipe: fp8 recipes keep bf16 for what
+# is not a float8 linear (attention, norms, the output head); None is no policy (fp64).
+PARAM_DTYPE: dict[str, str | None] = {
+    "bf16": "bfloat16",
+    "fp8-tensorwise": "bfloat16",
+    "fp8-rowwise": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "fp64": None,
+}
+# Older records (before --precision) named the parameter dtype instead.
+_LEGACY_PRECISION = {"bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
+def record_precision(config: dict) -> str:
+    """The recipe of a job from its record's config (or a compare run), old records too."""
+    if "precision" in config:
+        return config["precision"]
+    return _LEGACY_PRECISION[config["param_dtype"]]
+
+
 AttentionName = Literal["sdpa", "cudnn", "flash"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 
@@ -168,11 +192,18 @@ class TrainConfig(JobConfig):
     """FSDP2 training of the shared Llama-style transformer: one process per GPU under torchrun
     (NCCL), or CPU processes over gloo."""
 
-    param_dtype: ParamDTypeName = "bfloat16"
-    """FSDP MixedPrecisionPolicy compute dtype of parameters (float32 = no mixed precision;
-    float64 = parameters, gradients and their reduction in float64, for numerics tests)"""
+    precision: PrecisionName = "bf16"
+    """training recipe. bf16: FSDP2 MixedPrecisionPolicy with bf16 parameters for compute,
+    float32 master weights and gradient reduction. fp8-tensorwise / fp8-rowwise: as bf16, and
+    every block linear a torchao Float8Linear (e4m3 operands, one scale per tensor or per row;
+    tensorwise also all-gathers the weights in float8); needs torchao. fp16: float16 compute
+    with dynamic loss scaling (torch.amp.GradScaler, inf/NaN found on any shard skips the step
+    everywhere). fp32: no mixed precision. fp64: parameters, gradients and their reduction in
+    float64, for numerics tests"""
+    loss_scaling: bool = True
+    """fp16 only: dynamic loss scaling; --no-loss-scaling shows what goes wrong without it"""
     reduce_dtype: DTypeName = "float32"
-    """dtype of the gradient reduce-scatter (with param_dtype float64: float64)"""
+    """dtype of the gradient reduce-scatter (with precision fp64: float64)"""
     activation_checkpointing: bool = False
     """recompute each block's activations in backward (less memory, ~1/3 more compute)"""
     compile: bool = False
@@ -199,17 +230,30 @@ class TrainConfig(JobConfig):
         if self.profile_steps < 1:
             raise ValueError(f"profile_steps must be >= 1, got {self.profile_steps}")
         for name, allowed in (
-            ("param_dtype", ParamDTypeName),
+            ("precision", PrecisionName),
             ("reduce_dtype", DTypeName),
             ("attention", AttentionName),
         ):
             _check_choice(self, name, allowed)
-        if self.param_dtype == "float64" and self.reduce_dtype != "float32":
+        if self.precision == "fp64" and self.reduce_dtype != "float32":
             raise ValueError(
-                f"reduce_dtype {self.reduce_dtype!r} cannot go with param_dtype 'float64' "
+                f"reduce_dtype {self.reduce_dtype!r} cannot go with precision 'fp64' "
                 "(gradients are reduced in float64): leave reduce_dtype at float32"
             )
+        if not self.loss_scaling and self.precision != "fp16":
+            raise ValueError(
+                f"--no-loss-scaling is for precision fp16 (loss scaling is fp16's), "
+                f"got precision {self.precision!r}"
+            )
         return self
+
+    def param_dtype(self) -> str | None:
+        """The FSDP2 MixedPrecisionPolicy parameter dtype of the recipe (None: fp64, none)."""
+        return PARAM_DTYPE[self.precision]
+
+    def float8_recipe(self) -> str | None:
+        """torchao's float8 recipe name ('tensorwise', 'rowwise'), or None."""
+        return self.precision.removeprefix("fp8-") if self.precision.startswith("fp8-") else None
 
     def check_outputs(self) -> TrainConfig:
         from shared.cli import writable_dir
@@ -226,13 +270,13 @@ class DeepSpeedConfig(JobConfig):
     AdamW as its client optimizer, the same parameter groups, learning-rate schedule and
     explicit gradient clipping; eager, SDPA. Needs the deepspeed extra."""
 
-    param_dtype: DTypeName = "bfloat16"
-    """bfloat16: bf16 parameters with fp32 master weights and fp32 gradient communication;
-    float32: plain fp32"""
+    precision: DeepSpeedPrecisionName = "bf16"
+    """bf16: bf16 parameters with fp32 master weights and fp32 gradient communication;
+    fp32: plain fp32"""
 
     def validate(self, world_size: int = 1) -> DeepSpeedConfig:
         super().validate(world_size)
-        _check_deepspeed_dtype(self.param_dtype)
+        _check_deepspeed_precision(self.precision)
         return self
 
     @classmethod
@@ -246,7 +290,7 @@ class DeepSpeedConfig(JobConfig):
             )
         if train.profile:
             raise ValueError("profiling is implemented for the FSDP path only: drop --profile")
-        _check_deepspeed_dtype(train.param_dtype)
+        _check_deepspeed_precision(train.precision)
         if train.reduce_dtype != "float32":
             raise ValueError(
                 "the DeepSpeed path reduces gradients in float32 (communication_data_type fp32): "
@@ -255,14 +299,12 @@ class DeepSpeedConfig(JobConfig):
         return cls(**{f.name: getattr(train, f.name) for f in fields(cls)})
 
 
-def _check_deepspeed_dtype(param_dtype: str) -> None:
-    if param_dtype == "float64":
+def _check_deepspeed_precision(precision: str) -> None:
+    if precision not in get_args(DeepSpeedPrecisionName):
         raise ValueError(
-            "param_dtype 'float64' is for the FSDP path only (DeepSpeed trains in half or "
-            "float32): use --param-dtype float32"
+            f"precision {precision!r} is for the FSDP path only (the DeepSpeed job here runs "
+            f"{' or '.join(get_args(DeepSpeedPrecisionName))}): use --precision fp32 or bf16"
         )
-    if param_dtype not in get_args(DTypeName):
-        raise ValueError(f"param_dtype must be one of {get_args(DTypeName)}, got {param_dtype!r}")
 
 
 def _check_choice(cfg, name: str, allowed) -> None:

@@ -60,7 +60,7 @@ def deepspeed_available() -> tuple[bool, str]:
 
 def ds_config(cfg: DeepSpeedConfig, world_size: int) -> dict:
     """DeepSpeed's own config for the job `cfg`, equivalent to the FSDP2 job of the same flags."""
-    bf16 = cfg.param_dtype == "bfloat16"
+    bf16 = cfg.precision == "bf16"
     return {
         "train_batch_size": cfg.global_batch,
         "train_micro_batch_size_per_gpu": cfg.resolved_micro_batch(world_size),

@@ -41,6 +41,8 @@ the same invocation there is no R and no verdict.
 
 from __future__ import annotations
 
+from project02_fsdp_scaling.config import record_precision
+
 TOLERANCE_RULE = (
     "largest per-step loss difference <= R, R = the largest per-step loss difference between "
     "FSDP2 in bfloat16 and FSDP2 in float32 over the same steps (what bf16 rounding itself does "
@@ -63,8 +65,8 @@ def _ok(run: dict | None, side: str) -> list[float] | None:
 def rounding_scale(runs: list[dict]) -> float | None:
     """R: the largest per-step loss difference of FSDP2 bf16 against FSDP2 float32 (None unless
     both ran)."""
-    by = {r["param_dtype"]: r for r in runs}
-    bf16, fp32 = _ok(by.get("bfloat16"), "fsdp"), _ok(by.get("float32"), "fsdp")
+    by = {record_precision(r): r for r in runs}
+    bf16, fp32 = _ok(by.get("bf16"), "fsdp"), _ok(by.get("fp32"), "fsdp")
     if bf16 is None or fp32 is None:
         return None
     return max(loss_gaps(bf16, fp32))

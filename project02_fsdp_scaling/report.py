@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from project02_fsdp_scaling.compare_report import compare_charts, compare_markdown
+from project02_fsdp_scaling.precision_report import precision_charts, precision_markdown
 from shared.results import (
     REPORTS_DIR,
     atomic_write_text,
@@ -417,6 +418,11 @@ def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> 
             lambda r, heading: scaling_markdown(r, name="scaling_cpu", heading=heading),
             "_Not run yet._",
         ),
+        "mixed-precision": "\n".join(
+            _section(out_dir, stem, precision_markdown, "")
+            for stem in ("precision_gpu", "precision_cpu")
+        ).strip()
+        or "_Not run yet._",
         "compare": "\n".join(
             _section(out_dir, stem, compare_markdown, "") for stem in ("compare_gpu", "compare_cpu")
         ).strip()
@@ -482,18 +488,21 @@ def summary_markdown(out_dir: Path) -> str:
 
 def render_all(out_dir: Path) -> None:
     """Every chart and Markdown file of the records in out_dir: scaling_* (not the per-world-size
-    records beside them), sweep_* and compare_*."""
+    records beside them), sweep_*, compare_* and precision_*."""
     import re
 
     for path in sorted(out_dir.glob("scaling_*.json")):
         if not re.search(r"_ws\d+$", path.stem):
             render_scaling(path)
-    for kind, fn in (("sweep", sweep_markdown), ("compare", compare_markdown)):
+    kinds = (("sweep", sweep_markdown), ("compare", compare_markdown))
+    for kind, fn in (*kinds, ("precision", precision_markdown)):
         for path in sorted(out_dir.glob(f"{kind}_*.json")):
             rec = load_result(path)
             atomic_write_text(path.with_suffix(".md"), fn(rec))
             if kind == "compare":
                 compare_charts(rec, out_dir, path.stem)
+            if kind == "precision":
+                precision_charts(rec, out_dir, path.stem)
 
 
 @dataclass

@@ -40,10 +40,10 @@ _MODIFIERS = {
     "cudnn": {"attention": "cudnn"},
     "flash": {"attention": "flash"},
     "noreshard": {"reshard_after_forward": False},
-    "fp32": {"param_dtype": "float32"},  # no mixed precision: the bf16 speed-up's baseline
+    "fp32": {"precision": "fp32"},  # no mixed precision: the bf16 speed-up's baseline
 }
 # The TrainConfig fields a variant sets (see parse_variant).
-SWEPT = ("compile", "activation_checkpointing", "attention", "reshard_after_forward", "param_dtype")
+SWEPT = ("compile", "activation_checkpointing", "attention", "reshard_after_forward", "precision")
 
 
 def parse_variant(name: str) -> dict:
@@ -56,7 +56,7 @@ def parse_variant(name: str) -> dict:
         "activation_checkpointing": False,
         "attention": "sdpa",
         "reshard_after_forward": True,
-        "param_dtype": "bfloat16",
+        "precision": "bf16",
     }
     for p in parts[1:]:
         if p not in _MODIFIERS:

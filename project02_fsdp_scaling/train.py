@@ -4,14 +4,16 @@
         --micro-batch 8 --compile --out runs/train_1b.json
 
 One process per GPU (NCCL) or per CPU worker (gloo); a plain `python -m` is a world of one.
-Parallelism is applied from outside the model with `shared.parallelize` (activation
-checkpointing, per-block compile, then FSDP2 with bf16 parameters and fp32 gradient reduction).
+Parallelism is applied from outside the model with `shared.parallelize` (torchao float8 linears
+under --precision fp8-*, activation checkpointing, per-block compile, then FSDP2 with the recipe's
+parameter dtype, bf16 by default, and fp32 gradient reduction); fp16 adds dynamic loss scaling.
 A world of one is still wrapped by FSDP, so the one-GPU baseline trains in exactly the precision
 of the multi-GPU runs.
 
 The global batch is fixed: each rank takes global_batch / world_size sequences a step, in
 micro-batches with gradient accumulation. Step time is wall time between device synchronisations
-(median over the timed steps, after warm-up); MFU uses the dense bf16 peak of `shared.hardware`.
+(median over the timed steps, after warm-up); MFU uses the dense peak of `shared.hardware` for
+the precision the matmuls run in (`mfu_bf16_peak`: against the bf16 peak, whatever the recipe).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from shared.data import SyntheticTokens
 from shared.distributed import DistInfo, cleanup, get_logger, init_distributed, seed_everything
 from shared.flops import transformer_train_flops_per_token
 from shared.model import ModelArgs, Transformer
-from shared.parallelize import ParallelConfig, parallelize
+from shared.parallelize import (
+    ParallelConfig,
+    float8_all_gather,
+    parallelize,
+    precompute_float8_scales,
+)
 from shared.progress import human_count, progress
 
 log = get_logger("project02.train")
@@ -54,6 +61,23 @@ def train_flops_per_token(args: ModelArgs, seq_len: int, *, causal: bool = True)
             matmul_params(args), args.n_layers, args.dim, seq_len, causal=causal
         )
     )
+
+
+# MFU's denominator: the dense peak of the precision the matmuls run in (fp8 recipes: the fp8
+# peak, though attention and the output head stay bf16; `mfu_bf16_peak` is against bf16).
+PEAK_KEY = {
+    "bf16": "bf16",
+    "fp8-tensorwise": "fp8",
+    "fp8-rowwise": "fp8",
+    "fp16": "fp16",
+    "fp32": "fp32",
+}
+
+
+def float8_linears(model: nn.Module) -> int:
+    from torchao.float8.float8_linear import Float8Linear
+
+    return sum(isinstance(m, Float8Linear) for m in model.modules())
 
 
 # ---- building blocks ----------------------------------------------------------------------------
@@ -252,23 +276,29 @@ def run_training(
     if cfg.bf16_rounded_init:
         round_params_to_bf16_(model)
     n_params = model.num_params()
-    fp64 = cfg.param_dtype == "float64"  # no mixed precision: FSDP keeps and reduces float64
+    fp64 = cfg.precision == "fp64"  # no mixed precision: FSDP keeps and reduces float64
     if fp64:
         model.to(torch.float64)
     mesh = init_device_mesh(device, (info.world_size,))
+    float8 = cfg.float8_recipe()
     parallelize(
         model,
         ParallelConfig(
-            param_dtype=None if fp64 else cfg.param_dtype,
+            param_dtype=cfg.param_dtype(),
             reduce_dtype=None if fp64 else cfg.reduce_dtype,
             reshard_after_forward=cfg.reshard_after_forward,
             activation_checkpointing=cfg.activation_checkpointing,
             compile=cfg.compile,
+            float8=float8,
         ),
         mesh=mesh,
     )
     params = list(model.parameters())
     opt = build_optimizer(model, cfg, device)
+    # fp16: dynamic loss scaling. With FSDP2 the gradients are DTensor shards and the inf/NaN
+    # check of `unscale_` is all-reduced over the mesh, so every rank skips the same steps.
+    scaler = torch.amp.GradScaler(device) if cfg.precision == "fp16" and cfg.loss_scaling else None
+    skipped_steps: list[int] = []
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     loss_fn = torch.compile(cross_entropy) if cfg.compile else cross_entropy
     log.info(
@@ -311,10 +341,21 @@ def run_training(
             if not compute_dtype:
                 compute_dtype.append(str(logits.dtype).removeprefix("torch."))
             loss = loss_fn(logits, y) / accum
-            loss.backward()
+            (loss if scaler is None else scaler.scale(loss)).backward()
             loss_sum += loss.detach()
+        if scaler is not None:
+            scaler.unscale_(opt)  # the norm and the clipping see true gradients
         norm = clip_grad_norm(params, cfg.grad_clip)
-        opt.step()
+        if scaler is None:
+            opt.step()
+        else:
+            scale = scaler.get_scale()
+            scaler.step(opt)  # skipped when a gradient is inf/NaN on any rank
+            scaler.update()
+            if scaler.get_scale() < scale:
+                skipped_steps.append(step)
+        if float8_all_gather(float8):
+            precompute_float8_scales(model)
         sched.step()
         opt.zero_grad(set_to_none=True)
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)  # mean over ranks: the global batch loss
@@ -355,6 +396,11 @@ def run_training(
         profile = None
         if cfg.profile:
             profile = _profile_steps(cfg, info, train_step, n_timed_end, losses, norms, sync)
+        underflow = None
+        if cfg.precision == "fp16":  # after the timed steps: what loss scaling saved, measured
+            x, y = (t[:micro].to(info.device) for t in batches[n_timed_end - 1])
+            scale = scaler.get_scale() if scaler is not None else UNDERFLOW_PROBE_SCALE
+            underflow = gradient_underflow(model, params, loss_fn, x, y, scale)
 
     mem_gib, mem_kind = peak_memory_gib(device)
     mem_gib = _reduce_max(mem_gib, device)
@@ -363,18 +409,21 @@ def run_training(
     stats["median"] = _reduce_max(stats["median"], device)
     tokens_per_s = tokens_per_step / stats["median"]
     fpt = train_flops_per_token(args, seq_len)
-    gpu_name, peak = None, None
+    gpu_name, peak, bf16_peak = None, None, None
     if device == "cuda":
         from shared.hardware import detect_gpu
 
         gpu_name = torch.cuda.get_device_name()
         spec = detect_gpu()
         if spec is not None and not fp64:  # no float64 peak in the table: MFU n/a
-            peak = spec.peak_flops(cfg.param_dtype)
+            peak = spec.peak_flops(PEAK_KEY[cfg.precision])
+            bf16_peak = spec.peak_flops("bf16")
     achieved = tokens_per_s * fpt / info.world_size  # FLOP/s per device
     result = {
         "kind": "fsdp2_train",
         "config": cfg.to_dict(),
+        "precision": cfg.precision,
+        "preset": cfg.preset,
         "model": {
             "preset": cfg.preset,
             "args": args.to_dict(),
@@ -399,14 +448,62 @@ def run_training(
         "achieved_tflops_per_device": achieved / 1e12,
         "peak_tflops_per_device": peak / 1e12 if peak else None,
         "mfu": achieved / peak if peak else None,
+        "peak_kind": PEAK_KEY.get(cfg.precision) if peak else None,
+        "mfu_bf16_peak": achieved / bf16_peak if bf16_peak else None,
+        "float8_linears": float8_linears(model) if float8 else 0,
+        "loss_scale": scaler.get_scale() if scaler is not None else None,
+        "skipped_steps": skipped_steps,
         "peak_memory_gib": mem_gib,
         "memory_kind": mem_kind,
         "losses": losses,
         "grad_norms": norms,
         "profile": profile,
+        "fp16_underflow": underflow,
     }
     final = full_params(model) if cfg.save_params else None
     return result, final
+
+
+UNDERFLOW_PROBE_SCALE = 2.0**16  # GradScaler's initial scale: the probe's without a scaler
+
+
+def gradient_underflow(model, params, loss_fn, x, y, scale: float) -> dict:
+    """Gradient elements that fp16 flushes to zero without loss scaling, measured on one batch:
+    backward of the loss as it is, then of the loss times `scale` (unscaled after); an element
+    that is zero the first time and not the second underflowed. Counts are summed over every
+    rank's gradient shards (a collective: call on all ranks). The gradients are cleared after;
+    parameters and optimizer state are not touched."""
+    from torch.distributed.tensor import DTensor
+
+    def grads(multiplier: float) -> list[torch.Tensor]:
+        for p in params:
+            p.grad = None
+        model.set_requires_gradient_sync(True)
+        (loss_fn(model(x), y) * multiplier).backward()
+        out = []
+        for p in params:
+            g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            out.append(g.detach().float().clone())
+        return out
+
+    plain, scaled = grads(1.0), grads(scale)
+    for p in params:
+        p.grad = None
+    counts = torch.zeros(3, dtype=torch.float64, device=x.device)
+    for a, b in zip(plain, scaled):
+        nonzero = b != 0
+        counts[0] += a.numel()
+        counts[1] += nonzero.sum()
+        counts[2] += (nonzero & (a == 0)).sum()
+    dist.all_reduce(counts)
+    total, nonzero, lost = (int(c) for c in counts.tolist())
+    return {
+        "scale": scale,
+        "elements": total,
+        "nonzero_with_scaling": nonzero,
+        "zero_without_scaling": lost,
+        "underflow_share": lost / nonzero if nonzero else None,
+    }
 
 
 def _copy_model(template: Transformer) -> Transformer:

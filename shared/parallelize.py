@@ -1,5 +1,6 @@
-"""Parallelism applied from outside the model (the torchtitan order): activation checkpointing,
-then `torch.compile` per block, then FSDP2 (`fully_shard`), one unit per block plus the root.
+"""Parallelism applied from outside the model (the torchtitan order): float8 linears (torchao),
+activation checkpointing, then `torch.compile` per block, then FSDP2 (`fully_shard`), one unit
+per block plus the root.
 
 The model file stays a plain `nn.Module`; everything here takes a `shared.model.Transformer`
 (or any module with a `.layers` ModuleList of blocks) and changes it in place.
@@ -30,6 +31,7 @@ class ParallelConfig:
     reshard_after_forward: bool = True  # ZeRO-3 style; False keeps params gathered (ZeRO-2)
     activation_checkpointing: bool = False
     compile: bool = False
+    float8: str | None = None  # torchao float8 training recipe: "tensorwise", "rowwise" or None
 
 
 def _blocks(model: nn.Module) -> nn.ModuleList:
@@ -37,6 +39,61 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     if not isinstance(layers, nn.ModuleList):
         raise TypeError("model must have a `.layers` nn.ModuleList of transformer blocks")
     return layers
+
+
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
+
+
+def float8_filter(module: nn.Module, fqn: str) -> bool:
+    """The linears that train in float8: those of the blocks (attention and FFN projections)
+    whose two dimensions are multiples of 16 (what the float8 GEMM needs). The output head
+    stays in the compute dtype, as torchtitan leaves it: its logits feed the loss directly."""
+    return (
+        isinstance(module, nn.Linear)
+        and fqn.startswith("layers.")
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )
+
+
+def apply_float8(model: nn.Module, recipe: str) -> int:
+    """Swap the block linears for torchao's `Float8Linear` (dynamic scaling: e4m3 operands, e5m2
+    or e4m3 gradients, one scale per tensor or per row); returns how many were swapped.
+
+    tensorwise also all-gathers the FSDP2 weight shards in float8 (half the bytes of bf16), which
+    needs `precompute_float8_scales(model)` after each optimizer step. Needs torchao."""
+    if recipe not in FLOAT8_RECIPES:
+        raise ValueError(f"float8 recipe must be one of {FLOAT8_RECIPES}, got {recipe!r}")
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError as e:
+        raise RuntimeError(
+            f"float8 training needs torchao ({e}): pip install -e '.[fp8]'"
+        ) from None
+    import dataclasses
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if recipe == "tensorwise":
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=float8_filter)
+    swapped = sum(isinstance(m, Float8Linear) for m in model.modules())
+    if swapped == 0:
+        raise ValueError("no linear of the model can train in float8 (dimensions not % 16)")
+    return swapped
+
+
+def float8_all_gather(recipe: str | None) -> bool:
+    """Whether the recipe all-gathers weights in float8 (and so needs precomputed scales)."""
+    return recipe == "tensorwise"
+
+
+def precompute_float8_scales(model: nn.Module) -> None:
+    """After an optimizer step of a tensorwise float8 model: one all-reduce computes every
+    weight's scale for the next float8 all-gather (instead of one per weight)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
@@ -86,7 +143,9 @@ def apply_fsdp(
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, *, mesh=None) -> nn.Module:
-    """Activation checkpointing, compile, then FSDP, in that order."""
+    """Float8 linears, activation checkpointing, compile, then FSDP, in that order."""
+    if cfg.float8 is not None:
+        apply_float8(model, cfg.float8)
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
     if cfg.compile:

@@ -36,8 +36,10 @@ def _side(losses: list[float], tps: float = 100.0) -> dict:
     }
 
 
-def _run(dtype: str, fsdp: list[float], ds: list[float] | None) -> dict:
-    run = {"param_dtype": dtype, "bf16_rounded_init": dtype == "bfloat16", "fsdp": _side(fsdp)}
+def _run(precision: str, fsdp: list[float], ds: list[float] | None, key="precision") -> dict:
+    # key "param_dtype" (bfloat16 / float32): a record written before --precision existed
+    bf16 = precision in ("bf16", "bfloat16")
+    run = {key: precision, "bf16_rounded_init": bf16, "fsdp": _side(fsdp)}
     if ds is not None:
         run["deepspeed"] = _side(ds, 90.0)
         run["parity"] = {
@@ -53,7 +55,7 @@ def _record(runs: list[dict]) -> dict:
         "tier": "cpu",
         "preset": "tiny",
         "world_size": 2,
-        "precisions": [r["param_dtype"] for r in runs],
+        "precisions": [r.get("precision", r.get("param_dtype")) for r in runs],
         "equal_start": True,
         "steps_total": 3,
         "warmup_steps": 1,
@@ -69,8 +71,8 @@ def _record(runs: list[dict]) -> dict:
 
 def test_tolerance_is_fsdp2s_own_bf16_vs_fp32_gap_and_judges_each_pair():
     runs = [
-        _run("bfloat16", [5.0, 4.9, 4.8], [5.0, 4.9001, 4.8002]),
-        _run("float32", [5.0, 4.902, 4.801], [5.0, 4.902, 4.801]),
+        _run("bf16", [5.0, 4.9, 4.8], [5.0, 4.9001, 4.8002]),
+        _run("fp32", [5.0, 4.902, 4.801], [5.0, 4.902, 4.801]),
     ]
     tol = parity.judge(runs)
     assert tol["loss_abs"] == pytest.approx(0.002)  # max |bf16 - fp32| of FSDP2, at step 2
@@ -82,38 +84,40 @@ def test_tolerance_is_fsdp2s_own_bf16_vs_fp32_gap_and_judges_each_pair():
 
 def test_a_pair_further_apart_than_rounding_itself_fails():
     runs = [
-        _run("bfloat16", [5.0, 4.9, 4.8], [5.0, 4.95, 4.8]),  # 0.05 apart: a bug's size
-        _run("float32", [5.0, 4.902, 4.801], None),  # DeepSpeed side missing: no pair to judge
+        _run("bf16", [5.0, 4.9, 4.8], [5.0, 4.95, 4.8]),  # 0.05 apart: a bug's size
+        _run("fp32", [5.0, 4.902, 4.801], None),  # DeepSpeed side missing: no pair to judge
     ]
     assert parity.judge(runs)["loss_abs"] == pytest.approx(0.002)
     assert runs[0]["parity"]["within_tolerance"] is False
     assert "parity" not in runs[1]
     md = compare_markdown(_record(runs))
-    assert (
-        "| bfloat16 | same: the bf16 image of the initial weights | 0.05 | 2 | 25 | **NO** |" in md
-    )
+    assert "| bf16 | same: the bf16 image of the initial weights | 0.05 | 2 | 25 | **NO** |" in md
 
 
 def test_no_verdict_without_both_precisions_of_fsdp2():
-    runs = [_run("bfloat16", [5.0, 4.9], [5.0, 4.9001])]
+    runs = [_run("bf16", [5.0, 4.9], [5.0, 4.9001])]
     assert parity.judge(runs) is None and "within_tolerance" not in runs[0]["parity"]
     md = compare_markdown(_record(runs))
-    assert "No tolerance" in md and "--precisions bfloat16 float32" in md
+    assert "No tolerance" in md and "--precisions bf16 fp32" in md
     with pytest.raises(ValueError, match="different lengths"):
         parity.loss_gaps([1.0, 2.0], [1.0])
 
 
-def test_two_precision_record_renders_table_context_and_charts(tmp_path):
+@pytest.mark.parametrize(
+    "key, bf16, fp32", [("precision", "bf16", "fp32"), ("param_dtype", "bfloat16", "float32")]
+)
+def test_two_precision_record_renders_table_context_and_charts(tmp_path, key, bf16, fp32):
+    # A record of today's compare, and one written before --precision (named by dtype): both
+    # render, each with the names its record gives.
     runs = [
-        _run("bfloat16", [5.0, 4.9, 4.8], [5.0, 4.9001, 4.8002]),
-        _run("float32", [5.0, 4.902, 4.801], [5.0, 4.902, 4.801]),
+        _run(bf16, [5.0, 4.9, 4.8], [5.0, 4.9001, 4.8002], key),
+        _run(fp32, [5.0, 4.902, 4.801], [5.0, 4.902, 4.801], key),
     ]
+    assert parity.judge(runs)["loss_abs"] > 0
     rec = _record(runs)
     md = compare_markdown(rec, heading="###")
-    assert md.startswith(
-        "### FSDP2 vs DeepSpeed ZeRO-3: `tiny`, world size 2, bfloat16 and float32"
-    )
-    assert "| bfloat16 | DeepSpeed ZeRO-3 | ok | 90 | 0.9 |" in md  # tokens/s and vs FSDP2
+    assert md.startswith(f"### FSDP2 vs DeepSpeed ZeRO-3: `tiny`, world size 2, {bf16} and {fp32}")
+    assert f"| {bf16} | DeepSpeed ZeRO-3 | ok | 90 | 0.9 |" in md  # tokens/s and vs FSDP2
     assert "MixedPrecisionPolicy" in md and "`bf16: enabled`" in md and "TF32 off" in md
     assert "Tolerance R = 0.002" in md and "compare_cpu_parity.png" in md
     names = [p.name for p in compare_charts(rec, tmp_path)]
@@ -121,14 +125,14 @@ def test_two_precision_record_renders_table_context_and_charts(tmp_path):
 
 
 def test_compare_runs_one_pair_per_precision_in_the_given_order():
-    cfg = compare.CompareConfig(precisions=("float32",)).validate()
-    assert cfg.precisions == ("float32",)
-    with pytest.raises(ValueError, match="--param-dtype: compare sets it"):
-        compare.CompareConfig(
-            train=replace(compare.COMPARE_TRAIN, param_dtype="float32")
-        ).validate()
+    cfg = compare.CompareConfig(precisions=("fp32",)).validate()
+    assert cfg.precisions == ("fp32",)
+    with pytest.raises(ValueError, match="--precision: compare sets it"):
+        compare.CompareConfig(train=replace(compare.COMPARE_TRAIN, precision="fp32")).validate()
     with pytest.raises(ValueError, match="names one twice"):
-        compare.CompareConfig(precisions=("bfloat16", "bfloat16")).validate()
+        compare.CompareConfig(precisions=("bf16", "bf16")).validate()
+    with pytest.raises(ValueError, match="precisions must name one or more of"):
+        compare.CompareConfig(precisions=("fp16",)).validate()  # DeepSpeed here: bf16 or fp32
 
 
 # ---- the real thing on the CPU tier -------------------------------------------------------------
@@ -149,7 +153,7 @@ def cpu_record(tmp_path_factory):
 def test_compare_cpu_both_precisions_end_to_end(cpu_record):
     rec, path = cpu_record
     res = rec["results"]
-    assert [r["param_dtype"] for r in res["runs"]] == ["bfloat16", "float32"]
+    assert [r["precision"] for r in res["runs"]] == ["bf16", "fp32"]
     bf16, fp32 = res["runs"]
     assert (
         bf16["fsdp"]["compute_dtype"] == "bfloat16" and fp32["fsdp"]["compute_dtype"] == "float32"
@@ -183,7 +187,7 @@ def test_a_planted_data_bug_lands_outside_the_tolerance(cpu_record, tmp_path):
         preset=res["preset"],
         global_batch=res["global_batch"],
         device="cpu",
-        param_dtype="bfloat16",
+        precision="bf16",
         bf16_rounded_init=True,
         log_every=0,
         out=str(tmp_path / "bug.json"),
@@ -193,11 +197,11 @@ def test_a_planted_data_bug_lands_outside_the_tolerance(cpu_record, tmp_path):
     bf16, fp32 = res["runs"]
     runs = [
         {
-            "param_dtype": "bfloat16",
+            "precision": "bf16",
             "fsdp": bf16["fsdp"],
             "deepspeed": {**bf16["fsdp"], "losses": bug},
         },
-        {"param_dtype": "float32", "fsdp": fp32["fsdp"]},
+        {"precision": "fp32", "fsdp": fp32["fsdp"]},
     ]
     runs[0]["parity"] = parity.pair_parity(runs[0])
     tol = parity.judge(runs)

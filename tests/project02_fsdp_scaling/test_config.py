@@ -39,11 +39,16 @@ def test_valid_config_derived_sizes():
         ({"steps": 0}, 1, r"steps must be >= 1"),
         ({"lr": 0.0}, 1, r"lr must be > 0"),
         ({"grad_clip": -1.0}, 1, r"grad_clip must be >= 0"),
-        ({"param_dtype": "float16"}, 1, r"param_dtype must be one of"),
+        ({"precision": "float16"}, 1, r"precision must be one of"),
         (
-            {"param_dtype": "float64", "reduce_dtype": "bfloat16"},
+            {"precision": "bf16", "loss_scaling": False},
             1,
-            r"reduce_dtype 'bfloat16' cannot go with param_dtype 'float64'",
+            r"--no-loss-scaling is for precision fp16",
+        ),
+        (
+            {"precision": "fp64", "reduce_dtype": "bfloat16"},
+            1,
+            r"reduce_dtype 'bfloat16' cannot go with precision 'fp64'",
         ),
     ],
 )
@@ -82,9 +87,9 @@ def test_sweep_variants():
         "activation_checkpointing": True,
         "attention": "cudnn",
         "reshard_after_forward": True,
-        "param_dtype": "bfloat16",
+        "precision": "bf16",
     }
-    assert parse_variant("compile+cudnn+fp32")["param_dtype"] == "float32"
+    assert parse_variant("compile+cudnn+fp32")["precision"] == "fp32"
     with pytest.raises(ValueError, match="must start with 'eager' or 'compile'"):
         parse_variant("fast")
     with pytest.raises(ValueError, match="unknown modifier 'fp8'"):
@@ -109,19 +114,19 @@ def test_harness_configs_nest_a_train_config_under_its_own_flag_names():
     assert (scaling.gpus, scaling.train.preset, scaling.train.lr) == ("1,2", "tiny", 1e-3)
     # each harness keeps its own defaults for the training flags
     assert (scaling.train.compile, scaling.train.profile, scaling.train.steps) == (True, True, 0)
-    assert CompareConfig().precisions == ("bfloat16", "float32")  # the harness sets the dtype
+    assert CompareConfig().precisions == ("bf16", "fp32")  # the harness sets the dtype
     assert CompareConfig().train.steps == 6
     assert SweepConfig().train.preset == "1b"
 
 
 def test_deepspeed_config_is_the_shared_part_of_the_fsdp_job():
-    train = TrainConfig(preset="tiny", global_batch=4, lr=1e-3, param_dtype="float32", out="o")
+    train = TrainConfig(preset="tiny", global_batch=4, lr=1e-3, precision="fp32", out="o")
     ds = DeepSpeedConfig.from_train(train)
-    assert (ds.preset, ds.global_batch, ds.lr, ds.param_dtype, ds.out) == (
+    assert (ds.preset, ds.global_batch, ds.lr, ds.precision, ds.out) == (
         "tiny",
         4,
         1e-3,
-        "float32",
+        "fp32",
         "o",
     )
     assert not hasattr(ds, "compile") and not hasattr(ds, "profile")
@@ -133,10 +138,11 @@ def test_deepspeed_config_is_the_shared_part_of_the_fsdp_job():
     ):
         with pytest.raises(ValueError, match="FSDP path only|eager with SDPA"):
             DeepSpeedConfig.from_train(TrainConfig(**fsdp_only))
-    with pytest.raises(ValueError, match="param_dtype 'float64' is for the FSDP path only"):
-        DeepSpeedConfig.from_train(TrainConfig(param_dtype="float64"))
-    with pytest.raises(ValueError, match="param_dtype 'float64' is for the FSDP path only"):
-        DeepSpeedConfig(param_dtype="float64").validate()
+    for precision in ("fp64", "fp16", "fp8-rowwise"):
+        with pytest.raises(ValueError, match=f"precision '{precision}' is for the FSDP path only"):
+            DeepSpeedConfig.from_train(TrainConfig(precision=precision))
+    with pytest.raises(ValueError, match="precision 'fp64' is for the FSDP path only"):
+        DeepSpeedConfig(precision="fp64").validate()
 
 
 def test_train_entry_point_rejects_bad_batch_before_starting():

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 LR = 3e-3
 COMMON = f"--preset tiny --global-batch 8 --steps 4 --warmup-steps 1 --lr {LR}".split()
 COMMON += ["--grad-clip", "1.0", "--log-every", "0"]
-FP64 = ["--param-dtype", "float64"]
+FP64 = ["--precision", "fp64"]
 # What torchrun runs: (module, arguments before the flags)
 TRAIN = ("project02_fsdp_scaling", "train")
 DEEPSPEED = ("project02_fsdp_scaling", "deepspeed")
@@ -155,7 +155,7 @@ def test_deepspeed_two_processes_match_fsdp_one_process(reference, tmp_path):
     params, curves, rec = _two_ranks(
         tmp_path,
         entry=DEEPSPEED,
-        dtype=["--param-dtype", "float32"],
+        dtype=["--precision", "fp32"],
     )
     assert rec["grad_accum_steps"] == 2 and rec["compute_dtype"] == "float32"
     assert set(params) == set(reference[0])  # the same parameters, under the same names
@@ -170,5 +170,5 @@ def test_deepspeed_refuses_float64():
     from project02_fsdp_scaling.deepspeed_zero3 import run_deepspeed
 
     info = DistInfo(0, 0, 1, "gloo", torch.device("cpu"))
-    with pytest.raises(ValueError, match="param_dtype 'float64' is for the FSDP path only"):
-        run_deepspeed(DeepSpeedConfig(param_dtype="float64"), info)
+    with pytest.raises(ValueError, match="precision 'fp64' is for the FSDP path only"):
+        run_deepspeed(DeepSpeedConfig(precision="fp64"), info)

@@ -20,6 +20,7 @@ def test_readme_sections_filled_from_records(tmp_path):
         "intro\n<!-- gpu-sweep -->\nold\n<!-- /gpu-sweep -->\n<!-- gpu-precision -->\n"
         "<!-- /gpu-precision -->\n<!-- gpu-scaling -->\n"
         "<!-- /gpu-scaling -->\n<!-- cpu-scaling -->\n<!-- /cpu-scaling -->\n"
+        "<!-- mixed-precision -->\n<!-- /mixed-precision -->\n"
         "<!-- compare -->\n<!-- /compare -->\nend\n"
     )
     empty = tmp_path / "reports"
@@ -27,7 +28,7 @@ def test_readme_sections_filled_from_records(tmp_path):
     report.refresh_readme(empty, readme=readme)
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("end\n")
-    assert "old" not in text and text.count("_Not run yet._") == 5
+    assert "old" not in text and text.count("_Not run yet._") == 6
 
 
 @pytest.mark.skipif(

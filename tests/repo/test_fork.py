@@ -180,7 +180,7 @@ def test_each_fork_declares_what_it_imports_and_no_more(fork_of):
     p02 = (fork_of("project02_fsdp_scaling") / "pyproject.toml").read_text()
     assert "deepspeed = " in p02 and "ray =" not in p02
     assert (
-        "OPTIONAL_EXTRAS ?= deepspeed\n"
+        "OPTIONAL_EXTRAS ?= deepspeed fp8\n"
         in (fork_of("project02_fsdp_scaling") / "Makefile").read_text()
     )
     assert "OPTIONAL_EXTRAS ?=\n" in (fork_of("project01_cuda_kernel") / "Makefile").read_text()

@@ -1,0 +1,204 @@
+"""Mixed precision: the Markdown and charts of a `precision` record, from the JSON alone.
+
+A record holds a `parity` phase (loss curves of each recipe against bf16's) and a `throughput`
+phase (tokens/s, MFU, memory and cost of each recipe), either of which may be absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared.results import environment_line, markdown_table
+
+RECIPE_NOTE = {
+    "bf16": "FSDP2 MixedPrecisionPolicy: bf16 parameters for compute, float32 master weights "
+    "and gradient reduction",
+    "fp8-tensorwise": "as bf16, every block linear a torchao Float8Linear with one dynamic scale "
+    "per tensor (e4m3 operands, e5m2 output gradients), weights all-gathered in float8",
+    "fp8-rowwise": "as bf16, every block linear a torchao Float8Linear with one dynamic scale per "
+    "row (e4m3 throughout)",
+    "fp16": "float16 compute, float32 master weights and gradient reduction, dynamic loss "
+    "scaling (torch.amp.GradScaler; a step with an inf/NaN gradient on any shard is skipped "
+    "everywhere and the scale halved)",
+    "fp32": "no mixed precision",
+}
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def _ok(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if r.get("status") == "ok"]
+
+
+def _parity_lines(rec: dict, h: str, name: str) -> list[str]:
+    par = rec["results"].get("parity")
+    if not par:
+        return []
+    rows = []
+    for r in par["runs"]:
+        if r["status"] != "ok":
+            rows.append({"precision": r["label"], "status": r["status"]})
+            continue
+        uf = r.get("fp16_underflow") or {}
+        rows.append(
+            {
+                "precision": r["label"],
+                "status": "ok",
+                "final loss": r["final_loss"],
+                "vs bf16": r.get("final_loss_diff_vs_bf16"),
+                "skipped steps": len(r["skipped_steps"]) if r["loss_scaling"] else None,
+                "final loss scale": r.get("loss_scale"),
+                "grad elements lost without scaling %": _pct(uf.get("underflow_share")),
+            }
+        )
+    n_final = max(1, round(par["steps_total"] * rec["results"]["final_fraction"]))
+    out = [
+        f"{h}# Loss parity: `{par['preset']}`, {par['steps_total']} steps, global batch "
+        f"{par['global_batch']} x {par['seq_len']} tokens",
+        "",
+        markdown_table(rows, floatfmt=".4g"),
+        "",
+        f"Final loss: the mean loss of the last {n_final} step{'s' if n_final > 1 else ''} "
+        "(nats/token); vs bf16: that "
+        "minus bf16's. Every run starts from the same weights and sees the same batches of the "
+        "synthetic successor stream (learnable: the loss falls far below ln(vocab)).",
+    ]
+    underflow = [r for r in _ok(par["runs"]) if r.get("fp16_underflow")]
+    if underflow:
+        u = underflow[0]["fp16_underflow"]
+        out += [
+            "",
+            "Gradient elements lost without scaling: after the last step, one batch's backward "
+            "of the loss as it is and of the loss times the scale (unscaled after); an element "
+            "that is zero the first time and not the second underflowed in fp16. Share of the "
+            f"non-zero elements with scaling (scale {u['scale']:g}, {u['elements']:,} gradient "
+            "elements).",
+        ]
+    out += ["", f"![loss per step]({name}_loss.png)", ""]
+    return out
+
+
+def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
+    thr = rec["results"].get("throughput")
+    if not thr:
+        return []
+    rows = []
+    for r in thr["runs"]:
+        if r["status"] != "ok":
+            rows.append({"precision": r["label"], "status": r["status"]})
+            continue
+        rows.append(
+            {
+                "precision": r["label"],
+                "tokens/s": round(r["tokens_per_s"]),
+                "vs bf16": r.get("speedup_vs_bf16"),
+                "MFU % (own peak)": _pct(r.get("mfu")),
+                "peak": r.get("peak_kind"),
+                "MFU % (bf16 peak)": _pct(r.get("mfu_bf16_peak")),
+                "TFLOP/s per device": r["achieved_tflops_per_device"],
+                "peak memory (GiB)": r["peak_memory_gib"],
+                "USD / M tokens on-demand": r.get("usd_per_m_tokens_on_demand"),
+                "USD / M tokens spot": r.get("usd_per_m_tokens_spot"),
+            }
+        )
+    ok = _ok(thr["runs"])
+    price = next((r["price_source"] for r in ok if r.get("price_source")), None)
+    out = [
+        f"{h}# Throughput and cost: `{thr['preset']}`, global batch {thr['global_batch']} x "
+        f"{thr['seq_len']} tokens, {thr['steps_total']} steps",
+        "",
+        markdown_table(rows, floatfmt=".4g"),
+        "",
+        "tokens/s: global batch tokens over the median step time of the timed steps (slowest "
+        "rank). MFU (own peak): model FLOPs against the dense peak of the precision the block "
+        "matmuls run in (fp8 for the fp8 recipes, though attention and the output head stay "
+        "bf16); MFU (bf16 peak): against the bf16 peak whatever the recipe, the number to compare "
+        "across recipes. Peak memory: "
+        f"{ok[0]['memory_kind'] if ok else 'n/a'} (max over ranks)."
+        + (
+            f" Prices: {price}." if price else " No cost: it needs a GPU listed in shared.hardware."
+        ),
+        "",
+        f"![tokens per second]({name}_throughput.png)",
+        "",
+    ]
+    return out
+
+
+def precision_markdown(rec: dict, heading: str = "#", name: str | None = None) -> str:
+    res = rec["results"]
+    name = name or rec.get("name", "precision")
+    h = heading
+    recipes = list(
+        dict.fromkeys(
+            r["precision"] for p in ("parity", "throughput") for r in res.get(p, {}).get("runs", [])
+        )
+    )
+    lines = [
+        f"{h} Mixed precision: {', '.join(recipes)}; FSDP2, world size {res['world_size']}",
+        "",
+        f"Measured on: {environment_line(rec['environment'])}.",
+        "",
+        " ".join(f"{p}: {RECIPE_NOTE[p]}." for p in recipes if p in RECIPE_NOTE),
+        "",
+    ]
+    lines += _parity_lines(rec, h, name)
+    lines += _throughput_lines(rec, h, name)
+    failed = [
+        f"{p} {r['label']}: exit {r.get('returncode')}; {(r.get('note') or '').strip()[-300:]}"
+        for p in ("parity", "throughput")
+        for r in res.get(p, {}).get("runs", [])
+        if r["status"] != "ok"
+    ]
+    if failed:
+        lines += ["Failed:", "", *(f"- {f}" for f in failed), ""]
+    return "\n".join(lines)
+
+
+def precision_charts(rec: dict, out_dir: Path, name: str | None = None) -> list[Path]:
+    """<name>_loss.png (each parity run's loss per step) and <name>_throughput.png (tokens/s of
+    each throughput run, bf16's as the baseline line)."""
+    from shared import charts
+
+    res = rec["results"]
+    name = name or rec.get("name", "precision")
+    foot = charts.footer(rec["environment"])
+    out = []
+    par = res.get("parity")
+    if par and _ok(par["runs"]):
+        series = {
+            r["label"]: (list(range(1, len(r["losses"]) + 1)), r["losses"])
+            for r in _ok(par["runs"])
+        }
+        out.append(
+            charts.line_chart(
+                Path(out_dir) / f"{name}_loss.png",
+                series,
+                title=f"Loss per step by precision, {par['preset']}, "
+                f"world size {res['world_size']}",
+                xlabel="optimizer step",
+                ylabel="training loss (nats/token)",
+                y_from_zero=False,
+                footnote=foot,
+            )
+        )
+    thr = res.get("throughput")
+    if thr and _ok(thr["runs"]):
+        ok = _ok(thr["runs"])
+        base = next((r for r in ok if r["precision"] == res["baseline"]), None)
+        out.append(
+            charts.bar_chart(
+                Path(out_dir) / f"{name}_throughput.png",
+                [r["label"] for r in ok],
+                [r["tokens_per_s"] for r in ok],
+                title=f"Training throughput by precision, {thr['preset']}, "
+                f"world size {res['world_size']}",
+                ylabel="tokens/s",
+                baseline=base["tokens_per_s"] if base else None,
+                baseline_label=f"{res['baseline']} (baseline)",
+                footnote=foot,
+            )
+        )
+    return out

@@ -1,0 +1,220 @@
+"""The precision recipes (`--precision`): float8 linears through torchao, fp16 with dynamic loss
+scaling and its underflow probe, and the `precision` harness's plan, record and report.
+
+torchao's float8 training runs on the CPU too (torch emulates the float8 GEMM there), so the fp8
+path is exercised in this tier; on a GPU it is the same code with Hopper's float8 tensor cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from project02_fsdp_scaling import precision
+from project02_fsdp_scaling.config import TrainConfig, record_precision
+from project02_fsdp_scaling.precision_report import precision_charts, precision_markdown
+from shared.model import build_model
+from shared.parallelize import apply_float8, float8_filter
+
+# ---- float8 linears -----------------------------------------------------------------------------
+E4M3_MAX = 448.0
+E4M3_U = 2.0**-4  # unit roundoff: 3 mantissa bits, round to nearest
+E4M3_SUBNORMAL_HALF_STEP = 2.0**-10  # subnormal spacing 2^-9 (in scaled units), half of it
+
+
+def _e4m3_error_bound(t: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """Elementwise bound on |q(t) - t| for dynamic e4m3 scaling (amax maps to 448): relative u
+    for normal values, plus half a subnormal step (in t's units) for the smallest ones. dim: the
+    axis a rowwise scale is taken over (None: one scale for the tensor)."""
+    amax = t.abs().amax() if dim is None else t.abs().amax(dim=dim, keepdim=True)
+    return E4M3_U * t.abs() + E4M3_SUBNORMAL_HALF_STEP * amax / E4M3_MAX
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_a_float8_linear_is_within_e4m3_rounding_of_the_exact_product(recipe):
+    pytest.importorskip("torchao.float8")
+    torch.manual_seed(0)
+    exact = nn.Sequential(nn.Linear(64, 32, bias=False))
+    x = torch.randn(16, 64)
+    fp8 = nn.Sequential(nn.Linear(64, 32, bias=False))
+    fp8.load_state_dict(exact.state_dict())
+    wrapper = nn.Module()
+    wrapper.layers = fp8  # float8_filter converts the blocks' linears ("layers." names)
+    assert apply_float8(wrapper, recipe) == 1
+    w = exact[0].weight.detach()
+    with torch.no_grad():
+        y, y8 = exact(x), fp8(x)
+    # |q(x)q(w) - xw| <= |dx||w| + |x||dw| + |dx||dw| per product; summed over k, plus float32
+    # accumulation of 64 terms (64 * 2^-24 relative: far below the float8 terms).
+    dx = _e4m3_error_bound(x, None if recipe == "tensorwise" else 1)
+    dw = _e4m3_error_bound(w, None if recipe == "tensorwise" else 1)
+    bound = dx @ w.abs().T + x.abs() @ dw.T + dx @ dw.T
+    bound += 64 * 2.0**-24 * (x.abs() @ w.abs().T)
+    assert (y8 - y).abs().le(bound).all(), float(((y8 - y).abs() / bound).max())
+    assert not torch.equal(y8, y)  # the float8 path ran: e4m3 rounding shows
+
+
+def test_float8_converts_the_block_linears_and_leaves_the_output_head():
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = build_model("tiny", seed=0)
+    eligible = [n for n, m in model.named_modules() if float8_filter(m, n)]
+    assert eligible and all(n.startswith("layers.") for n in eligible)
+    assert apply_float8(model, "rowwise") == len(eligible)
+    assert not isinstance(model.output, Float8Linear) and isinstance(model.output, nn.Linear)
+    with pytest.raises(ValueError, match="float8 recipe must be one of"):
+        apply_float8(build_model("tiny", seed=0), "blockwise")
+
+
+# ---- fp16: the underflow probe ------------------------------------------------------------------
+@pytest.fixture
+def world_of_one(monkeypatch):
+    from shared.distributed import _free_port, cleanup, init_distributed
+
+    for k, v in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }.items():
+        monkeypatch.setenv(k, v)
+    info = init_distributed(device="cpu")
+    yield info
+    cleanup()
+
+
+def test_the_underflow_probe_counts_what_fp16_flushes_to_zero(world_of_one):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from project02_fsdp_scaling.train import cross_entropy, gradient_underflow
+    from shared.data import SyntheticTokens
+    from shared.parallelize import apply_fsdp
+
+    model = build_model("tiny", seed=0)
+    apply_fsdp(model, mesh=init_device_mesh("cpu", (1,)), param_dtype="float16")
+    params = list(model.parameters())
+    x, y = SyntheticTokens(256, 32, 4, seed=0).next_batch()
+    n = sum(p.numel() for p in params)
+
+    # A loss 1e-7 times smaller: d loss / d logit is at most 1e-7 / (4 x 32 tokens) < 1e-9, under
+    # half of fp16's smallest subnormal (2^-24 = 6e-8), so the fp16 logits' gradient is zero and
+    # every gradient behind it too; times 2^16 it is representable. Every element is lost.
+    def tiny(logits, t):
+        return cross_entropy(logits, t) * 1e-7
+
+    lost = gradient_underflow(model, params, tiny, x, y, 2.0**16)
+    assert lost["elements"] == n and lost["nonzero_with_scaling"] > 0.5 * n
+    assert lost["zero_without_scaling"] == lost["nonzero_with_scaling"]
+    assert lost["underflow_share"] == 1.0
+    # The loss as it is: most of the gradient survives without scaling.
+    kept = gradient_underflow(model, params, cross_entropy, x, y, 2.0**16)
+    assert kept["underflow_share"] < 0.5
+    assert all(p.grad is None for p in params)  # the probe leaves no gradient behind
+
+
+# ---- the harness --------------------------------------------------------------------------------
+def test_the_plan_runs_bf16_first_and_fp16_without_scaling_too(tmp_path):
+    cfg = precision.PrecisionConfig(
+        precisions=("fp16", "fp8-rowwise"), reports_dir=str(tmp_path), parity_steps=6
+    )
+    plan = precision.make_plan(cfg)
+    labels = [(phase, precision._label(job)) for phase, job in plan.jobs]
+    assert labels == [
+        ("parity", "bf16"),
+        ("parity", "fp16"),
+        ("parity", "fp16 (no loss scaling)"),
+        ("parity", "fp8-rowwise"),
+        ("throughput", "bf16"),
+        ("throughput", "fp16"),
+        ("throughput", "fp8-rowwise"),
+    ]
+    parity_jobs = [job for phase, job in plan.jobs if phase == "parity"]
+    # the same job but for the recipe: seed, data, batch and steps
+    assert {(j.seed, j.data_seed, j.global_batch, j.total_steps()) for j in parity_jobs} == {
+        (0, 0, 8, 6)
+    }
+    if not plan.on_gpu:
+        assert {j.preset for _, j in plan.jobs} == {"tiny"}
+        assert not any(j.compile for _, j in plan.jobs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"precisions": ("fp64",)}, "precisions must name one or more of"),
+        ({"precisions": ("bf16", "bf16")}, "names one twice"),
+        ({"parity": False, "throughput": False}, "leave nothing to run"),
+        ({"train": replace(precision.PRECISION_TRAIN, precision="fp16")}, "--precision: precision"),
+        ({"parity_steps": 2}, "parity_steps must exceed the warm-up steps"),
+        ({"parity_preset": "huge"}, "unknown preset"),
+    ],
+)
+def test_bad_harness_configs_are_named(kwargs, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        precision.make_plan(precision.PrecisionConfig(reports_dir=str(tmp_path), **kwargs))
+
+
+def test_older_records_name_the_precision_by_dtype():
+    assert record_precision({"precision": "fp8-rowwise"}) == "fp8-rowwise"
+    assert record_precision({"param_dtype": "bfloat16"}) == "bf16"
+    assert TrainConfig(precision="fp8-tensorwise").param_dtype() == "bfloat16"
+    assert TrainConfig(precision="fp8-tensorwise").float8_recipe() == "tensorwise"
+    assert TrainConfig(precision="fp16").param_dtype() == "float16"
+    assert TrainConfig(precision="fp64").param_dtype() is None
+
+
+@pytest.mark.slow  # 7 torchrun jobs of the tiny model; float8 GEMMs are emulated on the CPU
+def test_the_precision_harness_end_to_end_on_cpu(tmp_path):
+    pytest.importorskip("torchao.float8")
+    cfg = precision.PrecisionConfig(
+        precisions=("bf16", "fp8-tensorwise", "fp16"),
+        reports_dir=str(tmp_path),
+        parity_steps=8,
+        throughput_steps=1,
+        train=replace(precision.PRECISION_TRAIN, lr_warmup_steps=0),
+    )
+    path = precision.run(cfg)
+    rec = json.loads(path.read_text())
+    res = rec["results"]
+    par, thr = res["parity"], res["throughput"]
+    assert [r["label"] for r in par["runs"]] == [
+        "bf16",
+        "fp8-tensorwise",
+        "fp16",
+        "fp16 (no loss scaling)",
+    ]
+    assert all(r["status"] == "ok" for r in par["runs"] + thr["runs"])
+    by = {r["label"]: r for r in par["runs"]}
+    assert by["bf16"]["compute_dtype"] == "bfloat16" and by["fp16"]["compute_dtype"] == "float16"
+    n_eligible = sum(
+        float8_filter(m, name) for name, m in build_model("tiny", seed=0).named_modules()
+    )
+    assert by["fp8-tensorwise"]["float8_linears"] == n_eligible > 0
+    assert by["bf16"]["float8_linears"] == 0
+    # every recipe learns the stream, and the recipes differ by far less than what was learnt
+    learnt = by["bf16"]["losses"][0] - by["bf16"]["final_loss"]
+    assert learnt > 0
+    for r in par["runs"]:
+        assert r["final_loss"] < r["losses"][0]
+        assert abs(r["final_loss_diff_vs_bf16"]) < 0.5 * learnt, r["label"]
+    for label in ("fp16", "fp16 (no loss scaling)"):
+        u = by[label]["fp16_underflow"]
+        assert u["elements"] == build_model("tiny", seed=0).num_params()
+        assert 0 <= u["zero_without_scaling"] <= u["nonzero_with_scaling"] <= u["elements"]
+        assert 0 <= u["underflow_share"] <= 1
+    assert by["fp16"]["loss_scale"] > 0 and by["fp16 (no loss scaling)"]["loss_scale"] is None
+    assert [r["speedup_vs_bf16"] for r in thr["runs"]][0] == 1.0
+    assert all(math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0 for r in thr["runs"])
+    # the report renders from the record alone
+    md = precision_markdown(rec, name="precision_cpu")
+    assert "Loss parity: `tiny`, 8 steps" in md and "| fp16 (no loss scaling) | ok |" in md
+    assert (tmp_path / "project02_fsdp_scaling" / "precision_cpu.md").read_text() == md
+    names = [p.name for p in precision_charts(rec, tmp_path)]
+    assert names == ["precision_cpu_loss.png", "precision_cpu_throughput.png"]
