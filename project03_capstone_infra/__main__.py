@@ -1,43 +1,70 @@
-"""`python -m project03_capstone_infra [<command> ...]`: the entry points of this package (each
-is also `python -m project03_capstone_infra.<command>`)."""
+"""`python -m project03_capstone_infra <command> --help`: train, break, check, tune, cost, report.
+
+python -m project03_capstone_infra chaos                         # CPU: 2 gloo ranks, tiny, ~1.5 min
+python -m project03_capstone_infra chaos --nproc 2 --deterministic      # 2 GPUs: chaos_gpu.*
+python -m project03_capstone_infra reshard --deterministic       # 2 -> 1 and 1 -> 2 ranks
+python -m project03_capstone_infra determinism-cost --nproc 2    # tokens/s, both modes
+python -m project03_capstone_infra checkpoint verify runs/demo/checkpoints
+python -m project03_capstone_infra bench-checkpoint --preset 1b --reports-dir runs/<time>
+python -m project03_capstone_infra tune --reports-dir runs/<time>
+python -m project03_capstone_infra cost --gpu h200-sxm --n-gpus 8 --total-tokens 2e10
+python -m project03_capstone_infra report --reports-dir runs/<time>
+torchrun --nproc-per-node 2 --max-restarts 3 -m project03_capstone_infra.train --resume auto
+
+Each command is a config dataclass and the function that runs it (`commands()`); the function
+returns the exit status. `python -m project03_capstone_infra.<module>` runs that module's
+command too (`train`: torchrun's target; `checkpoint`, `tune`, `cost`, `data`, `report`: the
+packages).
+"""
 
 from __future__ import annotations
 
-import importlib
 import sys
+from collections.abc import Callable
 
-ENTRY_POINTS = {
-    "train": "fault-tolerant FSDP training (run under torchrun for several ranks)",
-    "ckpt": "list | verify | prune | compare checkpoints",
-    "chaos": "reference run vs the same run under injected faults; writes the report",
-    "reshard": "train on A ranks, continue on B (2 -> 1, 1 -> 2): loss continuity, bitwise before",
-    "determinism_cost": "tokens/s of the same short run, default vs --deterministic kernels",
-    "health": "GPU health snapshot, pre-flight checks, Prometheus metrics",
-    "bench_checkpoint": "GPU: sync vs async checkpoint blocking time and time to resume (1b)",
-    "tune": "Ray Tune HPO over lr, weight decay and warm-up with ASHA (and a random-search baseline)",
-    "cost": "on-demand vs spot vs spot with Young/Daly checkpoints, fp32 vs bf16, Monte Carlo check",
-    "data_pipeline": "resumable DataLoader and DALI pipelines: throughput comparison",
-    "report": "redraw every chart and summary.md from the JSON records (no rerun)",
-}
+from shared.cli import main_guard, parse_subcommand
+
+PROG = "python -m project03_capstone_infra"
 
 
+def commands() -> dict[str, tuple[type, Callable]]:
+    """Command name -> (its config class, the function that runs it)."""
+    from . import bench_checkpoint, chaos, determinism_cost, health, reshard, train
+    from .checkpoint import __main__ as checkpoint
+    from .config import TrainConfig
+    from .cost import plan
+    from .data import bench
+    from .report import render
+    from .tune import experiment
+
+    return {
+        "train": (TrainConfig, train.command),
+        "chaos": (chaos.ChaosConfig, chaos.command),
+        "reshard": (reshard.ReshardConfig, reshard.command),
+        "determinism-cost": (determinism_cost.DeterminismCostConfig, determinism_cost.command),
+        "health": (health.HealthArgs, health.command),
+        "checkpoint": (checkpoint.CheckpointCommand, checkpoint.command),
+        "bench-checkpoint": (bench_checkpoint.BenchConfig, bench_checkpoint.command),
+        "tune": (experiment.TuneRunConfig, experiment.command),
+        "cost": (plan.CostConfig, plan.command),
+        "data": (bench.DataBenchConfig, bench.command),
+        "report": (render.ReportConfig, render.command),
+    }
+
+
+@main_guard
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in ("-h", "--help"):
-        if argv[0] not in ENTRY_POINTS:
-            print(
-                f"error: unknown command {argv[0]!r}; expected one of {list(ENTRY_POINTS)} "
-                "(see python -m project03_capstone_infra --help)",
-                file=sys.stderr,
-            )
-            return 2
-        module = importlib.import_module(f"project03_capstone_infra.{argv[0]}")
-        return module.main(argv[1:])
-    print("python -m project03_capstone_infra <command> --help  (or ...capstone_infra.<command>)\n")
-    for name, what in ENTRY_POINTS.items():
-        print(f"  {name:<17} {what}")
-    return 0
+    table = commands()
+    name, cfg = parse_subcommand(
+        table,
+        prog=PROG,
+        description="Fault-tolerant training: versioned DCP checkpoints, automatic resume, "
+        "injected failures, GPU health, Ray Tune HPO, and the cost of a job on spot GPUs.",
+        argv=argv,
+    )
+    rc = table[name][1](cfg)
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

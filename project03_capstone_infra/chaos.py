@@ -38,13 +38,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shared.cli import main_guard, parse_dataclass
 from shared.progress import progress
 
 from . import runner
-from .chaos_report import render_markdown, write_charts
-from .checkpoint import compare_states, read_full_state
+from .checkpoint.compare import compare_states
+from .checkpoint.safe_read import read_full_state
 from .faults import read_events
+from .report.chaos import render
+from .report.summary import write_summary
 
 PROJECT = "project03_capstone_infra"
 
@@ -309,7 +310,7 @@ def run(cfg: ChaosConfig) -> dict:
     import torch
 
     from shared.cli import writable_dir
-    from shared.results import REPORTS_DIR, atomic_write_text, load_result, save_result
+    from shared.results import REPORTS_DIR, load_result, save_result
 
     cfg.validate()
     cuda = torch.cuda.is_available()
@@ -426,11 +427,7 @@ def run(cfg: ChaosConfig) -> dict:
         config=config,
         reports_dir=out_dir,
     )
-    record = load_result(json_path)
-    write_charts(record, out_dir / PROJECT)
-    atomic_write_text(out_dir / PROJECT / f"{name}.md", render_markdown(record))
-    from .report import write_summary
-
+    render(load_result(json_path), out_dir / PROJECT)
     write_summary(out_dir)
     _log(f"{'IDENTICAL' if identical else 'DIFFERENT'}: wrote {json_path} and {name}.md / .png")
     if not cfg.keep and not cfg.workdir:
@@ -440,13 +437,16 @@ def run(cfg: ChaosConfig) -> dict:
     return results
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_dataclass(ChaosConfig, argv, description=__doc__.split("\n\n")[0]).validate()
+def command(cfg: ChaosConfig) -> int:
+    """`chaos`: both runs and the report; exit status 1 when the final states differ."""
     with runner.jobs_end_with_this_process():
-        results = run(cfg)
+        results = run(cfg.validate())
     return 0 if results["identical"] else 1
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project03_capstone_infra.__main__ import main
+
+    sys.exit(main(["chaos", *sys.argv[1:]]))

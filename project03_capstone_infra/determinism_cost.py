@@ -1,8 +1,8 @@
 """What deterministic mode costs: tokens/s of the same short run with default and with
 deterministic kernels, and whether each mode repeats bit for bit.
 
-    python -m project03_capstone_infra determinism_cost              # GPUs: 125m on every GPU
-    python -m project03_capstone_infra determinism_cost --repeats 2  # also: is each mode repeatable?
+    python -m project03_capstone_infra determinism-cost              # GPUs: 125m on every GPU
+    python -m project03_capstone_infra determinism-cost --repeats 2  # also: is each mode repeatable?
 
 The runs alternate (default, deterministic, default, ...) so that a slow drift of the machine
 (clocks, temperature) falls on both modes alike. Throughput is the median step time of each run
@@ -23,11 +23,11 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shared.cli import main_guard, parse_dataclass
-
 from . import runner
-from .checkpoint import compare_states, read_full_state
+from .checkpoint.compare import compare_states
+from .checkpoint.safe_read import read_full_state
 from .faults import read_events
+from .report.summary import write_summary
 
 PROJECT = "project03_capstone_infra"
 MODES = {"default": False, "deterministic": True}
@@ -194,8 +194,6 @@ def run(cfg: DeterminismCostConfig) -> dict:
         config=config,
         reports_dir=out_dir,
     )
-    from .report import write_summary
-
     write_summary(out_dir)
     _log(
         f"deterministic mode: {modes['deterministic']['tokens_per_s']:,.0f} tok/s vs default "
@@ -206,14 +204,18 @@ def run(cfg: DeterminismCostConfig) -> dict:
     return results
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_dataclass(DeterminismCostConfig, argv, description=__doc__.split("\n\n")[0])
+def command(cfg: DeterminismCostConfig) -> int:
+    """`determinism-cost`: the runs and the record; exit status 1 when deterministic runs
+    differ."""
     with runner.jobs_end_with_this_process():
         res = run(cfg.validate())
     det = res["modes"]["deterministic"].get("repeats_bitwise_equal")
     return 1 if det is False else 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project03_capstone_infra.__main__ import main
+
+    sys.exit(main(["determinism-cost", *sys.argv[1:]]))

@@ -138,7 +138,7 @@ def read_events(path: str | os.PathLike) -> list[dict]:
 
 
 def _damage_newest_checkpoint(ckpt_root: Path, how: str) -> str:
-    from .checkpoint import list_checkpoints
+    from .checkpoint.layout import list_checkpoints
 
     dirs = list_checkpoints(ckpt_root)
     if not dirs:

@@ -23,8 +23,6 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from shared.cli import main_guard
-
 # Throttle ("clocks event") reasons that mean the hardware is protecting itself: a GPU showing
 # one of these before a run starts is hot, power-starved or failing.
 _BAD_THROTTLE = (
@@ -485,17 +483,16 @@ class HealthArgs:
         return self
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
+def command(args: HealthArgs) -> int:
+    """`health`: the snapshot and pre-flight checks (exit 69 on a failure), then optionally the
+    metrics endpoint."""
     import json
     import sys
     import time
 
-    from shared.cli import parse_dataclass
-
     from .config import EXIT_PREFLIGHT
 
-    args = parse_dataclass(HealthArgs, argv).validate()
+    args.validate()
     result = preflight(
         require_gpus=args.require_gpus,
         ckpt_dir=args.ckpt_dir,
@@ -573,5 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result.ok else EXIT_PREFLIGHT
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # `python -m <this module>` runs its command of the package
+    import sys
+
+    from project03_capstone_infra.__main__ import main
+
+    sys.exit(main(["health", *sys.argv[1:]]))

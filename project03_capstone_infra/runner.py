@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import list_checkpoints
+from .checkpoint.layout import list_checkpoints
 from .faults import FAULTS_ENV, read_events
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -46,10 +46,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from shared.cli import main_guard
 from shared.results import git_commit
 
-from .checkpoint import CheckpointError, CheckpointManager, SaveStats
+from .checkpoint.layout import CheckpointError
+from .checkpoint.manager import CheckpointManager, SaveStats
 from .config import (
     EXIT_COLLECTIVE,
     EXIT_NAN_ABORT,
@@ -795,13 +795,14 @@ def train(cfg: TrainConfig, report_fn: ReportFn | None = None) -> dict:
         trainer.close(clean=clean)
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    from shared.cli import parse_dataclass, writable_dir
+def command(cfg: TrainConfig) -> int:
+    """`train`: run (or resume) training on this rank; the exit status says what a launcher
+    should do (EXIT_OK, EXIT_PREEMPTED, EXIT_NAN_ABORT, EXIT_PREFLIGHT, EXIT_COLLECTIVE)."""
+    from shared.cli import writable_dir
 
     from .health import PreflightError
 
-    cfg = parse_dataclass(TrainConfig, argv, description=__doc__.split("\n\n")[0]).validate()
+    cfg.validate()
     # Before any process group, model or checkpoint: what the command line and environment say.
     writable_dir("--run-dir", cfg.run_dir)
     writable_dir("--run-dir", Path(cfg.run_dir) / "checkpoints")
@@ -823,6 +824,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR {e}", file=sys.stderr, flush=True)
         return 1
     return EXIT_PREEMPTED if result["status"] == "preempted" else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m project03_capstone_infra.train` (torchrun's target): the package's `train`
+    command."""
+    from .__main__ import main as package_main
+
+    return package_main(["train", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -196,8 +196,8 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
         Step(
             "project03",
             "data loading throughput: stream vs DataLoader vs DALI",
-            _py("-m", "project03_capstone_infra.data_pipeline", "--reports-dir", out),
-            module="project03_capstone_infra.data_pipeline",
+            _py("-m", "project03_capstone_infra.data", "--reports-dir", out),
+            module="project03_capstone_infra.data",
         ),
     ]
     if gpu:
@@ -210,8 +210,8 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
                     "project03_capstone_infra.bench_checkpoint",
                     "--preset",
                     "1b",
-                    "--out-dir",
-                    f"{out}/project03_capstone_infra",
+                    "--reports-dir",
+                    out,
                 ),
                 module="project03_capstone_infra.bench_checkpoint",
             )

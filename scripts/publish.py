@@ -128,7 +128,7 @@ def _project02(reports: Path, readme: Path | None) -> list[Path]:
 
 def _project03(reports: Path, readme: Path | None) -> list[Path]:
     return [
-        _report("project03_capstone_infra.report").write_summary(reports)
+        _report("project03_capstone_infra.report.summary").write_summary(reports)
     ]  # its README has no generated blocks
 
 

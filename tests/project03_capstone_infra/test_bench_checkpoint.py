@@ -10,6 +10,7 @@ import json
 import pytest
 
 from project03_capstone_infra import bench_checkpoint as bench
+from project03_capstone_infra.__main__ import main as package_main
 
 SMALL = [
     "--preset",
@@ -40,16 +41,34 @@ def test_two_ranks_end_to_end_beside_the_one_rank_record(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two ranks on two cores
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("OUT", raising=False)
-    out = tmp_path / "out"
-    out.mkdir()
-    one = bench.main([*SMALL, "--run-dir", str(tmp_path / "run1"), "--out-dir", str(out)])
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    out = reports / "project03_capstone_infra"  # where --reports-dir puts the records
+    one = package_main(
+        [
+            "bench-checkpoint",
+            *SMALL,
+            "--run-dir",
+            str(tmp_path / "run1"),
+            "--reports-dir",
+            str(reports),
+        ]
+    )
     assert one == 0
     rec1 = json.loads((out / "checkpoint_bench.json").read_text())
     assert rec1["results"]["world_size"] == 1
     assert rec1["results"]["resume"]["returncode"] == -9  # killed after its first step
 
-    argv = [*SMALL, "--nproc", "2", "--run-dir", str(tmp_path / "run2"), "--out-dir", str(out)]
-    assert bench.main(argv) == 0
+    argv = [
+        *SMALL,
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run2"),
+        "--reports-dir",
+        str(reports),
+    ]
+    assert package_main(["bench-checkpoint", *argv]) == 0
     rec = json.loads((out / "checkpoint_bench_ws2.json").read_text())
     res = rec["results"]
     assert rec["name"] == "checkpoint_bench_ws2" and res["world_size"] == 2
@@ -77,9 +96,11 @@ def test_two_ranks_end_to_end_beside_the_one_rank_record(tmp_path, monkeypatch):
     raw.write_text(json.dumps(rec))
     again = tmp_path / "again"
     again.mkdir()
-    assert bench.main(["--from-json", str(raw), "--out-dir", str(again)]) == 0
-    assert sorted(p.name for p in again.iterdir()) == [
+    argv = ["bench-checkpoint", "--from-json", str(raw), "--reports-dir", str(again)]
+    assert package_main(argv) == 0
+    assert sorted(p.name for p in (again / "project03_capstone_infra").iterdir()) == [
         "checkpoint_bench_ws2.json",
         "checkpoint_bench_ws2.md",
         "checkpoint_bench_ws2.png",
+        "summary.md",  # a reports folder: the project summary is refreshed with the record
     ]

@@ -1,5 +1,5 @@
 """CheckpointManager in one process (no process group): commit protocol, manifest, retention,
-verification and fallback, async save, RNG round trip, and the ckpt command line."""
+verification and fallback, async save, RNG round trip, and the checkpoint command line."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from project03_capstone_infra import ckpt as ckpt_cli
-from project03_capstone_infra.checkpoint import (
+from project03_capstone_infra.__main__ import main as package_main
+from project03_capstone_infra.checkpoint.layout import (
     MANIFEST,
     CheckpointError,
-    CheckpointManager,
     list_checkpoints,
     read_latest,
-    retained_steps,
-    verify_checkpoint,
 )
+from project03_capstone_infra.checkpoint.manager import CheckpointManager
+from project03_capstone_infra.checkpoint.retention import retained_steps
+from project03_capstone_infra.checkpoint.verify import verify_checkpoint
 
 
 def _model_and_opt(seed=0):
@@ -202,7 +202,7 @@ def test_async_save_commits_in_background_and_loads(tmp_path):
         mgr.save(6, _state(model, opt), mode="later")
 
 
-def test_ckpt_cli_list_verify_prune_compare(tmp_path, capsys):
+def test_checkpoint_cli_list_verify_prune_compare(tmp_path, capsys):
     model, opt = _model_and_opt()
     mgr = CheckpointManager(tmp_path, keep_last=10)
     for step in range(1, 7):
@@ -210,22 +210,33 @@ def test_ckpt_cli_list_verify_prune_compare(tmp_path, capsys):
     _train(model, opt)
     mgr.save(7, _state(model, opt), {"step": 7})
     root = str(tmp_path)
-    assert ckpt_cli.main(["list", root]) == 0
+    assert package_main(["checkpoint", "list", root]) == 0
     assert "<-" in capsys.readouterr().out
-    assert ckpt_cli.main(["verify", root]) == 0
-    assert ckpt_cli.main(["compare", f"{root}/step_00000005", f"{root}/step_00000006"]) == 0
+    assert package_main(["checkpoint", "verify", root]) == 0
+    assert (
+        package_main(["checkpoint", "compare", f"{root}/step_00000005", f"{root}/step_00000006"])
+        == 0
+    )
     assert "bitwise identical" in capsys.readouterr().out
-    assert ckpt_cli.main(["compare", f"{root}/step_00000006", f"{root}/step_00000007"]) == 1
+    assert (
+        package_main(["checkpoint", "compare", f"{root}/step_00000006", f"{root}/step_00000007"])
+        == 1
+    )
     shard = next((tmp_path / "step_00000003").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:10])
-    assert ckpt_cli.main(["verify", root]) == 1
+    assert package_main(["checkpoint", "verify", root]) == 1
     assert "step_00000003: FAILED" in capsys.readouterr().out
     assert (
-        ckpt_cli.main(["prune", root, "--keep-last", "2", "--milestone-every", "3", "--dry-run"])
+        package_main(
+            ["checkpoint", "prune", root, "--keep-last", "2", "--milestone-every", "3", "--dry-run"]
+        )
         == 0
     )
     assert _steps(tmp_path) == list(range(1, 8))
-    assert ckpt_cli.main(["prune", root, "--keep-last", "2", "--milestone-every", "3"]) == 0
+    assert (
+        package_main(["checkpoint", "prune", root, "--keep-last", "2", "--milestone-every", "3"])
+        == 0
+    )
     assert _steps(tmp_path) == [3, 6, 7]
 
 

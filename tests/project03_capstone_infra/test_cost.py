@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from project03_capstone_infra import cost
-from project03_capstone_infra.cost import (
+from project03_capstone_infra.__main__ import main as package_main
+from project03_capstone_infra.cost import inputs, plan
+from project03_capstone_infra.cost.model import (
     MC_TOLERANCE,
-    CostConfig,
     expected_hours,
     expected_segment_hours,
     exponential_sampler,
@@ -22,6 +22,7 @@ from project03_capstone_infra.cost import (
     trace_sampler,
     young_daly_interval,
 )
+from project03_capstone_infra.cost.plan import CostConfig
 
 
 def test_segments_cover_the_work_plus_one_save_each():
@@ -105,7 +106,7 @@ def _small(tmp_path, **kw) -> CostConfig:
 
 
 def test_plans_rank_spot_bf16_cheapest_and_agree_with_monte_carlo(tmp_path):
-    res = cost.run(_small(tmp_path))
+    res = plan.run(_small(tmp_path))
     rows = {(r["plan"], r["precision"]): r for r in res["plans"]}
     assert len(rows) == 6
     assert res["cheapest"]["market"] == "spot" and res["cheapest"]["precision"] == "bf16"
@@ -152,12 +153,12 @@ def test_measured_throughput_and_ratio_are_taken_from_reports(tmp_path):
     folder = tmp_path / "project02_fsdp_scaling"
     folder.mkdir()
     (folder / "scaling.json").write_text(json.dumps(rec))
-    tput, ratio = cost.resolve_throughput(_small(tmp_path), tmp_path)
+    tput, ratio = inputs.resolve_throughput(_small(tmp_path), tmp_path)
     assert tput.measured and tput.value == pytest.approx(60_000.0)
     assert "project02_fsdp_scaling/scaling.json" in tput.source
     assert ratio.measured and ratio.value == pytest.approx(2.5)
     # another GPU's measurement is not used for an H100 job
-    tput_h100, ratio_h100 = cost.resolve_throughput(_small(tmp_path, gpu="h100-sxm"), tmp_path)
+    tput_h100, ratio_h100 = inputs.resolve_throughput(_small(tmp_path, gpu="h100-sxm"), tmp_path)
     assert not tput_h100.measured and not ratio_h100.measured
 
 
@@ -183,11 +184,11 @@ def test_project02_shaped_records_are_read(tmp_path):
         }
         (folder / f"scaling_{name}.json").write_text(json.dumps(rec))
     # measured on 2 GPUs, planned on 8: the assumed scaling efficiency is applied and named
-    tput, ratio = cost.resolve_throughput(_small(tmp_path), tmp_path)
+    tput, ratio = inputs.resolve_throughput(_small(tmp_path), tmp_path)
     assert tput.measured and tput.value == pytest.approx(70_000.0 * 0.95)
     assert "95% assumed scaling efficiency" in tput.source
     assert ratio.measured and ratio.value == pytest.approx(3.5)
-    tput2, _ = cost.resolve_throughput(_small(tmp_path, n_gpus=2), tmp_path)
+    tput2, _ = inputs.resolve_throughput(_small(tmp_path, n_gpus=2), tmp_path)
     assert tput2.value == pytest.approx(70_000.0)
 
 
@@ -207,12 +208,12 @@ def test_projected_rows_are_not_taken_for_measurements(tmp_path):
         },
     }
     (folder / "scaling_gpu.json").write_text(json.dumps(rec))
-    tput, _ = cost.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
+    tput, _ = inputs.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
     assert tput.value == pytest.approx(78_000.0)
 
 
 def test_slower_checkpoint_saves_cost_more(tmp_path):
-    rows = cost.run(_small(tmp_path))["save_cost_sensitivity_spot_bf16"]
+    rows = plan.run(_small(tmp_path))["save_cost_sensitivity_spot_bf16"]
     assert [r["save_s"] for r in rows] == sorted(r["save_s"] for r in rows)
     usd = [r["expected_usd"] for r in rows]
     assert all(a < b for a, b in zip(usd, usd[1:]))
@@ -235,29 +236,29 @@ def test_checkpoint_costs_come_from_the_checkpoint_benchmark(tmp_path):
         },
     }
     (folder / "checkpoint_bench.json").write_text(json.dumps(rec))
-    save, restart = cost.resolve_checkpoint_costs(_small(tmp_path), tmp_path)
+    save, restart = inputs.resolve_checkpoint_costs(_small(tmp_path), tmp_path)
     assert save.measured and save.value == pytest.approx(5.45) and "async" in save.source
     assert restart.value == pytest.approx(23.6 + 300.0) and "assumed" in restart.source
-    save_sync, _ = cost.resolve_checkpoint_costs(_small(tmp_path, save_mode="sync"), tmp_path)
+    save_sync, _ = inputs.resolve_checkpoint_costs(_small(tmp_path, save_mode="sync"), tmp_path)
     assert save_sync.value == pytest.approx(17.8)
-    given, _ = cost.resolve_checkpoint_costs(_small(tmp_path, save_s=9.0), tmp_path)
+    given, _ = inputs.resolve_checkpoint_costs(_small(tmp_path, save_s=9.0), tmp_path)
     assert given.value == 9.0
     # another preset's benchmark is not used
-    other, _ = cost.resolve_checkpoint_costs(_small(tmp_path, preset="125m"), tmp_path)
-    assert not other.measured and other.value == cost.DEFAULT_SAVE_S
-    res = cost.run(_small(tmp_path))
+    other, _ = inputs.resolve_checkpoint_costs(_small(tmp_path, preset="125m"), tmp_path)
+    assert not other.measured and other.value == inputs.DEFAULT_SAVE_S
+    res = plan.run(_small(tmp_path))
     assert res["save_s"] == pytest.approx(5.45) and res["restart_s"] == pytest.approx(323.6)
     # a steady-state async measurement, when the benchmark has one, is preferred
     rec["results"]["derived"]["async_warm"] = {"held_s": 0.3}
     (folder / "checkpoint_bench.json").write_text(json.dumps(rec))
-    warm, _ = cost.resolve_checkpoint_costs(_small(tmp_path), tmp_path)
+    warm, _ = inputs.resolve_checkpoint_costs(_small(tmp_path), tmp_path)
     assert warm.value == pytest.approx(0.3) and "steady-state" in warm.source
 
 
 def test_trace_drives_the_spot_monte_carlo(tmp_path):
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps([2.0, 6.0, 12.0, 4.0]))
-    res = cost.run(_small(tmp_path, trace=str(trace)))
+    res = plan.run(_small(tmp_path, trace=str(trace)))
     spot = [r for r in res["plans"] if r["market"] == "spot"]
     assert spot and all(not r["analytic_is_exact"] for r in spot)
     assert all(r["interruptions_per_h"] == pytest.approx(1 / 6.0) for r in spot)
@@ -265,7 +266,9 @@ def test_trace_drives_the_spot_monte_carlo(tmp_path):
 
 
 def test_cli_writes_json_chart_and_markdown(tmp_path):
-    rc = cost.main(["--mc-runs", "2000", "--reports-dir", str(tmp_path), "--deadline-h", "14"])
+    rc = package_main(
+        ["cost", "--mc-runs", "2000", "--reports-dir", str(tmp_path), "--deadline-h", "14"]
+    )
     assert rc == 0
     out = tmp_path / "project03_capstone_infra"
     record = json.loads((out / "cost.json").read_text())
@@ -344,11 +347,11 @@ def test_bf16_fp32_ratio_pairs_sweep_variants_that_differ_only_in_precision(tmp_
         },
     }
     (folder / "sweep_gpu_precision.json").write_text(json.dumps(rec))
-    _, ratio = cost.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
+    _, ratio = inputs.resolve_throughput(_small(tmp_path, n_gpus=1), tmp_path)
     assert ratio.measured and ratio.value == pytest.approx(10.0)
     assert "compile+cudnn vs compile+cudnn+fp32" in ratio.source
-    rows = cost.measured_throughput(tmp_path, "h200-sxm", "1b")
-    pairs = cost.bf16_fp32_pairs(rows)
+    rows = inputs.measured_throughput(tmp_path, "h200-sxm", "1b")
+    pairs = inputs.bf16_fp32_pairs(rows)
     assert [(b["variant"], f["variant"]) for b, f in pairs] == [
         ("compile+cudnn", "compile+cudnn+fp32")
     ]

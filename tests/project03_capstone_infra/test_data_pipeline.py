@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from project03_capstone_infra import data_pipeline
-from project03_capstone_infra.data_pipeline import DaliLoader, ResumableLoader, dali_available
+from project03_capstone_infra.__main__ import main as package_main
+from project03_capstone_infra.data import loaders
+from project03_capstone_infra.data.loaders import DaliLoader, ResumableLoader, dali_available
 from shared.data import SyntheticTokens
 
 VOCAB, SEQ, BATCH = 256, 64, 8
@@ -107,12 +108,12 @@ def test_dali_cpu_pipeline_matches_and_resumes(py_workers):
 @needs_dali
 def test_dali_bad_arguments():
     with pytest.raises(ValueError, match="device"):
-        data_pipeline.build_dali_pipeline(_stream(), 0, device="tpu")
+        loaders.build_dali_pipeline(_stream(), 0, device="tpu")
     with pytest.raises(ValueError, match="num_threads"):
-        data_pipeline.build_dali_pipeline(_stream(), 0, num_threads=0)
+        loaders.build_dali_pipeline(_stream(), 0, num_threads=0)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
-            data_pipeline.build_dali_pipeline(_stream(), 0, device="gpu")
+            loaders.build_dali_pipeline(_stream(), 0, device="gpu")
 
 
 @pytest.mark.gpu
@@ -129,8 +130,9 @@ def test_dali_gpu_pipeline_matches_the_stream():
 
 
 def test_throughput_command_writes_its_report(tmp_path):
-    rc = data_pipeline.main(
+    rc = package_main(
         [
+            "data",
             "--preset",
             "tiny",
             "--batches",

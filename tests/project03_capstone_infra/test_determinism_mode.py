@@ -13,7 +13,9 @@ import torch
 
 from project03_capstone_infra import runner
 from project03_capstone_infra.chaos import ChaosConfig, report_name
-from project03_capstone_infra.checkpoint import compare_states, list_checkpoints, read_full_state
+from project03_capstone_infra.checkpoint.compare import compare_states
+from project03_capstone_infra.checkpoint.layout import list_checkpoints
+from project03_capstone_infra.checkpoint.safe_read import read_full_state
 from project03_capstone_infra.config import TrainConfig
 from project03_capstone_infra.determinism_cost import DeterminismCostConfig
 from project03_capstone_infra.faults import FAULTS_ENV, read_events

@@ -12,12 +12,10 @@ import time
 import pytest
 
 from project03_capstone_infra import runner
-from project03_capstone_infra.checkpoint import (
-    compare_states,
-    list_checkpoints,
-    read_full_state,
-    verify_checkpoint,
-)
+from project03_capstone_infra.checkpoint.compare import compare_states
+from project03_capstone_infra.checkpoint.layout import list_checkpoints
+from project03_capstone_infra.checkpoint.safe_read import read_full_state
+from project03_capstone_infra.checkpoint.verify import verify_checkpoint
 from project03_capstone_infra.config import EXIT_PREEMPTED
 from project03_capstone_infra.faults import read_events
 

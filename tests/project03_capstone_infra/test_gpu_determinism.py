@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from project03_capstone_infra import runner
-from project03_capstone_infra.checkpoint import compare_states, read_full_state
+from project03_capstone_infra.checkpoint.compare import compare_states
+from project03_capstone_infra.checkpoint.safe_read import read_full_state
 from project03_capstone_infra.faults import read_events
 
 # A few dozen steps of the tiny model (its head dim of 16 runs flash attention in bf16), a

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from project03_capstone_infra.checkpoint import list_checkpoints, verify_checkpoint
+from project03_capstone_infra.checkpoint.layout import list_checkpoints
+from project03_capstone_infra.checkpoint.verify import verify_checkpoint
 from project03_capstone_infra.config import TrainConfig
 from project03_capstone_infra.faults import FAULTS_ENV
 from project03_capstone_infra.train import train

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from project03_capstone_infra import health
+from project03_capstone_infra.__main__ import main as package_main
 from project03_capstone_infra.config import EXIT_PREFLIGHT
 from project03_capstone_infra.health import (
     GPUHealth,
@@ -81,7 +82,7 @@ def test_without_gpu_the_gpu_part_reports_absent_and_the_rest_works(tmp_path):
     assert result.ok and any(n.startswith("GPU health: absent") for n in result.notes)
     with pytest.raises(PreflightError, match="need 1 GPU"):
         health.preflight(require_gpus=1)
-    assert health.main(["--require-gpus", "1"]) == EXIT_PREFLIGHT
+    assert package_main(["health", "--require-gpus", "1"]) == EXIT_PREFLIGHT
 
 
 def test_disk_check_stops_the_launch(tmp_path):

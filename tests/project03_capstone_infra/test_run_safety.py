@@ -18,15 +18,13 @@ from pathlib import Path
 import pytest
 
 from project03_capstone_infra import runner
-from project03_capstone_infra.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    RunDirLocked,
-    compare_states,
-    list_checkpoints,
-    read_full_state,
-    verify_checkpoint,
-)
+from project03_capstone_infra.__main__ import main as package_main
+from project03_capstone_infra.checkpoint.compare import compare_states
+from project03_capstone_infra.checkpoint.layout import CheckpointError, list_checkpoints
+from project03_capstone_infra.checkpoint.lock import RunDirLocked
+from project03_capstone_infra.checkpoint.manager import CheckpointManager
+from project03_capstone_infra.checkpoint.safe_read import read_full_state
+from project03_capstone_infra.checkpoint.verify import verify_checkpoint
 from project03_capstone_infra.config import EXIT_PREEMPTED, TrainConfig
 from project03_capstone_infra.faults import FAULTS_ENV, read_events
 from project03_capstone_infra.train import NonFiniteLossError, lr_multiplier, train
@@ -97,7 +95,7 @@ def test_all_checkpoints_corrupt_never_restarts_from_step_0(tmp_path, capsys):
 
 _HOLD = """
 import sys, time
-from project03_capstone_infra.checkpoint import CheckpointManager
+from project03_capstone_infra.checkpoint.manager import CheckpointManager
 CheckpointManager(sys.argv[1])
 print("holding", flush=True)
 time.sleep(600)
@@ -330,7 +328,7 @@ def test_metrics_bind_to_loopback_by_default_and_log_the_real_address(capsys):
     finally:
         wide.close()
     args = ["--serve-port", "0", "--serve-seconds", "0", "--serve-addr", "127.0.0.1"]
-    health.main(args)
+    package_main(["health", *args])
     err = capsys.readouterr().err
     assert "listening on 127.0.0.1:" in err and "every interface" not in err
 

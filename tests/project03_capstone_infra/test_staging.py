@@ -12,15 +12,12 @@ import torch
 import torch.distributed as dist
 
 from project03_capstone_infra import runner
-from project03_capstone_infra.checkpoint import (
-    CheckpointManager,
-    PersistentStager,
-    compare_states,
-    list_checkpoints,
-    read_full_state,
-    read_latest,
-    verify_checkpoint,
-)
+from project03_capstone_infra.checkpoint.compare import compare_states
+from project03_capstone_infra.checkpoint.layout import list_checkpoints, read_latest
+from project03_capstone_infra.checkpoint.manager import CheckpointManager
+from project03_capstone_infra.checkpoint.safe_read import read_full_state
+from project03_capstone_infra.checkpoint.stager import PersistentStager
+from project03_capstone_infra.checkpoint.verify import verify_checkpoint
 from project03_capstone_infra.config import TrainConfig
 from project03_capstone_infra.faults import FAULTS_ENV
 from project03_capstone_infra.train import Trainer

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from project03_capstone_infra import tune as ptune
-from project03_capstone_infra.tune import TuneRunConfig, compare, expected_best_of_k
+from project03_capstone_infra.__main__ import main as package_main
+from project03_capstone_infra.tune import trial
+from project03_capstone_infra.tune.analysis import compare, expected_best_of_k
+from project03_capstone_infra.tune.experiment import REPO_ROOT, TuneRunConfig
 
 ray = pytest.importorskip("ray", reason="Ray Tune is not installed (pip install 'ray[tune]')")
 
@@ -46,7 +48,7 @@ def test_asha_stops_trials_and_the_report_compares_it_with_random_search(tmp_pat
         "--reports-dir",
         str(reports),
     ]
-    assert ptune.main(argv) == 0
+    assert package_main(["tune", *argv]) == 0
     rec = json.loads((reports / "project03_capstone_infra" / "tune.json").read_text())
     res = rec["results"]
     trials = res["trials"]
@@ -98,7 +100,7 @@ def test_a_trial_that_fails_once_resumes_from_its_tune_checkpoint(tmp_path):
         "--no-compare-random",
         "--no-report",
     ]
-    assert ptune.main(argv) == 0
+    assert package_main(["tune", *argv]) == 0
     (trial_dir,) = [p for p in (storage / "retry").iterdir() if p.is_dir()]
     rows = _rows(trial_dir)
     first = [r for r in rows if r["attempt"] == 0]
@@ -163,7 +165,7 @@ def test_compare_counts_compute_and_the_random_search_budget():
 
 def test_tune_checkpoint_staging_keeps_dcp_metadata(tmp_path):
     """Tune drops dot-files when it persists a checkpoint; DCP's index is `.metadata`."""
-    from project03_capstone_infra.checkpoint import MANIFEST
+    from project03_capstone_infra.checkpoint.layout import MANIFEST
 
     step_dir = tmp_path / "ckpts" / "step_00000004"
     step_dir.mkdir(parents=True)
@@ -175,7 +177,7 @@ def test_tune_checkpoint_staging_keeps_dcp_metadata(tmp_path):
     }
     manifest = {"format_version": 1, "step": 4, "files": files, "world_size": 1, "config_hash": "x"}
     (step_dir / MANIFEST).write_text(json.dumps(manifest))
-    staged = ptune._stage_for_tune(step_dir, tmp_path / "staging")
+    staged = trial._stage_for_tune(step_dir, tmp_path / "staging")
     assert not any(p.name.startswith(".") for p in staged.iterdir())
 
     class FakeCheckpoint:  # the one method of ray.tune.Checkpoint the restore uses
@@ -189,7 +191,7 @@ def test_tune_checkpoint_staging_keeps_dcp_metadata(tmp_path):
 
     root = tmp_path / "restored"
     (root / "step_00000009").mkdir(parents=True)  # left by an earlier attempt: must go
-    assert ptune._restore_tune_checkpoint(FakeCheckpoint(staged), root) == 4
+    assert trial._restore_tune_checkpoint(FakeCheckpoint(staged), root) == 4
     assert sorted(p.name for p in root.iterdir()) == ["step_00000004"]
     assert (root / "step_00000004" / ".metadata").read_bytes() == b"index"
 
@@ -224,7 +226,7 @@ def test_deploy_files_parse():
     import subprocess
 
     yaml = pytest.importorskip("yaml")
-    deploy = Path(ptune.__file__).parent / "deploy"
+    deploy = REPO_ROOT / "project03_capstone_infra" / "deploy"
     kinds = {}
     for path in sorted((deploy / "kuberay").glob("*.yaml")):
         doc = yaml.safe_load(path.read_text())

@@ -1,5 +1,5 @@
 """Checkpoint files as untrusted input: a crafted pickle whose manifest was updated to match runs
-nothing (resume, `ckpt verify / compare / list`), malformed manifests are reported and skipped,
+nothing (resume, `checkpoint verify / compare / list`), malformed manifests are reported and skipped,
 names and links cannot lead outside the checkpoint root, and retention counts only checkpoints
 that verify. Each attack is first shown to be live against DCP's own readers, so that the
 assertions that it runs nothing cannot pass vacuously."""
@@ -19,18 +19,17 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from project03_capstone_infra import ckpt as ckpt_cli
-from project03_capstone_infra.checkpoint import (
+from project03_capstone_infra.__main__ import main as package_main
+from project03_capstone_infra.checkpoint.layout import (
     MANIFEST,
     QUARANTINE,
     CheckpointError,
-    CheckpointManager,
-    UnsafeCheckpointError,
-    capture_rng_state,
     list_checkpoints,
-    read_full_state,
-    verify_checkpoint,
 )
+from project03_capstone_infra.checkpoint.manager import CheckpointManager
+from project03_capstone_infra.checkpoint.safe_read import UnsafeCheckpointError, read_full_state
+from project03_capstone_infra.checkpoint.state import capture_rng_state
+from project03_capstone_infra.checkpoint.verify import verify_checkpoint
 
 
 def _model_and_opt(seed=0):
@@ -106,12 +105,12 @@ def test_crafted_metadata_runs_nothing_on_verify_list_compare(crafted, capsys):
     root, newest, marker = crafted
     info = verify_checkpoint(newest)
     assert not info.ok and "builtins.exec" in info.problems[0] and "refused" in info.problems[0]
-    assert ckpt_cli.main(["verify", str(root)]) == 1
+    assert package_main(["checkpoint", "verify", str(root)]) == 1
     out = capsys.readouterr().out
     assert "step_00000001: ok" in out and "step_00000002: FAILED" in out and "builtins.exec" in out
-    assert ckpt_cli.main(["list", str(root)]) == 0
+    assert package_main(["checkpoint", "list", str(root)]) == 0
     assert "BAD" in capsys.readouterr().out
-    assert ckpt_cli.main(["compare", str(root / "step_00000001"), str(newest)]) == 1
+    assert package_main(["checkpoint", "compare", str(root / "step_00000001"), str(newest)]) == 1
     assert "builtins.exec" in capsys.readouterr().out
     with pytest.raises(UnsafeCheckpointError, match="builtins.exec"):
         read_full_state(newest)  # the raw reader (it does not hash) refuses too
@@ -238,8 +237,8 @@ def test_malformed_manifest_is_reported_and_the_next_good_one_loads(tmp_path, ca
     damage(newest)
     info = verify_checkpoint(newest)
     assert not info.ok and why in info.problems[0], info.problems
-    assert ckpt_cli.main(["list", str(root)]) == 0
-    assert ckpt_cli.main(["verify", str(root)]) == 1
+    assert package_main(["checkpoint", "list", str(root)]) == 0
+    assert package_main(["checkpoint", "verify", str(root)]) == 1
     assert "step_00000002: FAILED" in capsys.readouterr().out
     res = CheckpointManager(root).load(_state(*_model_and_opt(seed=1)))
     assert res.step == 1 and res.skipped[0][0] == "step_00000002" and why in res.skipped[0][1]
@@ -296,7 +295,7 @@ def test_a_linked_step_directory_is_refused_quarantined_as_a_link_and_pruned_aro
     info = verify_checkpoint(link)
     assert not info.ok and "symbolic link" in info.problems[0]
     # Retention walks past the link (not counted, left alone) and does not crash on it.
-    assert ckpt_cli.main(["prune", str(root), "--keep-last", "1"]) == 0
+    assert package_main(["checkpoint", "prune", str(root), "--keep-last", "1"]) == 0
     assert _steps(root) == [2, 3] and link.is_symlink()
     warnings = []
     res = CheckpointManager(root, warn=warnings.append).load(_state(*_model_and_opt(seed=1)))
@@ -334,10 +333,10 @@ def test_prune_with_a_corrupt_newest_keeps_the_newest_valid_one(tmp_path, capsys
     root = tmp_path / "ckpt"
     newest = _saved(root, steps=(1, 2, 3, 4))
     _flip(newest)
-    assert ckpt_cli.main(["prune", str(root), "--keep-last", "1", "--dry-run"]) == 0
+    assert package_main(["checkpoint", "prune", str(root), "--keep-last", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "would remove: step_00000001, step_00000002" in out and "step_00000004" in out
-    assert ckpt_cli.main(["prune", str(root), "--keep-last", "1"]) == 0
+    assert package_main(["checkpoint", "prune", str(root), "--keep-last", "1"]) == 0
     assert _steps(root) == [3, 4]  # 3: the newest that verifies; 4 left for the loader
     assert verify_checkpoint(root / "step_00000003").ok
     model, opt = _model_and_opt(seed=1)
@@ -349,7 +348,7 @@ def test_prune_with_every_checkpoint_corrupt_removes_nothing(tmp_path, capsys):
     _saved(root, steps=(1, 2, 3))
     for d in list_checkpoints(root):
         _flip(d)
-    assert ckpt_cli.main(["prune", str(root), "--keep-last", "1"]) == 0
+    assert package_main(["checkpoint", "prune", str(root), "--keep-last", "1"]) == 0
     assert _steps(root) == [1, 2, 3] and "removed: nothing" in capsys.readouterr().out
 
 
@@ -366,19 +365,19 @@ def test_retention_after_a_save_skips_a_corrupt_checkpoint(tmp_path):
     mgr.close()
 
 
-# --- ckpt verify on one step directory, and when there is nothing -----------------------------
+# --- checkpoint verify on one step directory, and when there is nothing -----------------------
 
 
 def test_ckpt_verify_a_step_directory_and_nothing(tmp_path, capsys):
     root = tmp_path / "ckpt"
     newest = _saved(root)
-    assert ckpt_cli.main(["verify", str(newest)]) == 0
+    assert package_main(["checkpoint", "verify", str(newest)]) == 0
     assert capsys.readouterr().out.startswith("step_00000002: ok (")
     (newest / "__0_0.distcp").write_bytes(b"x")
-    assert ckpt_cli.main(["verify", str(newest)]) == 1
+    assert package_main(["checkpoint", "verify", str(newest)]) == 1
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert ckpt_cli.main(["verify", str(empty)]) == 1
+    assert package_main(["checkpoint", "verify", str(empty)]) == 1
     assert "nothing verified" in capsys.readouterr().out
 
 

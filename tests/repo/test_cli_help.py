@@ -18,8 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [
     "project01_cuda_kernel",
     "project02_fsdp_scaling",
-    # project03_capstone_infra: its command line is being moved to this pattern; it joins the
-    # list when it is there.
+    "project03_capstone_infra",
     "project04_llm_inference",
     "apple_track",
 ]

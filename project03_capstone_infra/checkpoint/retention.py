@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .manifest import fsync_dir, parse_step
-from .verify import VerifiedCache, list_checkpoints, read_latest, verify_checkpoint
+from .layout import fsync_dir, list_checkpoints, parse_step, read_latest
+from .verify import VerifiedCache, verify_checkpoint
 
 
 def retained_steps(steps: Iterable[int], keep_last: int, milestone_every: int = 0) -> set[int]:

@@ -1,20 +1,13 @@
 """reports/project03_capstone_infra/summary.md: the project's results in one place (the top-level
-README's results block is refreshed from it by `make readme`). Written by the chaos run, the
-resharding demo and the checkpoint benchmark from whatever result files exist; each part names
-its own context.
-
-    python -m project03_capstone_infra.report [--reports-dir DIR]
-
-redraws every chart from the JSON records alone (cost, chaos, chaos_gpu, checkpoint_bench, data,
-tune, reshard; nothing is rerun) and rewrites summary.md (which also names determinism_cost)."""
+README's results block is refreshed from it by `make readme`), from whatever result files exist
+(chaos, chaos_gpu, checkpoint_bench, reshard, determinism_cost, and a link to every other
+report); each part names its own context. Written by the chaos run, the resharding demo, the
+determinism cost run, the checkpoint benchmark, `report` and `make publish`."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-
-from shared.cli import main_guard
 
 PROJECT = "project03_capstone_infra"
 
@@ -138,51 +131,3 @@ def write_summary(reports_dir: str | Path | None = None) -> Path:
     out = d / "summary.md"
     atomic_write_text(out, text + "\n")
     return out
-
-
-def render_charts(reports_dir: str | Path | None = None) -> list[Path]:
-    """Every chart again from the records present. The chaos timeline needs the record's
-    `timeline` (chaos runs since it was added); the loss chart redraws from any chaos record."""
-    from shared.results import REPORTS_DIR, load_result
-
-    from . import bench_checkpoint, chaos_report, cost, data_pipeline, reshard, tune
-
-    d = (Path(reports_dir) if reports_dir else REPORTS_DIR) / PROJECT
-    drawers = {
-        "cost": cost.write_charts,
-        "chaos": chaos_report.write_charts,
-        "chaos_gpu": chaos_report.write_charts,
-        "checkpoint_bench": lambda rec, out: [bench_checkpoint.write_chart(rec, out)],
-        "data": data_pipeline.write_charts,
-        "tune": tune.write_charts,
-        "reshard": reshard.write_chart,
-    }
-    paths: list[Path] = []
-    for stem, draw in drawers.items():
-        if (d / f"{stem}.json").is_file():
-            paths += draw(load_result(d / f"{stem}.json"), d)
-    return paths
-
-
-@dataclass
-class ReportConfig:
-    """Redraw project03's charts and summary.md from the JSON records."""
-
-    reports_dir: str = ""  # default: the repo's reports/
-
-
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    from shared.cli import input_dir, parse_dataclass
-
-    cfg = parse_dataclass(ReportConfig, argv)
-    if cfg.reports_dir:
-        input_dir("--reports-dir", cfg.reports_dir)
-    for p in render_charts(cfg.reports_dir or None):
-        print(f"wrote {p}")
-    print(f"wrote {write_summary(cfg.reports_dir or None)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,16 +1,16 @@
 """Inspect and maintain a checkpoint directory (no process group needed).
 
-    python -m project03_capstone_infra.ckpt list DIR
-    python -m project03_capstone_infra.ckpt verify DIR [--step N]
-    python -m project03_capstone_infra.ckpt prune DIR --keep-last 3 --milestone-every 100 [--dry-run]
-    python -m project03_capstone_infra.ckpt compare DIR_A/step_00000040 DIR_B/step_00000040
+    python -m project03_capstone_infra.checkpoint list DIR
+    python -m project03_capstone_infra.checkpoint verify DIR [--step N]
+    python -m project03_capstone_infra.checkpoint prune DIR --keep-last 3 --milestone-every 100 [--dry-run]
+    python -m project03_capstone_infra.checkpoint compare DIR_A/step_00000040 DIR_B/step_00000040
 
-DIR is a checkpoint root (holding step_XXXXXXXX directories), e.g. <run_dir>/checkpoints, or
-for `list` and `verify` one step directory. `verify` exits 1 when a checkpoint fails or there is
-nothing to verify; `compare` exits 1 when the model or optimizer state differs in a single bit.
-`prune` counts only checkpoints that verify (see retention.py) and takes the run lock: it is
-refused while a trainer runs in the directory. Nothing here runs code from a checkpoint file
-(see safe_format.py).
+(the same as `python -m project03_capstone_infra checkpoint ...`). DIR is a checkpoint root
+(holding step_XXXXXXXX directories), e.g. <run_dir>/checkpoints, or for `list` and `verify` one
+step directory. `verify` exits 1 when a checkpoint fails or there is nothing to verify;
+`compare` exits 1 when the model or optimizer state differs in a single bit. `prune` counts only
+checkpoints that verify (retention.py) and takes the run lock (lock.py): it is refused while a
+trainer runs in the directory. Nothing here runs code from a checkpoint file (safe_read.py).
 """
 
 from __future__ import annotations
@@ -18,26 +18,25 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from tyro.conf import Positional
+from tyro.conf import OmitSubcommandPrefixes, Positional, subcommand
 
-from shared.cli import input_dir, main_guard
+from shared.cli import input_dir
 
-from . import run_lock
-from .checkpoint import (
+from . import lock
+from .compare import compare_checkpoints
+from .layout import (
     MANIFEST,
     QUARANTINE,
     CheckpointError,
-    compare_states,
     list_checkpoints,
     parse_step,
-    plan_prune,
-    prune,
-    read_full_state,
     read_latest,
     step_dir_name,
-    verify_checkpoint,
 )
+from .retention import plan_prune, prune
+from .verify import verify_checkpoint
 
 
 @dataclass
@@ -45,15 +44,19 @@ class List:
     """List the committed checkpoints: step, size, world size, time, and which is latest."""
 
     root: Positional[str]
-    checksums: bool = False  # also verify every file's sha256 (slower)
+    """a checkpoint root or one step directory"""
+    checksums: bool = False
+    """also verify every file's sha256 (slower)"""
 
 
 @dataclass
 class Verify:
     """Verify checkpoints (sizes, sha256, safe content); exit 1 on a failure or when none."""
 
-    root: Positional[str]  # a checkpoint root or one step directory
-    step: int = -1  # only this step (-1: all)
+    root: Positional[str]
+    """a checkpoint root or one step directory"""
+    step: int = -1
+    """only this step (-1: all)"""
 
 
 @dataclass
@@ -61,9 +64,13 @@ class Prune:
     """Apply the retention policy: keep the newest K that verify plus every multiple of N."""
 
     root: Positional[str]
+    """a checkpoint root"""
     keep_last: int = 3
+    """the newest checkpoints that verify to keep (K)"""
     milestone_every: int = 0
+    """also keep every step that is a multiple of this (N; 0: none)"""
     dry_run: bool = False
+    """only say what would be removed"""
 
 
 @dataclass
@@ -71,7 +78,21 @@ class Compare:
     """Bitwise comparison of the model and optimizer state of two checkpoints."""
 
     a: Positional[str]
+    """a step directory"""
     b: Positional[str]
+    """the step directory to compare it with"""
+
+
+@dataclass
+class CheckpointCommand:
+    """List, verify, prune or compare the checkpoints of a run (no process group needed)."""
+
+    command: OmitSubcommandPrefixes[
+        Annotated[List, subcommand("list")]
+        | Annotated[Verify, subcommand("verify")]
+        | Annotated[Prune, subcommand("prune")]
+        | Annotated[Compare, subcommand("compare")]
+    ]
 
 
 def _root(path: str) -> Path:
@@ -144,9 +165,9 @@ def cmd_prune(args: Prune) -> int:
     if args.milestone_every < 0:
         raise ValueError(f"--milestone-every must be >= 0, got {args.milestone_every}")
     root = _root(args.root)
-    lock = None
+    key = None
     if not args.dry_run:  # not while a trainer is saving and pruning in the same directory
-        lock = run_lock.acquire(root)
+        key = lock.acquire(root)
     try:
         plan = plan_prune(root, args.keep_last, args.milestone_every)
         for p, why in plan.unverified:
@@ -156,8 +177,8 @@ def cmd_prune(args: Prune) -> int:
             return 0
         removed = prune(root, args.keep_last, args.milestone_every, plan=plan)
     finally:
-        if lock is not None:
-            run_lock.release(lock)
+        if key is not None:
+            lock.release(key)
     print("removed: " + (", ".join(p.name for p in removed) or "nothing"))
     print("kept: " + ", ".join(d.name for d in list_checkpoints(root)))
     return 0
@@ -166,18 +187,11 @@ def cmd_prune(args: Prune) -> int:
 def cmd_compare(args: Compare) -> int:
     input_dir("a", args.a)
     input_dir("b", args.b)
-    for p in (args.a, args.b):
-        info = verify_checkpoint(p)
-        if not info.ok:
-            print(f"{p}: does not verify: " + "; ".join(info.problems))
-            return 1
     try:
-        a, b = read_full_state(args.a), read_full_state(args.b)
-    except CheckpointError as e:
-        print(f"cannot read: {e}")
+        diffs, n = compare_checkpoints(args.a, args.b)
+    except CheckpointError as e:  # does not verify, or cannot be read
+        print(e)
         return 1
-    diffs = compare_states(a, b)
-    n = sum(1 for k in a if k.startswith(("model.", "optim.")))
     if diffs:
         print(f"{len(diffs)} of {n} entries differ:")
         for d in diffs[:20]:
@@ -187,25 +201,19 @@ def cmd_compare(args: Compare) -> int:
     return 0
 
 
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    import tyro
+HANDLERS = {List: cmd_list, Verify: cmd_verify, Prune: cmd_prune, Compare: cmd_compare}
 
-    from shared.cli import run_tyro
 
-    cmd = run_tyro(
-        tyro.extras.subcommand_cli_from_dict,
-        {"list": List, "verify": Verify, "prune": Prune, "compare": Compare},
-        args=argv,
-        description=__doc__.split("\n\n")[0],
-    )
-    handlers = {List: cmd_list, Verify: cmd_verify, Prune: cmd_prune, Compare: cmd_compare}
+def command(cfg: CheckpointCommand) -> int:
+    """`checkpoint <list|verify|prune|compare>`: the sub-command's exit status."""
     try:
-        return handlers[type(cmd)](cmd)
+        return HANDLERS[type(cfg.command)](cfg.command)
     except CheckpointError as e:  # e.g. prune while a trainer holds the directory
         print(f"error: {e}", file=sys.stderr)
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m <this package>` runs its command of the package
+    from project03_capstone_infra.__main__ import main
+
+    sys.exit(main(["checkpoint", *sys.argv[1:]]))

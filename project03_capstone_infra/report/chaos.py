@@ -1,12 +1,21 @@
 """The chaos demonstration's report, from its JSON record alone: the Markdown (verdict, fault
 table, images) and the two charts (loss curves; progress against wall time with the faults).
-
-    python -m project03_capstone_infra.report      # redraws these (and every other chart)
+The stem is the record's name (chaos, chaos_gpu, ...).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+
+def render(record: dict, out_dir: Path) -> list[Path]:
+    """Both charts and the Markdown of a chaos record, into `out_dir`."""
+    from shared.results import atomic_write_text
+
+    stem = record.get("name") or "chaos"
+    paths = write_charts(record, out_dir)
+    paths.append(atomic_write_text(out_dir / f"{stem}.md", render_markdown(record)))
+    return paths
 
 
 def _stagger(xs: list[float], min_gap: float, rows: int = 3) -> list[int]:

@@ -1,10 +1,10 @@
-"""Verifying, listing and quarantining step directories (no process group needed: the `ckpt`
+"""Verifying and quarantining step directories (no process group needed: the `checkpoint`
 command line uses the same functions as the trainer).
 
 A step directory is usable when it is a real directory directly under the checkpoint root (not
 a link), its manifest passes the typed loader, every file it names is a regular file (not a
 link) of the listed size and sha256, it holds no file the manifest does not name, and its
-DCP content passes the safe readers' checks (`safe_format.check_dcp_content`). Anything else is
+DCP content passes the safe readers' checks (`safe_read.check_dcp_content`). Anything else is
 reported with the reason, never raised.
 """
 
@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .manifest import (
+from .layout import (
     MANIFEST,
+    QUARANTINE,
     CheckpointError,
     fsync_dir,
     hash_files,
@@ -26,8 +27,6 @@ from .manifest import (
     parse_step,
 )
 
-LATEST = "latest"
-QUARANTINE = "quarantine"
 REASON_FILE = "QUARANTINE_REASON.txt"
 
 
@@ -54,7 +53,7 @@ def verify_checkpoint(
 ) -> CheckpointInfo:
     """Check a step directory (see the module docstring); `root`, when given, is the checkpoint
     root the directory must lie directly in after resolving links. Returns the problems found."""
-    from .safe_format import check_dcp_content
+    from .safe_read import check_dcp_content
 
     path = Path(path)
     step = parse_step(path.name)
@@ -129,43 +128,6 @@ def verify_checkpoint(
         except CheckpointError as e:
             problems.append(str(e))
     return CheckpointInfo(path, manifest.step, not problems, problems, manifest.raw)
-
-
-def list_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Every entry named step_XXXXXXXX under root (directories, and links or files so named,
-    which verification then refuses), oldest first."""
-    root = Path(root)
-    try:
-        entries = list(root.iterdir()) if root.is_dir() else []
-    except OSError:
-        return []
-    found = [(parse_step(p.name), p) for p in entries]
-    return [p for s, p in sorted((s, p) for s, p in found if s is not None)]
-
-
-def read_latest(root: str | os.PathLike) -> str | None:
-    """The step directory name `latest` holds; None when it is absent, a link or not a name."""
-    path = Path(root) / LATEST
-    try:
-        if path.is_symlink():
-            return None
-        text = path.read_text(errors="strict").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text if parse_step(text) is not None else None
-
-
-def has_history(root: str | os.PathLike) -> bool:
-    """Whether a run has ever committed a checkpoint here: step directories, quarantined ones,
-    or a `latest` file."""
-    root = Path(root)
-    if list_checkpoints(root) or os.path.lexists(root / LATEST):
-        return True
-    q = root / QUARANTINE
-    try:
-        return q.is_dir() and not q.is_symlink() and any(q.iterdir())
-    except OSError:
-        return False
 
 
 def quarantine(

@@ -1,4 +1,24 @@
-"""A checkpoint's manifest: names, hashing, and a typed loader that trusts nothing it reads.
+"""What a checkpoint root looks like on disk: names, the manifest's schema, checksums and the
+atomic commit. Every other module of the package builds on these; none of it needs torch.
+
+Layout of a checkpoint root:
+
+    root/
+      step_00000100/             one committed checkpoint per step
+        .metadata                DCP's index of every shard
+        __0_0.distcp ...         each rank's shards (DCP names them __<rank>_<n>.distcp)
+        manifest.json            step, config hash, git commit, world size, time, sha256 per file
+      latest                     text: the name of the newest committed step directory
+      .tmp-step_00000110-<pid>/  a save in progress (never loaded; removed at the next start)
+      quarantine/                checkpoints that failed verification, kept for inspection
+      .lock                      flock of the trainer that owns the directory (lock.py)
+
+Commit protocol (why a crash never leaves a checkpoint that looks whole): every rank writes its
+shards into the temporary directory (DCP fsyncs each file), hashes its own files and sends the
+digests to rank 0; rank 0 writes manifest.json, fsyncs it and the directory (`write_manifest`),
+then renames the directory to step_XXXXXXXX and fsyncs the root (`commit`). A directory named
+step_* therefore always has a manifest that lists every file with its checksum. `latest` is
+replaced atomically after that; the loader does not trust it blindly (manager.py).
 
 `manifest.json` is the only file of a step directory the loader reads before it has decided
 whether the directory is usable, so it is parsed as untrusted input: JSON only, at most
@@ -9,24 +29,31 @@ a `ManifestError` (a `CheckpointError`): the checkpoint is reported as bad, neve
 
 File names in a manifest are confined to what DCP writes (`.metadata`, `__<rank>_<n>.distcp`):
 no separators, no `..`, nothing else, so a manifest cannot name a file outside its directory.
-Links are checked where files are opened (`verify.py`).
+Links are checked where files are opened (verify.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as _dt
 import hashlib
 import json
 import math
 import os
 import re
+import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.results import atomic_write_text
+
 MANIFEST = "manifest.json"
-METADATA = ".metadata"  # DCP's index of every shard (a pickle: see safe_format.py)
+LATEST = "latest"  # names the newest committed step directory
+QUARANTINE = "quarantine"  # checkpoints that failed verification
+METADATA = ".metadata"  # DCP's index of every shard (a pickle: see safe_read.py)
 FORMAT_VERSION = 1
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists a few files per rank: far below this
 _STEP_RE = re.compile(r"^step_(\d{8})$")
@@ -91,7 +118,7 @@ def hash_files(paths: Iterable[Path], threads: int = 8) -> dict[str, dict]:
     return {p.name: {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(paths, digests)}
 
 
-# --- the typed loader ------------------------------------------------------------------------
+# --- the manifest: written at commit, read through a typed loader ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -233,3 +260,98 @@ def _no_constants(name: str):
 def read_manifest(step_dir: str | os.PathLike) -> dict:
     """The manifest of a step directory as a dict, after `load_manifest` has checked it."""
     return load_manifest(step_dir).raw
+
+
+def build_manifest(
+    *,
+    step: int,
+    files: dict[str, dict],
+    config_hash: str,
+    config: dict,
+    git_commit: str | None,
+    world_size: int,
+    save_mode: str,
+    torch_version: str,
+) -> dict:
+    """The manifest of a save: what `Manifest.from_json` checks, plus context for display."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "config_hash": config_hash,
+        "config": config,
+        "git_commit": git_commit,
+        "world_size": world_size,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "unix_time": time.time(),
+        "save_mode": save_mode,
+        "torch": torch_version,
+        "files": files,
+    }
+
+
+# --- the atomic commit -------------------------------------------------------------------------
+
+
+def write_manifest(tmp: Path, manifest: dict) -> None:
+    """Write manifest.json into the save's temporary directory and make it and the directory's
+    entries durable (the last step before the rename)."""
+    with open(tmp / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+
+
+def commit(root: Path, tmp: Path, step: int) -> Path:
+    """Rename the temporary directory to step_XXXXXXXX (replacing a re-save of the same step,
+    e.g. after a rollback), fsync the root, then point `latest` at it. Returns the step
+    directory."""
+    final = root / step_dir_name(step)
+    if final.exists():
+        trash = root / f".tmp-{final.name}-replaced-{os.getpid()}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    atomic_write_text(root / LATEST, final.name + "\n")
+    return final
+
+
+# --- what the root holds -----------------------------------------------------------------------
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Every entry named step_XXXXXXXX under root (directories, and links or files so named,
+    which verification then refuses), oldest first."""
+    root = Path(root)
+    try:
+        entries = list(root.iterdir()) if root.is_dir() else []
+    except OSError:
+        return []
+    found = [(parse_step(p.name), p) for p in entries]
+    return [p for s, p in sorted((s, p) for s, p in found if s is not None)]
+
+
+def read_latest(root: str | os.PathLike) -> str | None:
+    """The step directory name `latest` holds; None when it is absent, a link or not a name."""
+    path = Path(root) / LATEST
+    try:
+        if path.is_symlink():
+            return None
+        text = path.read_text(errors="strict").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if parse_step(text) is not None else None
+
+
+def has_history(root: str | os.PathLike) -> bool:
+    """Whether a run has ever committed a checkpoint here: step directories, quarantined ones,
+    or a `latest` file."""
+    root = Path(root)
+    if list_checkpoints(root) or os.path.lexists(root / LATEST):
+        return True
+    q = root / QUARANTINE
+    try:
+        return q.is_dir() and not q.is_symlink() and any(q.iterdir())
+    except OSError:
+        return False

@@ -20,7 +20,7 @@ import socket
 import threading
 from pathlib import Path
 
-from .manifest import CheckpointError
+from .layout import CheckpointError
 
 LOCK_FILE = ".lock"
 _held: dict[str, list] = {}  # resolved root -> [fd, count]

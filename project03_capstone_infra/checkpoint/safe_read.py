@@ -16,7 +16,7 @@ write a checkpoint's files can rewrite its manifest too. So this module replaces
   builds only tensors and plain containers; tensors DCP already reads with `weights_only=True`.
 
 `check_dcp_content` runs both over a step directory without loading the tensors, so that
-verification (`ckpt verify`, resume) rejects a crafted checkpoint before anything is loaded;
+verification (`checkpoint verify`, resume) rejects a crafted checkpoint before anything is loaded;
 the reader and planner repeat the checks where the data is actually read.
 """
 
@@ -34,7 +34,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from .manifest import METADATA, CheckpointError, Manifest, load_manifest
+from .layout import METADATA, CheckpointError, Manifest, load_manifest
 
 _MAX_INDEX = 1 << 20  # a list index in DCP's planner data (param groups): far below this
 

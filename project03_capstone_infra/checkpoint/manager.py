@@ -1,61 +1,48 @@
-"""Versioned, verified, sharded checkpoints on top of `torch.distributed.checkpoint` (DCP).
+"""`CheckpointManager`: versioned, verified, sharded checkpoints of one run, on top of
+`torch.distributed.checkpoint` (DCP).
 
-Layout of a checkpoint root:
+What DCP already provides, and the manager uses as it is:
+- the sharded format and its I/O: `dcp.save` has every rank write its own shards
+  (`FileSystemWriter`: `__<rank>_<n>.distcp` files, written by `thread_count` threads, fsynced
+  with `sync_files`) and the coordinator write `.metadata`, DCP's index of every shard (a pickle
+  of `Metadata`: each entry's type, shape, dtype, chunks and where its bytes lie);
+- resharding: `dcp.load` reads a checkpoint written by N ranks into the state dicts of M ranks
+  (model and optimizer from `torch.distributed.checkpoint.state_dict.get_state_dict`, FSDP2
+  DTensors), so a run saved on N ranks resumes on M;
+- asynchronous saves: `dcp.async_save` stages the state into host memory through an
+  `AsyncStager` and writes it on a background thread (its `AsyncSaveResponse` carries the
+  staging and the upload completion), and DCP's `DefaultStager` does that staging with pinned
+  memory and non-blocking copies (stager.py says what `PersistentStager` does instead).
 
-    root/
-      step_00000100/             one committed checkpoint per step
-        .metadata                DCP's index of every shard
-        __0_0.distcp ...         each rank's shards (DCP names them __<rank>_<n>.distcp)
-        manifest.json            step, config hash, git commit, world size, time, sha256 per file
-      latest                     text: the name of the newest committed step directory
-      .tmp-step_00000110-<pid>/  a save in progress (never loaded; removed at the next start)
-      quarantine/                checkpoints that failed verification, kept for inspection
-      .lock                      flock of the trainer that owns the directory (run_lock.py)
-
-Commit protocol (why a crash never leaves a checkpoint that looks whole): every rank writes its
-shards into the temporary directory (DCP fsyncs each file), hashes its own files and sends the
-digests to rank 0; rank 0 writes manifest.json, fsyncs it and the directory, then renames the
-directory to step_XXXXXXXX and fsyncs the root. A directory named step_* therefore always has a
-manifest that lists every file with its checksum. `latest` is replaced atomically after that; the
-loader does not trust it blindly: it walks the step directories newest first, verifies each, and
-loads the first good one, logging why each newer one was skipped.
-
-Checkpoint files are untrusted input: the manifest passes a typed loader (manifest.py), a step
-directory is verified without following links (verify.py), and DCP's pickles are read without
-running code from them (safe_format.py). Retention counts only checkpoints that verify
-(retention.py); rank 0 holds an OS lock on the root for the manager's life (run_lock.py) and
-checks at construction that it can write there. This module re-exports those names.
-
-What a checkpoint holds: the caller's state (model and optimizer from
-`torch.distributed.checkpoint.state_dict.get_state_dict`, sharded DTensors), a JSON blob of
-trainer state (step, LR schedule, data position, counters) and, per rank, the RNG states of
-Python, NumPy, torch CPU and every CUDA device under the key `rng.rank_<r>`. DCP reshards model
-and optimizer on load, so a run saved on N ranks resumes on M.
-
-Saves are synchronous or asynchronous (`dcp.async_save`). An asynchronous save blocks training
-only while the state is staged into host memory; the write, the checksums and the commit run on
-a background thread with their own gloo process group, so they never interleave with the
-training collectives. `SaveStats.blocking_s` is the time training was actually held.
-
-Staging goes through `PersistentStager` (DCP's `AsyncStager` protocol): host buffers allocated
-once (pinned on GPUs, optionally ahead of the first save with `prestage`) and reused by every
-save, filled by non-blocking copies on a side stream that the optimizer step waits for on the
-GPU. What `dcp.async_save` does with it (torch 2.11 to 2.13): it first replaces top-level
-`Stateful` values by their `state_dict()` (a shallow copy; the manager passes plain dicts from
-`get_state_dict`, so nothing is called), hands the dict to `stage()`, and, since `stage()`
-returns a Future, its writer thread waits for that Future before `dcp.save` runs on the staged
-dict; the caller gets the Future's completion as `AsyncSaveResponse.staging_completion`.
-DCP's own `DefaultStager` stays available (`stager="dcp"`).
+What the manager adds:
+- a checksummed manifest (step, config hash, git commit, world size, time, sha256 and size of
+  every file; layout.py) and an atomic commit: a save is written into a temporary directory
+  and renamed to step_XXXXXXXX only once every rank's files are hashed and the manifest is
+  durable, then `latest` is replaced. DCP writes into the directory it is given (its
+  `.metadata` last), checksums nothing, and knows no versions or newest checkpoint: after a
+  crash or a flipped bit, nothing but a failed (or wrong) load would tell;
+- verified loading with fallback: the loader walks the step directories newest first, verifies
+  each (manifest, sizes, sha256, no foreign or linked files, safe content; verify.py), moves a
+  bad one to quarantine/ with the reason and loads the newest good one, saying why each newer
+  one was skipped. It refuses to start over when the run has checkpointed before but nothing
+  usable is left;
+- untrusted input: `.metadata` and every non-tensor entry are read without running code from
+  them (safe_read.py), where DCP's reader unpickles both;
+- retention counted over checkpoints that verify (retention.py) and one trainer per directory
+  (an OS lock held by rank 0 for the manager's life, and a write check at construction;
+  lock.py);
+- the non-tensor state: the caller's JSON (step, LR schedule, data position) and every rank's
+  RNG states (state.py);
+- asynchronous saves that never interleave with training collectives: the write, the checksums
+  and the commit run on a thread of their own with a gloo process group of their own;
+  `SaveStats.blocking_s` is the time training was actually held. A failed async save is said
+  once and makes every later save synchronous, instead of failing every other save.
 """
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
-import datetime as _dt
-import json
 import os
-import random
 import shutil
 import threading
 import time
@@ -64,415 +51,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import AsyncStager
 
-from shared.results import atomic_write_text
-
-from .manifest import (  # noqa: F401 - re-exported: the checkpoint API in one place
-    FORMAT_VERSION,
+from . import lock
+from .layout import (
+    LATEST,
     MANIFEST,
+    METADATA,
+    QUARANTINE,
     CheckpointError,
     Manifest,
-    ManifestError,
-    fsync_dir,
-    hash_files,
-    load_manifest,
-    parse_step,
-    read_manifest,
-    sha256_file,
-    step_dir_name,
-)
-from .retention import PrunePlan, plan_prune, prune, retained_steps  # noqa: F401
-from .run_lock import RunDirLocked  # noqa: F401
-from .safe_format import (  # noqa: F401
-    SafeFileSystemReader,
-    SafeLoadPlanner,
-    UnsafeCheckpointError,
-    first_error,
-    read_full_state,
-)
-from .verify import (  # noqa: F401
-    LATEST,
-    QUARANTINE,
-    CheckpointInfo,
-    VerifiedCache,
+    build_manifest,
+    commit,
     has_history,
+    hash_files,
     list_checkpoints,
-    quarantine,
     read_latest,
-    verify_checkpoint,
+    step_dir_name,
+    write_manifest,
 )
-
-# --- RNG state (per rank), as JSON (read back through weights_only: see safe_format.py) -------
-
-
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().contiguous().numpy().tobytes()).decode("ascii")
-
-
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
-
-
-def capture_rng_state() -> str:
-    """The RNG states of Python, NumPy, torch CPU and every CUDA device, as a JSON string."""
-    np_state = np.random.get_state()
-    state = {
-        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-        "numpy": {
-            "kind": np_state[0],
-            "key": np_state[1].tolist(),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "gauss": float(np_state[4]),
-        },
-        "torch_cpu": _b64(torch.get_rng_state()),
-        "torch_cuda": (
-            [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_initialized() else []
-        ),
-    }
-    return json.dumps(state)
-
-
-def restore_rng_state(blob: str) -> None:
-    state = json.loads(blob)
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state(
-        (n["kind"], np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"], n["gauss"])
-    )
-    torch.set_rng_state(_unb64(state["torch_cpu"]))
-    cuda_states = state.get("torch_cuda") or []
-    if cuda_states and torch.cuda.is_available():
-        # A run resumed on fewer devices restores the ones it has.
-        for i, s in enumerate(cuda_states[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(_unb64(s), device=i)
-
-
-def compare_states(
-    a: dict[str, Any], b: dict[str, Any], prefixes=("model.", "optim.")
-) -> list[str]:
-    """Bitwise comparison of the tensors under `prefixes`; returns the differences (empty: equal)."""
-    diffs = []
-    keys_a = {k for k in a if k.startswith(prefixes)}
-    keys_b = {k for k in b if k.startswith(prefixes)}
-    for k in sorted(keys_a ^ keys_b):
-        diffs.append(f"{k}: only in {'first' if k in keys_a else 'second'}")
-    for k in sorted(keys_a & keys_b):
-        x, y = a[k], b[k]
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.dtype != y.dtype or x.shape != y.shape:
-                diffs.append(f"{k}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}")
-                continue
-            xb = x.contiguous().reshape(-1).view(torch.uint8)
-            yb = y.contiguous().reshape(-1).view(torch.uint8)
-            if not torch.equal(xb, yb):
-                diff = (
-                    (x.double() - y.double()).abs().max().item() if x.is_floating_point() else None
-                )
-                diffs.append(f"{k}: bits differ (max abs diff {diff})")
-        elif x != y:
-            diffs.append(f"{k}: {repr(x)[:200]} vs {repr(y)[:200]}")
-    return diffs
-
-
-# --- staging for async saves: host buffers kept across saves ----------------------------------
-
-_Path = tuple  # a leaf's position in a nested state dict: (("d", key) | ("l", index), ...)
-
-
-def _walk(obj: Any, path: _Path = ()):
-    """(path, tensor) for every tensor leaf of a nested dict / list / tuple, in a fixed order."""
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _walk(v, (*path, ("d", k)))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _walk(v, (*path, ("l", i)))
-
-
-def _rebuild(obj: Any, staged: dict, path: _Path = ()) -> Any:
-    """A new container tree with every tensor replaced by its staged copy and every other value
-    deep-copied (a value, never a reference to the caller's object)."""
-    import copy
-
-    if isinstance(obj, torch.Tensor):
-        return staged[path]
-    if isinstance(obj, dict):
-        return {k: _rebuild(v, staged, (*path, ("d", k))) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        out = [_rebuild(v, staged, (*path, ("l", i))) for i, v in enumerate(obj)]
-        return out if isinstance(obj, list) else tuple(out)
-    return copy.deepcopy(obj)
-
-
-def _dtensor_type():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover - torch without DTensor
-        return None
-    return DTensor
-
-
-def _local(t: torch.Tensor, dtensor_type) -> torch.Tensor:
-    return t.to_local() if dtensor_type is not None and isinstance(t, dtensor_type) else t
-
-
-def _leaf_meta(t: torch.Tensor, dtensor_type) -> tuple:
-    """What the staging buffer of a leaf depends on: a change rebuilds the buffers."""
-    if dtensor_type is not None and isinstance(t, dtensor_type):
-        loc = t.to_local()
-        return (
-            "dtensor",
-            t.dtype,
-            tuple(loc.shape),
-            loc.device,
-            tuple(t.shape),
-            tuple(t.stride()),
-            t.device_mesh,
-            tuple(t.placements),
-        )
-    return ("tensor", t.dtype, tuple(t.shape), t.device)
-
-
-@dataclass
-class _Slot:
-    buf: torch.Tensor  # host memory of the leaf's local data, owned by the stager
-    staged: torch.Tensor  # what the staged state dict holds: buf, or a DTensor around it
-    pinned: bool
-
-
-class PersistentStager(AsyncStager):
-    """DCP `AsyncStager` that keeps its host buffers across saves (pinned memory on GPUs).
-
-    The first `stage` (or an earlier `build`) allocates one host buffer per tensor of the state
-    dict: the LOCAL data of a DTensor (an FSDP2 shard), or a plain tensor as it is. Buffers of
-    CUDA tensors are page-locked (anonymous memory mapped for that buffer alone, faulted in,
-    then registered with `cudaHostRegister`; small ones come from the CUDA host allocator) so
-    the device-to-host copy is a real DMA that overlaps training. Every later save with the
-    same structure (same keys, dtypes, shapes, devices, meshes and placements) copies into the
-    same buffers; a change rebuilds them.
-
-    `stage(state_dict)` returns a Future of the staged state dict:
-    - CUDA tensors are copied with non-blocking copies on a stream of the stager's own that
-      first waits for the caller's current stream (so the values are those of the step that
-      just ran), and an event is recorded after the copies; the Future completes on the
-      stager's thread once the event has completed. Until then the caller must not modify the
-      sources: `wait_on_current_stream()` makes the caller's stream wait for the copy (no host
-      block), `synchronize_staging()` waits on the host.
-    - CPU tensors (optimizer step counters, ...) are copied before `stage` returns, and every
-      non-tensor value (RNG state, JSON, learning rates) is deep-copied: nothing in the staged
-      dict aliases the caller's objects.
-    - A DTensor comes back as a DTensor with the same mesh, placements, global shape and stride
-      around the host copy of its local shard (what DCP's own stager produces), so DCP plans
-      and writes it as it would the original.
-    Without CUDA (or with `pin_memory=False`) buffers are plain memory and copies synchronous.
-
-    The staged dict is valid until the next `stage`, which overwrites the same buffers: a caller
-    must let the previous save finish writing first (`CheckpointManager` does). Errors while
-    staging are delivered through the Future (so DCP's writer fails the save) rather than
-    raised from `stage`.
-    """
-
-    _synchronize_after_execute = False  # DCP's AsyncStager protocol: stage() returns a Future
-
-    def __init__(self, *, pin_memory: bool | None = None, small_bytes: int = 1 << 20) -> None:
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
-        self.small_bytes = small_bytes  # below this, pinned buffers come from the host allocator
-        self._dt = _dtensor_type()
-        self._lock = threading.RLock()
-        self._signature: list | None = None
-        self._slots: dict[_Path, _Slot] = {}
-        self._registered: list[tuple[int, Any]] = []  # (pointer, mmap) registered with CUDA
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
-        self._events: list[tuple[torch.device, torch.cuda.Event]] = []
-        self._future: concurrent.futures.Future | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self.builds = 0
-        self.last_build: dict | None = None  # seconds, bytes, pinned bytes, tensors
-        self.last_stage_s = 0.0  # host time of the last stage() call
-
-    @property
-    def should_synchronize_after_execute(self) -> bool:
-        return self._synchronize_after_execute
-
-    # -- buffers --
-
-    def _alloc(self, like: torch.Tensor) -> tuple[torch.Tensor, bool, float]:
-        """A host tensor of like's shape and dtype owning exactly its own storage (DCP copies a
-        tensor whose storage is larger than the tensor); pinned when like is on a GPU."""
-        import mmap
-
-        nbytes = like.numel() * like.element_size()
-        if not (self.pin_memory and like.is_cuda) or nbytes == 0:
-            return torch.empty(like.shape, dtype=like.dtype), False, 0.0
-        if nbytes < self.small_bytes:
-            return torch.empty(like.shape, dtype=like.dtype, pin_memory=True), True, 0.0
-        # Large: the CUDA host allocator would round up to a power of two (up to 2x the memory
-        # pinned); a mapping of exactly this size is page-aligned and shares no page.
-        mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-        raw = torch.frombuffer(mm, dtype=torch.uint8)
-        raw.zero_()  # fault the pages in (parallel), so that registering only locks them
-        t0 = time.perf_counter()
-        err = int(torch.cuda.cudart().cudaHostRegister(raw.data_ptr(), nbytes, 0))
-        pin_s = time.perf_counter() - t0
-        if err != 0:
-            raise CheckpointError(f"cudaHostRegister of {nbytes} bytes failed (cudaError {err})")
-        self._registered.append((raw.data_ptr(), mm))
-        return raw.view(like.dtype).view(like.shape), True, pin_s
-
-    def _free(self) -> None:
-        self._slots = {}
-        self._signature = None
-        for ptr, _mm in self._registered:
-            torch.cuda.cudart().cudaHostUnregister(ptr)
-        # The mappings go when the last tensor viewing them does (a staged dict still held by
-        # someone stays readable, just no longer page-locked).
-        self._registered = []
-
-    def _build(self, leaves: list, signature: list) -> None:
-        t0 = time.perf_counter()
-        self._wait_copies()
-        self._free()
-        slots, total, pinned, pin_s = {}, 0, 0, 0.0
-        for path, t in leaves:
-            loc = _local(t, self._dt)
-            buf, is_pinned, dt = self._alloc(loc)
-            pin_s += dt
-            staged = buf
-            if loc is not t:  # a DTensor: same mesh, placements, global shape and stride
-                staged = self._dt(buf, t._spec, requires_grad=False)
-            slots[path] = _Slot(buf, staged, is_pinned)
-            n = buf.numel() * buf.element_size()
-            total += n
-            pinned += n if is_pinned else 0
-        self._slots, self._signature = slots, signature
-        self.builds += 1
-        self.last_build = {
-            "seconds": time.perf_counter() - t0,
-            "register_s": pin_s,
-            "bytes": total,
-            "pinned_bytes": pinned,
-            "tensors": len(slots),
-        }
-
-    def _signature_of(self, state_dict: dict) -> tuple[list, list]:
-        leaves = list(_walk(state_dict))
-        return leaves, [(p, _leaf_meta(t, self._dt)) for p, t in leaves]
-
-    def build(self, state_dict: dict) -> bool:
-        """Allocate (and pin) the buffers for this state dict's structure now, e.g. at start-up,
-        so that the first save does not pay for it. Copies nothing. Returns whether it built."""
-        with self._lock, torch.no_grad():
-            leaves, sig = self._signature_of(state_dict)
-            if sig == self._signature:
-                return False
-            self._build(leaves, sig)
-            return True
-
-    @property
-    def staged_bytes(self) -> int:
-        return sum(s.buf.numel() * s.buf.element_size() for s in self._slots.values())
-
-    # -- staging --
-
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        if device not in self._streams:
-            self._streams[device] = torch.cuda.Stream(device=device)
-        return self._streams[device]
-
-    def _wait_copies(self) -> None:
-        for _, ev in self._events:
-            ev.synchronize()
-        self._events = []
-
-    def stage(self, state_dict: dict) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        t0 = time.perf_counter()
-        try:
-            with self._lock, torch.no_grad():
-                leaves, sig = self._signature_of(state_dict)
-                self._wait_copies()  # a previous copy into these buffers (normally long done)
-                if sig != self._signature:
-                    self._build(leaves, sig)
-                by_device: dict[torch.device, list] = {}
-                for path, t in leaves:
-                    slot, src = self._slots[path], _local(t, self._dt)
-                    if src.is_cuda and slot.pinned:
-                        by_device.setdefault(src.device, []).append((slot.buf, src))
-                    else:
-                        slot.buf.copy_(src)  # synchronous: the value at this call
-                staged = _rebuild(state_dict, {p: s.staged for p, s in self._slots.items()})
-                events, keep = [], []
-                for device, pairs in by_device.items():
-                    stream = self._stream(device)
-                    stream.wait_stream(torch.cuda.current_stream(device))
-                    with torch.cuda.stream(stream):
-                        for buf, src in pairs:
-                            buf.copy_(src, non_blocking=True)
-                    ev = torch.cuda.Event()
-                    ev.record(stream)
-                    events.append((device, ev))
-                    keep.extend(src for _, src in pairs)  # sources stay alive until copied
-                self._events = events
-        except Exception as e:  # noqa: BLE001 - reported through the Future, see the docstring
-            fut.set_exception(e)
-            self._future = fut
-            return fut
-        finally:
-            self.last_stage_s = time.perf_counter() - t0
-        if not events:
-            fut.set_result(staged)
-            self._future = fut
-            return fut
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, "ckpt-staging")
-        self._future = self._executor.submit(self._finish, events, staged, keep)
-        return self._future
-
-    @staticmethod
-    def _finish(events: list, staged: dict, keep: list) -> dict:
-        for _, ev in events:
-            ev.synchronize()  # releases the GIL while it waits
-        del keep
-        return staged
-
-    def wait_on_current_stream(self) -> bool:
-        """Make the caller's current CUDA stream wait for the staging copy (the host does not
-        block): kernels queued after this, e.g. the optimizer step, run once the copy is done.
-        Returns False when there is no copy in flight."""
-        events = self._events
-        for device, ev in events:
-            torch.cuda.current_stream(device).wait_event(ev)
-        return bool(events)
-
-    def synchronize_staging(self) -> None:
-        """Block until the last staging has completed (re-raises its error)."""
-        if self._future is not None:
-            self._future.result()
-
-    def close(self) -> None:
-        with self._lock:
-            try:
-                if self._future is not None:
-                    self._future.exception()  # wait; an error was reported to DCP already
-                self._wait_copies()
-            finally:
-                self._free()
-                self._future = None
-                if self._executor is not None:
-                    self._executor.shutdown(wait=True)
-                    self._executor = None
-
-
-# --- the manager -----------------------------------------------------------------------------
+from .lock import RunDirLocked
+from .retention import plan_prune, prune, retained_steps
+from .safe_read import SafeFileSystemReader, SafeLoadPlanner, first_error
+from .stager import PersistentStager
+from .state import load_targets, read_extra, restore_rng_state, rng_key, with_non_tensor_state
+from .verify import VerifiedCache, quarantine, verify_checkpoint
 
 
 @dataclass
@@ -585,8 +190,6 @@ class CheckpointManager:
             raise (RunDirLocked if error[0] == "locked" else CheckpointError)(error[1])
 
     def _open_root(self) -> tuple[str, str] | None:
-        from . import run_lock
-
         root = self.root
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -595,7 +198,7 @@ class CheckpointManager:
         if not root.is_dir():
             return "io", f"checkpoint directory {root} exists and is not a directory"
         try:
-            self._lock_key = run_lock.acquire(root)
+            self._lock_key = lock.acquire(root)
         except RunDirLocked as e:
             return "locked", str(e)
         except OSError as e:
@@ -622,10 +225,8 @@ class CheckpointManager:
         return None
 
     def _release_lock(self) -> None:
-        from . import run_lock
-
         if self._lock_key is not None:
-            run_lock.release(self._lock_key)
+            lock.release(self._lock_key)
             self._lock_key = None
 
     # -- small collective helpers on our group --
@@ -656,10 +257,7 @@ class CheckpointManager:
         return self.root / self._broadcast(name)
 
     def _state(self, state: dict, extra: dict) -> dict:
-        full = dict(state)
-        full["extra"] = json.dumps(extra, sort_keys=True)
-        full[f"rng.rank_{self.rank}"] = capture_rng_state()
-        return full
+        return with_non_tensor_state(state, extra, self.rank)
 
     def save(
         self, step: int, state: dict, extra: dict | None = None, *, mode: str = "sync"
@@ -879,34 +477,20 @@ class CheckpointManager:
             files: dict = {}
             for d in gathered or []:
                 files.update(d)
-            files.update(hash_files([tmp / ".metadata"]))
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "step": stats.step,
-                "config_hash": self.config_hash,
-                "config": self.config,
-                "git_commit": self.git_commit,
-                "world_size": self.world_size,
-                "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "unix_time": time.time(),
-                "save_mode": stats.mode,
-                "torch": torch.__version__,
-                "files": files,
-            }
-            mpath = tmp / MANIFEST
-            with open(mpath, "w") as f:
-                json.dump(manifest, f, indent=2, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_dir(tmp)
-            if final.exists():  # a re-save of the same step (e.g. after a rollback): replace it
-                trash = self.root / f".tmp-{final.name}-replaced-{os.getpid()}"
-                os.replace(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-            os.replace(tmp, final)
-            fsync_dir(self.root)
+            files.update(hash_files([tmp / METADATA]))
+            manifest = build_manifest(
+                step=stats.step,
+                files=files,
+                config_hash=self.config_hash,
+                config=self.config,
+                git_commit=self.git_commit,
+                world_size=self.world_size,
+                save_mode=stats.mode,
+                torch_version=torch.__version__,
+            )
+            write_manifest(tmp, manifest)
+            commit(self.root, tmp, stats.step)
             self._verified.remember(final)  # hashed above, from the bytes just written
-            atomic_write_text(self.root / LATEST, final.name + "\n")
             stats.bytes = sum(v["bytes"] for v in files.values())
             self._apply_retention()
         stats.bytes = self._broadcast(stats.bytes)
@@ -988,7 +572,7 @@ class CheckpointManager:
 
         Nothing in the checkpoint runs code: DCP's `.metadata` goes through an allow-listed
         unpickler and non-tensor values through `torch.load(weights_only=True)`, and only the
-        files the manifest names are read (see safe_format.py)."""
+        files the manifest names are read (see safe_read.py)."""
         import torch.distributed.checkpoint as dcp
 
         t0 = time.perf_counter()
@@ -1010,11 +594,7 @@ class CheckpointManager:
         reader, planner = SafeFileSystemReader(choice, manifest), SafeLoadPlanner()
         try:
             keys = reader.read_metadata().state_dict_metadata
-            rng_key = f"rng.rank_{self.rank}"
-            full = dict(state)
-            full["extra"] = ""
-            if rng_key in keys:
-                full[rng_key] = ""
+            full = load_targets(state, self.rank, keys)
             with _single_process_quiet():
                 dcp.load(
                     full,
@@ -1023,12 +603,10 @@ class CheckpointManager:
                     process_group=self.pg,
                     no_dist=self.pg is None,
                 )
-            extra = json.loads(full["extra"]) if isinstance(full["extra"], str) else None
-            if not isinstance(extra, dict):
-                raise CheckpointError("its 'extra' entry is not a JSON object")
-            rng_restored = rng_key in keys
+            extra = read_extra(full)
+            rng_restored = rng_key(self.rank) in keys
             if rng_restored:
-                restore_rng_state(full[rng_key])
+                restore_rng_state(full[rng_key(self.rank)])
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
             why = reader.refusal or planner.refusal
             why = why or (str(e) if isinstance(e, CheckpointError) else first_error(e))

@@ -1,8 +1,6 @@
 """Resumable data loading: a PyTorch DataLoader and an NVIDIA DALI pipeline over the same
 deterministic token stream, the position in the data part of the checkpoint.
 
-    python -m project03_capstone_infra.data_pipeline --preset 125m --batches 40
-
 Why resuming is exact: the stream (`shared.data.SyntheticTokens`) computes the batch of global
 step s from (seed, s) alone, so a loader only has to know which step to hand out next. Loaders
 prefetch (worker processes, DALI's queue), so the position saved is the number of batches the
@@ -16,25 +14,19 @@ again after a resume, and the resumed run sees exactly the batches an uninterrup
   processes, `parallel=True`) yields the token sequences; DALI operators cut them into inputs and
   shifted targets: CPU operators with `device_id=None` where there is no GPU, GPU operators (after
   a `.gpu()` transfer) with one. Same `state_dict()` contract.
-- `main` measures batches/s and tokens/s of both against the plain in-loop stream (the baseline)
-  in the same process and writes `reports/project03_capstone_infra/data.{json,png,md}`.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from shared.cli import main_guard
 from shared.data import SyntheticTokens
 
-PROJECT = "project03_capstone_infra"
 Batch = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets), each (local_batch, seq_len) int64
 
 
@@ -278,245 +270,3 @@ class DaliLoader:
     def load_state_dict(self, state: dict) -> None:
         self.close()
         self.stream.load_state_dict(state)
-
-
-# --- throughput comparison ---------------------------------------------------------------------
-
-
-@dataclass
-class DataBenchConfig:
-    """Throughput of the plain stream, the DataLoader and DALI over the same token batches."""
-
-    preset: Literal["tiny", "125m", "1b"] = "125m"  # vocabulary and sequence length
-    global_batch: int = 8
-    batches: int = 30  # timed batches per loader per repeat
-    warmup: int = 3  # batches before timing (worker start-up, DALI build)
-    repeats: int = 3  # the median over repeats is reported
-    workers: str = "0,1,2"  # DataLoader worker counts / DALI Python worker counts to try
-    dali_threads: int = 2
-    dali_device: Literal["auto", "cpu", "gpu"] = "auto"
-    seed: int = 0
-    reports_dir: str = ""
-    out_name: str = "data"
-
-    def validate(self) -> DataBenchConfig:
-        from shared.cli import writable_dir
-
-        for name in ("global_batch", "batches", "repeats", "dali_threads", "warmup"):
-            if getattr(self, name) < 1:  # warm-up >= 1: the first batch is checked
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
-                )
-        parse_workers(self.workers)
-        if not self.out_name or "/" in self.out_name or self.out_name.startswith("."):
-            raise ValueError(f"--out-name must be a plain file stem, got {self.out_name!r}")
-        if self.reports_dir:
-            writable_dir("--reports-dir", self.reports_dir)
-        return self
-
-
-def parse_workers(text: str) -> list[int]:
-    try:
-        workers = [int(w) for w in text.split(",") if w.strip()]
-    except ValueError:
-        workers = []
-    if not workers or any(w < 0 for w in workers):
-        raise ValueError(f"--workers must be a comma-separated list of ints >= 0, got {text!r}")
-    return workers
-
-
-def _time_loader(make_iter, batches: int, warmup: int) -> tuple[float, list[Batch]]:
-    """Seconds for `batches` after `warmup` batches, and the first batches seen (for checking)."""
-    it = iter(make_iter())
-    seen = []
-    for _ in range(warmup):
-        seen.append(next(it))
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        b = next(it)
-        if b[0].device.type == "cuda":
-            torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
-    del it
-    return dt, seen
-
-
-def benchmark(cfg: DataBenchConfig) -> dict:
-    from shared.model import ModelArgs
-
-    args = ModelArgs.from_preset(cfg.preset)
-    workers = parse_workers(cfg.workers)
-
-    def stream():
-        return SyntheticTokens(args.vocab_size, args.max_seq_len, cfg.global_batch, cfg.seed)
-
-    reference = stream().batch_at(0)
-    tokens_per_batch = cfg.global_batch * args.max_seq_len
-    runs: dict[str, dict] = {}
-
-    def measure(label: str, kind: str, make_iter, **meta):
-        times = []
-        for _ in range(cfg.repeats):
-            dt, seen = _time_loader(make_iter, cfg.batches, cfg.warmup)
-            assert torch.equal(seen[0][0].cpu(), reference[0]), f"{label}: wrong first batch"
-            times.append(dt)
-        med = float(np.median(times))
-        runs[label] = {
-            "kind": kind,
-            **meta,
-            "median_s": med,
-            "batches_per_s": cfg.batches / med,
-            "tokens_per_s": cfg.batches * tokens_per_batch / med,
-            "times_s": times,
-        }
-        print(
-            f"{label:<32} {cfg.batches / med:8.1f} batches/s {cfg.batches * tokens_per_batch / med:12,.0f} tokens/s"
-        )
-
-    measure("in-loop stream (baseline)", "baseline", lambda: iter(stream()))
-    for w in workers:
-        measure(
-            f"DataLoader, {w} workers",
-            "dataloader",
-            lambda w=w: ResumableLoader(stream(), num_workers=w),
-            workers=w,
-        )
-    ok, dali_info = dali_available()
-    dali_device = cfg.dali_device
-    if dali_device == "auto":
-        dali_device = "gpu" if torch.cuda.is_available() else "cpu"
-    if ok:
-        for w in workers:
-            measure(
-                f"DALI {dali_device}, {w} py workers",
-                "dali",
-                lambda w=w: DaliLoader(
-                    stream(), device=dali_device, py_workers=w, num_threads=cfg.dali_threads
-                ),
-                workers=w,
-            )
-    base = runs["in-loop stream (baseline)"]["tokens_per_s"]
-    for r in runs.values():
-        r["speedup_vs_baseline"] = r["tokens_per_s"] / base
-    return {
-        "preset": cfg.preset,
-        "seq_len": args.max_seq_len,
-        "vocab_size": args.vocab_size,
-        "global_batch": cfg.global_batch,
-        "tokens_per_batch": tokens_per_batch,
-        "dali": dali_info if ok else None,
-        "dali_skipped_reason": None if ok else dali_info,
-        "dali_device": dali_device if ok else None,
-        "runs": runs,
-    }
-
-
-def write_report(cfg: DataBenchConfig, results: dict, reports_dir) -> list:
-    from pathlib import Path
-
-    from shared.results import (
-        atomic_write_text,
-        environment,
-        environment_line,
-        load_result,
-        markdown_table,
-        save_result,
-    )
-
-    env = environment()
-    reports_dir = Path(reports_dir)
-    out = reports_dir / PROJECT
-    base = results["runs"]["in-loop stream (baseline)"]
-    paths = [
-        save_result(
-            PROJECT,
-            cfg.out_name,
-            results,
-            baseline=base,
-            config=asdict(cfg),
-            reports_dir=reports_dir,
-            env=env,
-        )
-    ]
-    paths += write_charts(load_result(paths[0]), out)
-    fastest = max(results["runs"], key=lambda k: results["runs"][k]["tokens_per_s"])
-    rows = [
-        {
-            "loader": k,
-            "batches/s": v["batches_per_s"],
-            "tokens/s": v["tokens_per_s"],
-            "x baseline": v["speedup_vs_baseline"],
-        }
-        for k, v in results["runs"].items()
-    ]
-    md = [
-        f"# Data loading throughput ({cfg.preset} shapes)",
-        "",
-        f"Measured with: {environment_line(env)}; DALI {results['dali'] or 'absent'}"
-        f"{' (' + results['dali_device'] + ' operators)' if results['dali'] else ''}.",
-        f"Batch: {cfg.global_batch} sequences x {results['seq_len']} tokens (vocab "
-        f"{results['vocab_size']:,}); median of {cfg.repeats} repeats of {cfg.batches} batches "
-        f"after {cfg.warmup} warm-up batches. Baseline: the stream called in the training loop.",
-        "",
-        markdown_table(rows),
-        "",
-        "Every loader's first batch is checked against the stream's own batch 0, and the tests "
-        "check that each resumes at the exact batch.",
-        "",
-        f"Fastest: {fastest} ({results['runs'][fastest]['speedup_vs_baseline']:.2f}x the in-loop "
-        f"stream). Building one batch here takes {1e3 / base['batches_per_s']:.1f} ms in the "
-        "training process; worker processes (DataLoader or DALI's parallel external source) "
-        "add an inter-process copy per batch and pay off only when building a batch costs more "
-        "than moving it (tokenising or decoding real data, augmentation), and when there are "
-        "idle cores to run them.",
-    ]
-    if results["dali_skipped_reason"]:
-        md += ["", f"DALI not measured: {results['dali_skipped_reason']}."]
-    paths.append(atomic_write_text(out / f"{cfg.out_name}.md", "\n".join(md) + "\n"))
-    return paths
-
-
-def write_charts(record: dict, out) -> list:
-    """<out_name>.png (tokens/s of every loader against the in-loop stream) from a data record."""
-    from shared.charts import bar_chart, footer
-
-    results, c = record["results"], record["config"]
-    base = results["runs"]["in-loop stream (baseline)"]
-    labels = list(results["runs"])
-    foot = footer(
-        record["environment"],
-        f"{c['preset']}: batch {c['global_batch']} x seq "
-        f"{results['seq_len']}; median of {c['repeats']} x {c['batches']} batches",
-    )
-    return [
-        bar_chart(
-            out / f"{c.get('out_name') or 'data'}.png",
-            labels,
-            [results["runs"][k]["tokens_per_s"] for k in labels],
-            title="Data loading throughput: DataLoader and DALI vs the in-loop stream",
-            ylabel="tokens/s",
-            baseline=base["tokens_per_s"],
-            baseline_label="in-loop stream",
-            footnote=foot,
-        )
-    ]
-
-
-@main_guard
-def main(argv: list[str] | None = None) -> int:
-    from pathlib import Path
-
-    from shared.cli import parse_dataclass, writable_dir
-    from shared.results import REPORTS_DIR
-
-    cfg = parse_dataclass(DataBenchConfig, argv, description=__doc__.split("\n\n")[0])
-    cfg.validate()
-    writable_dir("--reports-dir", Path(cfg.reports_dir or REPORTS_DIR) / PROJECT)
-    results = benchmark(cfg)
-    for p in write_report(cfg, results, Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR):
-        print(f"wrote {p}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
