@@ -11,9 +11,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from shared.cli import main_guard, parse_subcommand
+from shared.cli import main_guard, run_subcommand
 
 PROG = "python -m apple_track"
+DESCRIPTION = (
+    "The shared transformer on device: Core ML, LiteRT and MLX exports measured "
+    "against PyTorch, Metal kernels, the report and a profiling loop."
+)
 
 
 def commands() -> dict[str, tuple[type, Callable[..., int]]]:
@@ -29,15 +33,7 @@ def commands() -> dict[str, tuple[type, Callable[..., int]]]:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    table = commands()
-    name, cfg = parse_subcommand(
-        table,
-        prog=PROG,
-        description="The shared transformer on device: Core ML, LiteRT and MLX exports measured "
-        "against PyTorch, Metal kernels, the report and a profiling loop.",
-        argv=argv,
-    )
-    return table[name][1](cfg)
+    return run_subcommand(commands(), prog=PROG, description=DESCRIPTION, argv=argv)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.cli import main_guard, parse_subcommand
+from shared.cli import main_guard, run_subcommand
 
 PROG = "python -m project01_cuda_kernel"
+DESCRIPTION = (
+    "CUDA C++ kernels for PyTorch, a matmul optimisation ladder and "
+    "FlashAttention: benchmarks, Nsight Compute profiles, a compile check and the report."
+)
 Kernels = Literal["gemm", "attention"]
 
 
@@ -97,15 +101,9 @@ def run_all(cfg: AllConfig) -> int:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    table = commands()
-    name, cfg = parse_subcommand(
-        table,
-        prog=PROG,
-        description="CUDA C++ kernels for PyTorch, a matmul optimisation ladder and "
-        "FlashAttention: benchmarks, Nsight Compute profiles, a compile check and the report.",
-        argv=argv,
+    return run_subcommand(
+        commands(), prog=PROG, description=DESCRIPTION, argv=argv, runner=run_step
     )
-    return run_step(name, table[name][1], cfg)
 
 
 if __name__ == "__main__":

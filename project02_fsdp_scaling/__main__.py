@@ -16,9 +16,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from shared.cli import main_guard, parse_subcommand
+from shared.cli import main_guard, run_subcommand
 
 PROG = "python -m project02_fsdp_scaling"
+DESCRIPTION = (
+    "FSDP2 training of the shared ~1B transformer, its strong-scaling benchmark "
+    "and the comparison with DeepSpeed ZeRO-3."
+)
 
 
 def commands() -> dict[str, tuple[type, Callable]]:
@@ -40,16 +44,7 @@ def commands() -> dict[str, tuple[type, Callable]]:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    table = commands()
-    name, cfg = parse_subcommand(
-        table,
-        prog=PROG,
-        description="FSDP2 training of the shared ~1B transformer, its strong-scaling benchmark "
-        "and the comparison with DeepSpeed ZeRO-3.",
-        argv=argv,
-    )
-    rc = table[name][1](cfg)
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(commands(), prog=PROG, description=DESCRIPTION, argv=argv)
 
 
 if __name__ == "__main__":

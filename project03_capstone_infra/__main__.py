@@ -22,9 +22,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from shared.cli import main_guard, parse_subcommand
+from shared.cli import main_guard, run_subcommand
 
 PROG = "python -m project03_capstone_infra"
+DESCRIPTION = (
+    "Fault-tolerant training: versioned DCP checkpoints, automatic resume, "
+    "injected failures, GPU health, Ray Tune HPO, and the cost of a job on spot GPUs."
+)
 
 
 def commands() -> dict[str, tuple[type, Callable]]:
@@ -54,16 +58,7 @@ def commands() -> dict[str, tuple[type, Callable]]:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    table = commands()
-    name, cfg = parse_subcommand(
-        table,
-        prog=PROG,
-        description="Fault-tolerant training: versioned DCP checkpoints, automatic resume, "
-        "injected failures, GPU health, Ray Tune HPO, and the cost of a job on spot GPUs.",
-        argv=argv,
-    )
-    rc = table[name][1](cfg)
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(commands(), prog=PROG, description=DESCRIPTION, argv=argv)
 
 
 if __name__ == "__main__":

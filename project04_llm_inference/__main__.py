@@ -16,11 +16,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 
-from shared.cli import main_guard, parse_subcommand
+from shared.cli import main_guard, run_subcommand
 
 from .config import EngineArgs, SamplingParams
 
 PROG = "python -m project04_llm_inference"
+DESCRIPTION = (
+    "A small LLM inference engine (paged KV cache, continuous batching, CUDA "
+    "graphs, its own attention kernels) and its OpenAI-compatible server: generation, "
+    "benchmarks against the baselines and the report."
+)
 
 
 def _engine_defaults() -> EngineArgs:
@@ -148,17 +153,7 @@ def commands() -> dict[str, tuple[type, Callable]]:
 
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    table = commands()
-    name, cfg = parse_subcommand(
-        table,
-        prog=PROG,
-        description="A small LLM inference engine (paged KV cache, continuous batching, CUDA "
-        "graphs, its own attention kernels) and its OpenAI-compatible server: generation, "
-        "benchmarks against the baselines and the report.",
-        argv=argv,
-    )
-    rc = table[name][1](cfg)
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(commands(), prog=PROG, description=DESCRIPTION, argv=argv)
 
 
 if __name__ == "__main__":

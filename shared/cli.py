@@ -184,6 +184,23 @@ def parse_subcommand(
     return next(name for name, (cls, _) in table.items() if type(cfg) is cls), cfg
 
 
+def run_subcommand(
+    table: dict[str, tuple[type, Callable]],
+    *,
+    prog: str,
+    description: str,
+    argv: list[str] | None = None,
+    runner: Callable[[str, Callable, object], object] | None = None,
+) -> int:
+    """A package's `main`: parse the command line against `table` (`parse_subcommand`) and run
+    the chosen command; returns its exit status (a command that returns something else, a
+    record's path or None, exits 0). `runner(name, fn, cfg)` replaces the plain `fn(cfg)`."""
+    name, cfg = parse_subcommand(table, prog=prog, description=description, argv=argv)
+    fn = table[name][1]
+    rc = runner(name, fn, cfg) if runner is not None else fn(cfg)
+    return rc if isinstance(rc, int) else 0
+
+
 # --- values and paths ----------------------------------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """shared.cli: one `error:` line naming the argument, exit code 2, never a traceback."""
 
 import argparse
+from dataclasses import dataclass
 
 import pytest
 
@@ -127,18 +128,18 @@ def test_environment_variables_are_named(monkeypatch):
     assert cli.env_float("T0", 1.5) == 1.5
 
 
+@dataclass
+class A:
+    n: int = 1
+
+
+@dataclass
+class B:
+    x: float = 0.5
+
+
 def test_parse_subcommand_returns_the_command_and_its_config(capsys):
-    from dataclasses import dataclass
-
     from shared.cli import parse_subcommand
-
-    @dataclass
-    class A:
-        n: int = 1
-
-    @dataclass
-    class B:
-        x: float = 0.5
 
     table = {"a": (A, print), "b-cmd": (B, print)}
     assert parse_subcommand(table, prog="p", description="d", argv=["b-cmd", "--x", "3"]) == (
@@ -151,3 +152,21 @@ def test_parse_subcommand_returns_the_command_and_its_config(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
+
+
+def test_run_subcommand_runs_the_chosen_command_and_returns_its_status():
+    from shared.cli import run_subcommand
+
+    ran = []
+    table = {"a": (A, lambda cfg: ran.append(cfg) or cfg.n), "b": (B, lambda cfg: "record.json")}
+    assert run_subcommand(table, prog="p", description="d", argv=["a", "--n", "3"]) == 3
+    assert ran == [A(n=3)]
+    assert run_subcommand(table, prog="p", description="d", argv=["b"]) == 0  # not an int: 0
+    seen = []
+
+    def runner(name, fn, cfg):
+        seen.append((name, cfg))
+        return 7
+
+    assert run_subcommand(table, prog="p", description="d", argv=["b"], runner=runner) == 7
+    assert seen == [("b", B())]
