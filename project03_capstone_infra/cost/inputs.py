@@ -45,6 +45,7 @@ _CONTEXT_KEYS = {
     "param_dtype": "dtype",
     "dtype": "dtype",
     "compute_dtype": "dtype",
+    "precision": "dtype",  # project02's training recipe (an fp8 run computes in bf16 elsewhere)
     "variant": "variant",
 }
 
@@ -87,9 +88,15 @@ def _throughput_rows(obj, ctx: dict, out: list[dict]) -> None:
             _throughput_rows(v, ctx, out)
 
 
+# The precisions the plans price: fp32 and bf16 always; the others when a record measured them.
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8-tensorwise", "fp8-rowwise")
+_DTYPE_KEYS = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+
+
 def _dtype_key(d) -> str | None:
     d = str(d).lower().replace("torch.", "")
-    return {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32"}.get(d)
+    d = _DTYPE_KEYS.get(d, d)
+    return d if d in PRECISIONS else None
 
 
 def measured_throughput(reports_dir: Path, gpu_key: str, preset: str) -> list[dict]:
@@ -196,6 +203,36 @@ def resolve_throughput(cfg: CostConfig, reports_dir: Path) -> tuple[Sourced, Sou
 
 
 DEFAULT_BF16_SPEEDUP = 2.0
+
+
+def precision_speedups(cfg: CostConfig, reports_dir: Path) -> dict[str, Sourced]:
+    """Throughput of fp16 and the fp8 recipes relative to bf16, each measured in one record
+    (project02's `precision` harness runs every recipe on the same job, in one run) at one world
+    size: the largest such world size, then the fastest bf16 row. A precision no record measured
+    is left out (no assumed figure): the plans price it only once it is measured."""
+    from shared.hardware import get_gpu
+
+    rows = measured_throughput(reports_dir, get_gpu(cfg.gpu).key, cfg.preset)
+    out: dict[str, Sourced] = {}
+    for precision in PRECISIONS[2:]:
+        pairs = [
+            (p, b)
+            for p in rows
+            if p["dtype"] == precision
+            for b in rows
+            if b["dtype"] == "bf16"
+            and b["file"] == p["file"]
+            and b["world_size"] == p["world_size"]
+        ]
+        if not pairs:
+            continue
+        p, b = max(pairs, key=lambda pb: (pb[1]["world_size"], pb[1]["tokens_per_s_per_gpu"]))
+        out[precision] = Sourced(
+            p["tokens_per_s_per_gpu"] / b["tokens_per_s_per_gpu"],
+            f"{p['file']} ({precision} vs bf16 in one run, world size {b['world_size']})",
+            True,
+        )
+    return out
 
 
 def _without_fp32(variant) -> str | None:

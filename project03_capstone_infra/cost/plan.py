@@ -14,7 +14,12 @@ from typing import Literal
 
 import numpy as np
 
-from .inputs import load_trace, resolve_checkpoint_costs, resolve_throughput
+from .inputs import (
+    load_trace,
+    precision_speedups,
+    resolve_checkpoint_costs,
+    resolve_throughput,
+)
 from .model import (
     LLAMA3_GPU_FAILURES_PER_HOUR,
     MC_TOLERANCE,
@@ -126,7 +131,7 @@ class CostConfig:
 @dataclass
 class Plan:
     name: str  # e.g. "spot, Young/Daly"
-    precision: str  # "fp32" | "bf16"
+    precision: str  # "fp32" | "bf16" | a measured one: "fp16", "fp8-tensorwise", "fp8-rowwise"
     market: str  # "on-demand" | "spot"
     price_per_gpu_hour: float
     interval_h: float
@@ -137,7 +142,15 @@ class Plan:
         return f"{self.name} {self.precision}"
 
 
-def build_plans(cfg: CostConfig, bf16_tps_per_gpu: float, speedup: float, trace_rate: float | None):
+def build_plans(
+    cfg: CostConfig,
+    bf16_tps_per_gpu: float,
+    speedup: float,
+    trace_rate: float | None,
+    others: dict[str, float] | None = None,
+):
+    """Every market x precision x checkpoint-interval plan. speedup: bf16 / fp32 throughput;
+    others: throughput of further precisions relative to bf16 (fp16, fp8-*), where measured."""
     from shared.hardware import get_gpu
 
     spec = get_gpu(cfg.gpu)
@@ -149,7 +162,9 @@ def build_plans(cfg: CostConfig, bf16_tps_per_gpu: float, speedup: float, trace_
     )
     save_h = cfg.save_s / 3600
     plans = []
-    for precision, tps in (("fp32", bf16_tps_per_gpu / speedup), ("bf16", bf16_tps_per_gpu)):
+    throughput = {"fp32": bf16_tps_per_gpu / speedup, "bf16": bf16_tps_per_gpu}
+    throughput |= {p: bf16_tps_per_gpu * r for p, r in (others or {}).items()}
+    for precision, tps in throughput.items():
         work_h = cfg.total_tokens / (tps * cfg.n_gpus) / 3600
         for name, market, rate, interval in (
             ("on-demand", "on-demand", hw_rate, cfg.fixed_interval_h),
@@ -259,6 +274,7 @@ def run(cfg: CostConfig) -> dict:
     reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else _reports_dir()
     measured = Path(cfg.measurements_dir) if cfg.measurements_dir else reports_dir
     tput, ratio = resolve_throughput(cfg, measured)
+    others = precision_speedups(cfg, measured)
     save, restart = resolve_checkpoint_costs(cfg, measured)
     cfg = replace(cfg, save_s=save.value, restart_s=restart.value)
     if cfg.trace:
@@ -267,7 +283,9 @@ def run(cfg: CostConfig) -> dict:
         spot_sampler = trace_sampler(gaps)
     else:
         gaps, trace_rate = None, None
-    plans = build_plans(cfg, tput.value, ratio.value, trace_rate)
+    plans = build_plans(
+        cfg, tput.value, ratio.value, trace_rate, {p: s.value for p, s in others.items()}
+    )
     rows = []
     for plan in plans:
         if plan.market == "spot" and gaps is not None:
@@ -292,6 +310,7 @@ def run(cfg: CostConfig) -> dict:
         "total_tokens": cfg.total_tokens,
         "bf16_tokens_per_s_per_gpu": tput.to_dict(),
         "bf16_speedup": ratio.to_dict(),
+        "precision_speedups_vs_bf16": {p: s.to_dict() for p, s in others.items()},
         "interruptions": {
             "spot_source": f"trace {cfg.trace} ({len(gaps)} gaps, mean {1 / trace_rate:.3g} h)"
             if gaps is not None

@@ -35,7 +35,15 @@ def _sources(results: dict) -> list[str]:
     found = []
     for key in ("bf16_tokens_per_s_per_gpu", "bf16_speedup", "save_source", "restart_source"):
         found += re.findall(r"reports/[\w./-]+\.json", (results.get(key) or {}).get("source", ""))
+    for s in (results.get("precision_speedups_vs_bf16") or {}).values():
+        found += re.findall(r"reports/[\w./-]+\.json", s["source"])
     return list(dict.fromkeys(found))
+
+
+def _precisions(rows: list[dict]) -> list[str]:
+    """The precisions the plans price, in the order of the rows (fp32, bf16, then measured
+    ones)."""
+    return list(dict.fromkeys(r["precision"] for r in rows))
 
 
 def chart_footer(record: dict, context: str | None = None) -> str:
@@ -69,7 +77,7 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
             next(r[key] for r in rows if r["plan"] == g and r["precision"] == p) for g in groups
         ]
         for what, key in (("expected", "expected_usd"), ("P90", "p90_usd"))
-        for p in ("fp32", "bf16")
+        for p in _precisions(rows)
     }
     foot = chart_footer(record)
     paths = [
@@ -77,7 +85,8 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
             out_dir / f"{name}.png",
             groups,
             series,
-            title=f"Training job cost: on-demand vs spot, fp32 vs bf16 ({results['gpu']})",
+            title=f"Training job cost: on-demand vs spot, {' vs '.join(_precisions(rows))} "
+            f"({results['gpu']})",
             ylabel="USD per job",
             baseline=baseline["expected_usd"],
             baseline_label="on-demand bf16 (expected)",
@@ -106,6 +115,45 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
         )
     )
     return paths
+
+
+def _spot_by_precision(results: dict) -> list[str]:
+    """Market x precision as one table: the expected cost of each plan in each precision, and
+    the saving of the cheapest cell against on-demand bf16. Records written before fp16/fp8
+    were priced (no `precision_speedups_vs_bf16`) render without it, as they did."""
+    from shared.results import markdown_table
+
+    if "precision_speedups_vs_bf16" not in results:
+        return []
+    rows = results["plans"]
+    base = next(r for r in rows if r["market"] == "on-demand" and r["precision"] == "bf16")
+    table = [
+        {
+            "plan": plan,
+            **{
+                f"{p} E[cost] USD": next(
+                    r["expected_usd"] for r in rows if r["plan"] == plan and r["precision"] == p
+                )
+                for p in _precisions(rows)
+            },
+        }
+        for plan in dict.fromkeys(r["plan"] for r in rows)
+    ]
+    missing = [p for p in ("fp16", "fp8-tensorwise", "fp8-rowwise") if p not in _precisions(rows)]
+    return [
+        "## Market x precision",
+        "",
+        markdown_table(table, floatfmt=",.0f"),
+        "",
+        f"Against on-demand bf16 (${base['expected_usd']:,.0f}). Each precision's throughput is "
+        "bf16's times the ratio measured in one run (inputs below)"
+        + (
+            f"; not priced, because no record here measured them: {', '.join(missing)}."
+            if missing
+            else "."
+        ),
+        "",
+    ]
 
 
 def render_markdown(record: dict) -> str:
@@ -173,6 +221,7 @@ def render_markdown(record: dict) -> str:
         f"({cfg['mc_runs']:,} simulated jobs); `MC vs model` is the Monte Carlo mean against the "
         f"model (agreement required within {100 * MC_TOLERANCE:g}% for exponential arrivals).",
         "",
+        *_spot_by_precision(results),
         "## Checkpoint interval (spot, bf16)",
         f"Young/Daly sqrt(2CM) = {sweep['young_daly_h'] * 60:.1f} min of work per save "
         f"(expected ${sweep['young_daly_usd']:,.2f}); the best interval a numerical search of "
@@ -201,6 +250,10 @@ def render_markdown(record: dict) -> str:
         f"spot ${results['prices']['spot']['value']}/GPU-h ({results['prices']['spot']['source']}).",
         f"- bf16 throughput: {tput['value']:,.0f} tokens/s per GPU: {tput['source']}.",
         f"- bf16 / fp32 speed ratio: {ratio['value']:.2f}: {ratio['source']}.",
+        *(
+            f"- {p} / bf16 speed ratio: {s['value']:.2f}: {s['source']}."
+            for p, s in (results.get("precision_speedups_vs_bf16") or {}).items()
+        ),
         f"- Spot interruptions: {results['interruptions']['spot_source']}, per node, "
         f"{results['n_nodes']} node(s); GPU failures: {cfg['gpu_failures_per_gpu_hour']:.3g} per "
         f"GPU-hour ({results['interruptions']['gpu_failure_source']}).",

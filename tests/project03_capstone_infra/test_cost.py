@@ -355,3 +355,64 @@ def test_bf16_fp32_ratio_pairs_sweep_variants_that_differ_only_in_precision(tmp_
     assert [(b["variant"], f["variant"]) for b, f in pairs] == [
         ("compile+cudnn", "compile+cudnn+fp32")
     ]
+
+
+def _precision_record(tps: dict[str, float], world_size: int = 1) -> dict:
+    """A record shaped as project02's `precision` harness writes it: every recipe's throughput
+    measured in one run."""
+    return {
+        "environment": {"gpu": "NVIDIA H200"},
+        "config": {"precision": {"world_size": world_size}, "train": {"precision": None}},
+        "results": {
+            "world_size": world_size,
+            "throughput": {
+                "preset": "1b",
+                "runs": [
+                    {
+                        "precision": p,
+                        "status": "ok",
+                        "compute_dtype": "bfloat16" if p.startswith("fp8") else "x",
+                        "tokens_per_s": v,
+                    }
+                    for p, v in tps.items()
+                ],
+            },
+        },
+    }
+
+
+def test_measured_fp8_and_fp16_are_priced_beside_bf16(tmp_path):
+    from project03_capstone_infra.report import cost as report
+
+    folder = tmp_path / "project02_fsdp_scaling"
+    folder.mkdir()
+    tps = {"bf16": 80_000.0, "fp8-rowwise": 104_000.0, "fp16": 78_000.0}
+    (folder / "precision_gpu.json").write_text(json.dumps(_precision_record(tps)))
+    ratios = inputs.precision_speedups(_small(tmp_path), tmp_path)
+    # fp8's compute dtype is bf16 (attention, norms): the recipe, not the dtype, names the row
+    assert set(ratios) == {"fp8-rowwise", "fp16"}
+    assert ratios["fp8-rowwise"].value == pytest.approx(1.3) and ratios["fp8-rowwise"].measured
+    assert "precision_gpu.json" in ratios["fp16"].source
+    res = plan.run(_small(tmp_path))
+    by = {(r["plan"], r["precision"]): r for r in res["plans"]}
+    assert {p for _, p in by} == {"fp32", "bf16", "fp8-rowwise", "fp16"}
+    # the same job: fp8's failure-free hours are bf16's over the measured ratio
+    assert by[("on-demand", "fp8-rowwise")]["work_h"] == pytest.approx(
+        by[("on-demand", "bf16")]["work_h"] / 1.3
+    )
+    assert res["cheapest"]["precision"] == "fp8-rowwise" and res["cheapest"]["market"] == "spot"
+    rec = {"config": {**vars(_small(tmp_path)), "out_name": "cost"}, "results": res}
+    rec["environment"] = {"gpu": "NVIDIA H200", "date": "2026-12-01"}
+    md = report.render_markdown(rec)
+    assert "## Market x precision" in md and "| fp8-rowwise E[cost] USD |" in md
+    assert "not priced, because no record here measured them: fp8-tensorwise" in md
+    assert "- fp8-rowwise / bf16 speed ratio: 1.30" in md
+    names = [p.name for p in report.write_charts(rec, tmp_path)]
+    assert names == ["cost.png", "cost_interval.png"]
+
+
+def test_without_measured_fp8_only_fp32_and_bf16_are_priced(tmp_path):
+    assert inputs.precision_speedups(_small(tmp_path), tmp_path) == {}
+    res = plan.run(_small(tmp_path))
+    assert {r["precision"] for r in res["plans"]} == {"fp32", "bf16"}
+    assert res["precision_speedups_vs_bf16"] == {}
