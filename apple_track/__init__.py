@@ -11,3 +11,5 @@
 The exporters need the track's own environment (`make -f apple_track/Makefile setup`); the
 modules import their runtime only when used, so `import apple_track` works anywhere.
 """
+
+PROJECT = __name__  # the results folder: reports/<PROJECT>/

@@ -30,6 +30,7 @@ from typing import Annotated
 import torch
 import tyro
 
+from apple_track import PROJECT
 from apple_track.model import (
     COREML_VARIANTS,
     LITERT_VARIANTS,
@@ -44,7 +45,6 @@ from shared.cli import require_nonempty, writable_dir
 from shared.results import REPO_ROOT, REPORTS_DIR, save_result
 from shared.timing import benchmark
 
-PROJECT = "apple_track"
 RESULT_NAME = "export"
 DEFAULT_OUT = REPO_ROOT / ".build" / "apple_track"
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from importlib import import_module
 
+PROJECT = __name__  # the results folder: reports/<PROJECT>/
+
 _LAZY = {
     "matmul": ".gemm",
     "GEMM_KERNELS": ".gemm",

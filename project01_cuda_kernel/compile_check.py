@@ -27,10 +27,10 @@ from typing import Annotated
 
 import tyro
 
+from project01_cuda_kernel import PROJECT
 from shared.cuda_build import find_nvcc
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-PROJECT = "project01_cuda_kernel"
 NO_SPILL_MARKER = "compile-check: no-spill"
 DEFAULT_ARCH = "90a"
 # The same device-code flags the extension build uses (shared.cuda_build), minus torch.

@@ -7,4 +7,6 @@ README.md, the project's report.
 
 from project02_fsdp_scaling.config import TrainConfig
 
+PROJECT = __name__  # the results folder: reports/<PROJECT>/
+
 __all__ = ["TrainConfig"]

@@ -24,6 +24,7 @@ from typing import get_args
 
 import torch
 
+from project02_fsdp_scaling import PROJECT
 from project02_fsdp_scaling.config import (
     DeepSpeedConfig,
     DeepSpeedPrecisionName,
@@ -38,7 +39,7 @@ from project02_fsdp_scaling.config import (
 )
 from project02_fsdp_scaling.deepspeed_zero3 import deepspeed_available
 from project02_fsdp_scaling.parity import judge, pair_parity
-from project02_fsdp_scaling.scaling import PROJECT, launch
+from project02_fsdp_scaling.scaling import launch
 from shared.cli import writable_dir
 
 # The comparison's own training defaults; preset auto and global batch 0 take the tier's value.

@@ -33,6 +33,7 @@ from typing import get_args
 
 import torch
 
+from project02_fsdp_scaling import PROJECT
 from project02_fsdp_scaling.config import (
     PrecisionName,
     Train,
@@ -44,7 +45,7 @@ from project02_fsdp_scaling.config import (
     portable,
     set_by_harness,
 )
-from project02_fsdp_scaling.scaling import PROJECT, launch
+from project02_fsdp_scaling.scaling import launch
 from shared.cli import writable_dir
 
 BASELINE = "bf16"

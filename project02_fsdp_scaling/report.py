@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from project02_fsdp_scaling import PROJECT
 from project02_fsdp_scaling.compare_report import compare_charts, compare_markdown
 from project02_fsdp_scaling.precision_report import precision_charts, precision_markdown
 from shared.results import (
@@ -24,7 +25,6 @@ from shared.results import (
     replace_between_markers,
 )
 
-PROJECT = "project02_fsdp_scaling"
 _HERE = Path(__file__).resolve().parent
 # The project's README; in a standalone fork it is the repository's README, one level up.
 README = next(

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from project02_fsdp_scaling import PROJECT
 from project02_fsdp_scaling.config import (
     Train,
     TrainConfig,
@@ -40,8 +41,6 @@ from project02_fsdp_scaling.config import (
     set_by_harness,
 )
 from shared.cli import writable_dir
-
-PROJECT = "project02_fsdp_scaling"
 
 # Cost configurations: (GPU table key, number of GPUs).
 DEFAULT_COST_CONFIGS = "h200-sxm:1,h200-sxm:4,h100-sxm:8"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from project02_fsdp_scaling import PROJECT
 from project02_fsdp_scaling.config import (
     Train,
     TrainConfig,
@@ -32,8 +33,6 @@ from project02_fsdp_scaling.config import (
 from shared.cli import writable_dir
 from shared.progress import human_seconds
 from shared.results import REPORTS_DIR
-
-PROJECT = "project02_fsdp_scaling"
 
 _MODIFIERS = {
     "ac": {"activation_checkpointing": True},

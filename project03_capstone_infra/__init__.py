@@ -6,3 +6,5 @@ Tune), `chaos`, `reshard`, `determinism-cost`, `health`, `checkpoint`, `bench-ch
 `tune`, `cost`, `data`, `report`. Packages by role: `checkpoint/`, `tune/`, `cost/`, `data/`,
 `report/`. Modules are imported on use: importing the package loads nothing heavy.
 """
+
+PROJECT = __name__  # the results folder: reports/<PROJECT>/

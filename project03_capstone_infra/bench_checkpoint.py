@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-PROJECT = "project03_capstone_infra"
+from project03_capstone_infra import PROJECT
 
 
 @dataclass

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from project03_capstone_infra import PROJECT
 from shared.progress import progress
 
 from . import runner
@@ -46,8 +47,6 @@ from .checkpoint.safe_read import read_full_state
 from .faults import read_events
 from .report.chaos import render
 from .report.summary import write_summary
-
-PROJECT = "project03_capstone_infra"
 
 
 @dataclass

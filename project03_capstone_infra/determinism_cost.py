@@ -23,13 +23,14 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from project03_capstone_infra import PROJECT
+
 from . import runner
 from .checkpoint.compare import compare_states
 from .checkpoint.safe_read import read_full_state
 from .faults import read_events
 from .report.summary import write_summary
 
-PROJECT = "project03_capstone_infra"
 MODES = {"default": False, "deterministic": True}
 
 

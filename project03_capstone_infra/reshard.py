@@ -25,13 +25,13 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from project03_capstone_infra import PROJECT
+
 from . import runner
 from .checkpoint.compare import compare_states
 from .checkpoint.safe_read import read_full_state
 from .report.reshard import render
 from .report.summary import write_summary
-
-PROJECT = "project03_capstone_infra"
 
 # Relative tolerance of the first loss after the change, by compute dtype. float32: one rank
 # sums the batch's tokens at once, two ranks sum halves; a sum of n terms moves by at most

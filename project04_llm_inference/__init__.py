@@ -16,6 +16,8 @@ from importlib import import_module
 
 from .config import EngineArgs, SamplingParams
 
+PROJECT = __name__  # the results folder: reports/<PROJECT>/
+
 _LAZY = {
     "LLM": ".engine.llm",
     "LLMEngine": ".engine.llm_engine",

@@ -32,11 +32,11 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from project01_cuda_kernel import PROJECT
 from shared.repeat import DEFAULT_REPEATS, flat, ratio, read_flat
 
 from .interleaved import time_interleaved, timing_fields
 
-PROJECT = "project01_cuda_kernel"
 PROVIDERS = ("ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math")
 # Kernel variants of ours, measured in one mode only: the FlashAttention-2 forward (32 and 16 query
 # rows a warp; on a Hopper GPU "ours" runs the wgmma/TMA forward instead), the backward with 64

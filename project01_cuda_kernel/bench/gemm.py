@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from project01_cuda_kernel import PROJECT
 from shared.repeat import DEFAULT_REPEATS, Spread, flat
 
 from ..gemm import GEMM_KERNELS
 from .interleaved import time_interleaved, timing_fields
 
-PROJECT = "project01_cuda_kernel"
 SQUARE_SIZES = (512, 1024, 2048, 4096, 8192)
 # (M, N, K) with M = tokens: a 1B-class model's FFN up (d 2048 -> 5632) and down projections.
 TRANSFORMER_SHAPES = ((8192, 5632, 2048), (8192, 2048, 5632))

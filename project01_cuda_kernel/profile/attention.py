@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from project01_cuda_kernel import PROJECT
+
 from . import ncu as ncu_tool
 
-PROJECT = "project01_cuda_kernel"
 KERNEL_REGEX = "flash_(fwd|bwd)(_hopper)?_kernel"  # ncu's regex syntax
 
 # ncu metric -> (short name, unit) for the report.

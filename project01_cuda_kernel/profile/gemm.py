@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from project01_cuda_kernel import PROJECT
+
 from ..bench.gemm import GemmKernel
 from . import ncu as ncu_tool
 
-PROJECT = "project01_cuda_kernel"
 # __global__ function name of each ladder step (what ncu reports).
 KERNEL_FUNCTIONS = {
     "sgemm_01_naive": "sgemm_naive_kernel",

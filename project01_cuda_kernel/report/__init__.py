@@ -27,9 +27,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from project01_cuda_kernel import PROJECT
+
 from . import attention, gemm
 
-PROJECT = "project01_cuda_kernel"
 _HERE = Path(__file__).resolve().parent.parent  # the package's folder
 # The project's README; in a standalone fork it is the repository's README, one level up.
 README = next(

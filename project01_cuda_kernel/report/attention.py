@@ -14,10 +14,11 @@ import math
 import os
 from pathlib import Path
 
+from project01_cuda_kernel import PROJECT
+
 from ..bench.attention import MODES, PROVIDERS, VARIANT_MODE
 from .ranged import ranged, row_ratio, spread_text
 
-PROJECT = "project01_cuda_kernel"
 TARGET_FWD = 0.90  # FlashAttention-2-style forward / SDPA FLASH, head dim 128, seq >= 2k
 TARGET_BWD = 0.75
 TARGET_HOPPER = 1.30  # Hopper forward / SDPA FLASH, head dim 128, seq >= 2k

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from project03_capstone_infra import PROJECT
+
 from .model import trace_sampler
 
 if TYPE_CHECKING:
     from .plan import CostConfig
-
-PROJECT = "project03_capstone_infra"
 
 
 @dataclass(frozen=True)

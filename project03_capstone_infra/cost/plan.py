@@ -14,6 +14,8 @@ from typing import Literal
 
 import numpy as np
 
+from project03_capstone_infra import PROJECT
+
 from .inputs import (
     load_trace,
     precision_speedups,
@@ -31,8 +33,6 @@ from .model import (
     trace_sampler,
     young_daly_interval,
 )
-
-PROJECT = "project03_capstone_infra"
 
 
 @dataclass

@@ -17,11 +17,10 @@ from typing import Literal
 import numpy as np
 import torch
 
+from project03_capstone_infra import PROJECT
 from shared.data import SyntheticTokens
 
 from .loaders import Batch, DaliLoader, ResumableLoader, dali_available
-
-PROJECT = "project03_capstone_infra"
 
 
 @dataclass

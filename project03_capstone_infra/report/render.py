@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import PROJECT
 from . import chaos, checkpoint_bench, cost, data, reshard, tune
-from .summary import PROJECT, write_summary
+from .summary import write_summary
 
 # record stem -> the charts of its experiment (record, out_dir) -> files written
 CHARTS: dict[str, Callable[[dict, Path], list[Path]]] = {

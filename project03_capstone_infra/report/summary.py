@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-PROJECT = "project03_capstone_infra"
+from project03_capstone_infra import PROJECT
 
 
 def _chaos_summary(d: Path, stem: str) -> list[str]:

@@ -43,12 +43,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from project03_capstone_infra import PROJECT
 from shared.results import atomic_write_text
 
 from .analysis import compare, summarise, trial_records
 from .trial import METRIC, MODE, TIME_ATTR, experiment_scratch_dir, train_trial
 
-PROJECT = "project03_capstone_infra"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -31,9 +31,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from project04_llm_inference import PROJECT
 from shared.repeat import DEFAULT_REPEATS, flat, interleave
-
-PROJECT = "project04_llm_inference"
 
 # (name, weight rows, K, fold): fold = "norm" (RMSNorm with the residual add in front),
 # "norm_silu" (and silu-and-mul behind), or "" (a plain projection). Llama-3.2-1B's shapes.

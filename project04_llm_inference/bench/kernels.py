@@ -30,9 +30,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from project04_llm_inference import PROJECT
 from shared.repeat import DEFAULT_REPEATS, flat, interleave
-
-PROJECT = "project04_llm_inference"
 
 
 @dataclass

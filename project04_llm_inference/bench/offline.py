@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
+from project04_llm_inference import PROJECT
 from shared.repeat import Spread, flat, interleave
 
 from .baselines import Workload, free_cuda, not_measured
 
-PROJECT = "project04_llm_inference"
 # Engine counters that accumulate over the engine's life: a run reports their increase.
 COUNTERS = (
     "num_preemptions",

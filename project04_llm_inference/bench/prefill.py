@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from project04_llm_inference import PROJECT
 from shared.repeat import DEFAULT_REPEATS, flat, interleave
 
-PROJECT = "project04_llm_inference"
 # name -> (q_len, context_len) per sequence
 WORKLOADS = {
     "8x1k_prompts": [(1024, 1024)] * 8,

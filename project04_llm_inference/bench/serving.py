@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from project04_llm_inference import PROJECT
 from project04_llm_inference.config import EngineArgs
 
 from . import serving_metrics as sm
 from .serving_client import check_loopback, raise_open_file_limit, run_load, send_request
 from .serving_launch import ServerError, discover_model, launch_server, stop_server, wait_healthy
 
-PROJECT = "project04_llm_inference"
 MAX_PROMPTS = 100_000  # requests per run
 MAX_RUNS = 32  # runs per sweep
 

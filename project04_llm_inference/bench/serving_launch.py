@@ -19,9 +19,8 @@ from dataclasses import fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from project04_llm_inference import PROJECT
 from project04_llm_inference.config import EngineArgs
-
-PROJECT = "project04_llm_inference"
 
 
 class ServerError(ValueError):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from project04_llm_inference import PROJECT
 from shared.results import atomic_write_text, environment_line, load_result, markdown_table
 
-PROJECT = "project04_llm_inference"
 RECORDS = (
     "offline_throughput",
     "decode_latency",
