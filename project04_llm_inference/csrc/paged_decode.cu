@@ -26,9 +26,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common.cuh"
 #include "pdl.cuh"
 
 namespace {
+
+using namespace p04;  // the PTX wrappers (common.cuh)
 
 constexpr int kWarps = 4;        // warps per CTA
 constexpr int kTileTokens = 16;  // tokens per warp step: the k extent of the P.V mma
@@ -69,64 +72,6 @@ struct DecodeParams {
   int block_shift;  // log2(block_size)
   int partition_size, num_splits;
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global->shared copy; src_bytes = 0 zero-fills (tokens past the context end).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c (16x8 f32) += a (16x16, row) . b (16x8, col); fragments as in the PTX ISA's m16n8k16 figures.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats -> one 32-bit register of two 16-bit values, the first in the low half.
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x) {
@@ -224,8 +169,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const bool valid = tok0 + row < end;
       const int64_t off = (row0 + row) * token_stride + chunk * 8;
       const int dst = swizzled<D>(row, chunk);
-      cp_async_16(smem_addr(sk + dst), valid ? k_head + off : k_head, valid);
-      cp_async_16(smem_addr(sv + dst), valid ? v_head + off : v_head, valid);
+      cp_async16(smem_addr(sk + dst), valid ? k_head + off : k_head, valid);
+      cp_async16(smem_addr(sv + dst), valid ? v_head + off : v_head, valid);
     }
   };
 
@@ -264,9 +209,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         // matrices: dims chunk 4kk + {0, 1, 2, 3} of tokens 8t..8t+7 -> two k-steps of B
         uint32_t kb[4];
         const int row = 8 * t + (lane & 7), chunk = 4 * kk + (lane >> 3);
-        ldmatrix_x4(kb, smem_addr(sk + swizzled<D>(row, chunk)));
-        mma_16816<T>(s[t], qa[2 * kk], kb[0], kb[1]);
-        mma_16816<T>(s[t], qa[2 * kk + 1], kb[2], kb[3]);
+        ldsm_x4(kb, smem_addr(sk + swizzled<D>(row, chunk)));
+        mma_m16n8k16<T>(s[t], qa[2 * kk], kb[0], kb[1]);
+        mma_m16n8k16<T>(s[t], qa[2 * kk + 1], kb[2], kb[3]);
       }
     }
 
@@ -298,8 +243,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       m[r] = m_new;
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) o[n][2 * r] *= alpha, o[n][2 * r + 1] *= alpha;
-      pa[r] = pack2<T>(x[0], x[1]);      // A rows quad_row (+8), tokens 0-7
-      pa[2 + r] = pack2<T>(x[2], x[3]);  // tokens 8-15
+      pa[r] = Pack2<T>::from_floats(x[0], x[1]);      // A rows quad_row (+8), tokens 0-7
+      pa[2 + r] = Pack2<T>::from_floats(x[2], x[3]);  // tokens 8-15
     }
 
     // O += P V: matrices (tokens 0-7 | 8-15) x (dims chunk 2dd | 2dd+1), transposed on load.
@@ -308,12 +253,12 @@ __global__ void __launch_bounds__(kWarps * 32)
       uint32_t vb[4];
       const int mat = lane >> 3;
       const int row = (lane & 7) + 8 * (mat & 1), chunk = 2 * dd + (mat >> 1);
-      ldmatrix_x4_trans(vb, smem_addr(sv + swizzled<D>(row, chunk)));
+      ldsm_x4_trans(vb, smem_addr(sv + swizzled<D>(row, chunk)));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float c[4] = {o[2 * dd + h][0], o[2 * dd + h][1], 0.f, 0.f};
         if constexpr (kTwoRows) c[2] = o[2 * dd + h][2], c[3] = o[2 * dd + h][3];
-        mma_16816<T>(c, pa, vb[2 * h], vb[2 * h + 1]);
+        mma_m16n8k16<T>(c, pa, vb[2 * h], vb[2 * h + 1]);
 #pragma unroll
         for (int e = 0; e < kAcc; ++e) o[2 * dd + h][e] = c[e];
       }
@@ -414,8 +359,6 @@ P04_DECODE_KERNELS(__half)
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 template <typename T, int D, bool kTwoRows>
 void launch(const DecodeParams<T>& p, int batch, bool pdl, cudaStream_t stream) {
   constexpr int smem = split_smem_bytes<D>();
@@ -465,7 +408,7 @@ DecodeParams<T> make_params(const torch::Tensor& out, const torch::Tensor& q,
   p.out = reinterpret_cast<T*>(out.data_ptr());
   p.part_out = num_splits > 1 ? part_out.data_ptr<float>() : nullptr;
   p.part_ml = num_splits > 1 ? part_ml.data_ptr<float>() : nullptr;
-  p.scale_log2 = static_cast<float>(scale) * kLog2e;
+  p.scale_log2 = static_cast<float>(scale) * p04::kLog2e;
   p.n_heads = static_cast<int>(q.size(1));
   p.n_kv_heads = static_cast<int>(k_cache.size(2));
   p.group = p.n_heads / p.n_kv_heads;
