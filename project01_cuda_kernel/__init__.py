@@ -1,12 +1,15 @@
 """project01: CUDA C++ kernels for PyTorch: a matmul optimisation ladder and FlashAttention.
 
-Public API (inputs on a CUDA device; see the project README):
+Public API (see the project README):
 
 - `matmul(a, b, *, kernel="auto")`: (M, K) @ (K, N) with a kernel of the ladder `GEMM_KERNELS`.
 - `flash_attention(q, k, v, *, causal=False, softmax_scale=None)`: fused attention, (B, H, S, D),
   forward and backward kernels.
 
-Importing this package needs no GPU and no compiler; extensions are built on first use.
+Both run through PyTorch operators (`ops.py`: `torch.ops.project01.*`), so torch.compile keeps
+them in one graph. CUDA tensors run the kernels; CPU tensors run a slow float32 reference, there
+so the operators are tested without a GPU. Importing this package needs no GPU and no compiler;
+extensions are built on first use.
 """
 
 from __future__ import annotations

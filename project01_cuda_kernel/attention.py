@@ -2,7 +2,9 @@
 
 `flash_attention(q, k, v, *, causal=False, softmax_scale=None)` computes
 `softmax(scale * q @ k^T [+ causal mask]) @ v` for (B, H, S, D) tensors, like
-`torch.nn.functional.scaled_dot_product_attention`, with our kernels in both directions:
+`torch.nn.functional.scaled_dot_product_attention`. It runs through the operators
+`project01::flash_attn_fwd` / `project01::flash_attn_bwd` (ops.py), so torch.compile sees one
+operator; on CUDA tensors they run our kernels in both directions:
 
 - forward on Hopper (compute capability 9.0; csrc/attention/flash_fwd_hopper*.cu): the
   FlashAttention-3 design: a producer warpgroup loads Q, K and V tiles with TMA, two consumer
@@ -25,6 +27,11 @@ SDPA and FlashAttention disagree on where the diagonal lies, so we refuse rather
 Layout: any strides along B, H and S that are multiples of 8 elements, stride 1 along D and a
 16-byte aligned start are used in place (the q/k/v views a fused QKV projection produces, for
 instance); other layouts are copied to a contiguous tensor first.
+
+CPU tensors take the same inputs (same checks) and run the operators' CPU implementation: the
+float32 reference math, materialising the S x S scores. It is slow and exists so the operator
+(schema, fake tensors, autograd, torch.compile) works and is tested on machines without a GPU;
+the CUDA kernels are the product.
 """
 
 from __future__ import annotations
@@ -34,10 +41,11 @@ import numbers
 
 import torch
 
-from ._build import is_hopper, load_extension, require_cuda
+from ._build import is_hopper, load_extension
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
+DEVICE_TYPES = ("cpu", "cuda")  # CUDA: our kernels; CPU: the operators' reference (ops.py)
 _MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensions
 # Forward kernel variant: 16-row MMA tiles per warp. 2 = FlashAttention-2's layout (32 query rows
 # a warp, Q re-read from shared memory); 1 = 16 rows a warp with Q held in registers. Both are
@@ -79,7 +87,8 @@ def resolve_softmax_scale(softmax_scale, head_dim: int) -> float:
             f"softmax_scale must be a real number or None, got {type(softmax_scale).__name__}"
         )
     scale = float(softmax_scale)
-    if not math.isfinite(scale) or scale <= 0:
+    # Comparisons, not math.isfinite, so torch.compile can trace a symbolic float (NaN fails too).
+    if not 0.0 < scale < math.inf:
         raise ValueError(f"softmax_scale must be finite and positive, got {softmax_scale}")
     return scale
 
@@ -89,8 +98,10 @@ def check_inputs(
 ) -> float:
     """Validate the arguments of `flash_attention`; return the softmax scale to use.
 
-    Raises TypeError or ValueError naming the argument and what was expected. Every check but
-    the last (the device) runs on tensor metadata alone, so it needs no GPU.
+    Raises TypeError or ValueError naming the argument and what was expected. Every check runs
+    on tensor metadata alone and is the same for CPU and CUDA tensors, so both devices accept
+    the same inputs; the operators in ops.py run it too (eager and fake), so calling them
+    directly is checked the same way.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -143,8 +154,8 @@ def check_inputs(
     devices = {t.device for t in (q, k, v)}
     if len(devices) != 1:
         raise ValueError(f"q, k and v must be on one device, got {sorted(map(str, devices))}")
-    if q.device.type != "cuda":
-        raise ValueError(f"q, k and v must be CUDA tensors, got device {q.device}")
+    if q.device.type not in DEVICE_TYPES:
+        raise ValueError(f"q, k and v must be CPU or CUDA tensors, got device {q.device}")
     return scale
 
 
@@ -228,25 +239,6 @@ def flash_backward(
     return dq, dk, dv
 
 
-class FlashAttentionFunction(torch.autograd.Function):
-    """Autograd glue: forward saves (q, k, v, o, lse); backward runs our backward kernel."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal: bool, softmax_scale: float):
-        q, k, v = _kernel_layout(q), _kernel_layout(k), _kernel_layout(v)
-        out, lse = flash_forward(q, k, v, causal, softmax_scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        ctx.softmax_scale = softmax_scale
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale)
-        return dq, dk, dv, None, None
-
-
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -257,8 +249,13 @@ def flash_attention(
 ) -> torch.Tensor:
     """Fused attention, (B, H, Sq, D) x (B, H, Sk, D) x (B, H, Sk, D) -> (B, H, Sq, D).
 
-    softmax_scale defaults to 1 / sqrt(D). Differentiable through our backward kernel.
+    softmax_scale defaults to 1 / sqrt(D). Runs the operator `project01::flash_attn_fwd`,
+    differentiable through `project01::flash_attn_bwd`: our kernels on CUDA tensors, the float32
+    reference on CPU tensors (slow; see the module docstring). Raises TypeError/ValueError
+    naming a bad argument (`check_inputs`); on CUDA tensors, CudaUnavailableError when the
+    kernels cannot be built here.
     """
     scale = check_inputs(q, k, v, causal, softmax_scale)
-    require_cuda()
-    return FlashAttentionFunction.apply(q, k, v, causal, scale)
+    from .ops import flash_attn_fwd
+
+    return flash_attn_fwd(q, k, v, causal, scale)[0]

@@ -7,8 +7,11 @@ Each ladder step is one kernel file; `GEMM_KERNELS` lists them in order:
 - bfloat16/float16 on tensor cores with float32 accumulation: mma.sync + ldmatrix + cp.async,
   then (Hopper, compute capability 9.0 only) TMA + wgmma, warp-specialised and persistent.
 
-Inputs: row-major contiguous CUDA tensors, (M, K) @ (K, N), any M, N, K. The extension is built
-on first use (see `_build.py`); importing this module needs no GPU and no compiler.
+Inputs: row-major contiguous tensors, (M, K) @ (K, N), any M, N, K. `matmul` runs through the
+operators `project01::matmul` and `project01::matmul_out` (ops.py), so torch.compile sees one
+operator: on CUDA tensors one kernel of the ladder, on CPU tensors a float32 reference (slow; for
+machines without a GPU). The extension is built on first use (see `_build.py`); importing this
+module needs no GPU and no compiler.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ FLOAT32_KERNELS = tuple(k for k in GEMM_KERNELS if k.startswith("sgemm_"))
 TENSOR_CORE_KERNELS = tuple(k for k in GEMM_KERNELS if k.startswith("hgemm_"))
 HOPPER_ONLY_KERNELS = ("hgemm_09_wgmma_tma",)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
+DEVICE_TYPES = ("cpu", "cuda")  # CUDA: the kernels; CPU: the operator's reference (ops.py)
 
 # One line per step: what it changes from the step before (used by the benchmark and report).
 KERNEL_NOTES: dict[str, str] = {
@@ -112,8 +116,13 @@ def _check_matrix(name: str, t: object, shape_hint: str) -> None:
         raise ValueError(f"{name} must be 2-D {shape_hint}, got shape {tuple(t.shape)}")
 
 
-def _validate(a, b, kernel: str, out) -> str:
-    """Check the arguments; return the concrete kernel name. Raises TypeError/ValueError."""
+def _validate(a, b, kernel: str, out) -> None:
+    """Check the arguments of `matmul`; raise TypeError/ValueError naming the bad one.
+
+    Every check runs on tensor metadata alone and is the same for CPU and CUDA tensors, so both
+    devices accept the same inputs. Which concrete kernel runs is decided on CUDA, at launch
+    (`resolve_kernel`).
+    """
     _check_matrix("a", a, "(M, K)")
     _check_matrix("b", b, "(K, N)")
     if a.shape[1] != b.shape[0]:
@@ -131,8 +140,8 @@ def _validate(a, b, kernel: str, out) -> str:
             wanted = " or ".join(str(d) for d in kernel_dtypes(kernel))
             raise TypeError(f"a must be {wanted} for kernel {kernel!r}, got {a.dtype}")
     for name, t in (("a", a), ("b", b)):
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+        if t.device.type not in DEVICE_TYPES:
+            raise ValueError(f"{name} must be a CPU or CUDA tensor, got device {t.device}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous (row-major); call .contiguous() first")
         if t.numel() >= _INT32_LIMIT:
@@ -152,9 +161,18 @@ def _validate(a, b, kernel: str, out) -> str:
             )
         if not out.is_contiguous():
             raise ValueError("out must be contiguous (row-major)")
+
+
+def resolve_kernel(kernel: str, a: torch.Tensor) -> str:
+    """The concrete CUDA kernel for a checked `kernel` argument and input `a` ("auto":
+    `default_kernel` for a's dtype).
+
+    Raises CudaUnavailableError for a Hopper-only kernel on a GPU that is not compute
+    capability 9.0.
+    """
     if kernel == "auto":
-        kernel = default_kernel(a.dtype)
-    elif kernel in HOPPER_ONLY_KERNELS and not is_hopper():
+        return default_kernel(a.dtype)
+    if kernel in HOPPER_ONLY_KERNELS and not is_hopper():
         raise CudaUnavailableError(
             f"kernel {kernel!r} needs a Hopper GPU (compute capability 9.0); this one is "
             f"{torch.cuda.get_device_capability(a.device)}."
@@ -189,24 +207,12 @@ def _wgmma(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def matmul(
-    a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto", out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """C = a @ b with one kernel of the ladder.
-
-    a: (M, K), b: (K, N), both row-major contiguous on one CUDA device; float32 for the sgemm_*
-    kernels, bfloat16 or float16 for the hgemm_* kernels (float32 accumulation, output in the
-    input dtype). kernel: a name from GEMM_KERNELS, or "auto" for the top step that runs here.
-    out: optional (M, N) tensor to write into (every element is overwritten).
-
-    Raises TypeError/ValueError naming the bad argument, CudaUnavailableError when the kernels
-    cannot run here (no GPU, no nvcc, CPU-only torch, or a Hopper kernel on another GPU).
-    """
-    kernel = _validate(a, b, kernel, out)
+def launch(a: torch.Tensor, b: torch.Tensor, kernel: str, out: torch.Tensor) -> torch.Tensor:
+    """Run one ladder kernel on checked CUDA inputs (see `_validate`), writing every element of
+    `out`; `kernel` may be "auto". The CUDA implementation of the `project01::matmul*` ops."""
+    kernel = resolve_kernel(kernel, a)
     m, k = a.shape
     n = b.shape[1]
-    if out is None:
-        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:
         return out
     if k == 0:
@@ -218,4 +224,39 @@ def matmul(
         _wgmma(a, b, out)
     else:
         _ext().hgemm(step, a, b, out)
+    return out
+
+
+def matmul(
+    a: torch.Tensor, b: torch.Tensor, *, kernel: str = "auto", out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """C = a @ b with one kernel of the ladder, through the operator `project01::matmul`
+    (`project01::matmul_out` when `out` is given).
+
+    a: (M, K), b: (K, N), both row-major contiguous on one device; float32 for the sgemm_*
+    kernels, bfloat16 or float16 for the hgemm_* kernels (float32 accumulation, output in the
+    input dtype). kernel: a name from GEMM_KERNELS, or "auto" for the top step that runs here.
+    out: optional (M, N) tensor to write into (every element is overwritten).
+
+    CUDA tensors run the chosen kernel. CPU tensors run the operator's CPU implementation, a
+    float32-accumulation reference (`torch.matmul` in float32, rounded to the input dtype) that
+    is slow and ignores the kernel choice once the name and dtype have been checked: it is there
+    so the operator (schema, fake tensors, autograd, torch.compile) works and is tested on
+    machines without a GPU. Differentiable without `out` (the backward is two products through
+    the same operator and kernel); `out=` does not support autograd, like torch's own out=.
+
+    Raises TypeError/ValueError naming the bad argument; on CUDA tensors, CudaUnavailableError
+    when the kernels cannot run here (no nvcc, or a Hopper kernel on another GPU).
+    """
+    _validate(a, b, kernel, out)
+    from . import ops
+
+    if out is None:
+        return ops.matmul(a, b, kernel)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        raise RuntimeError(
+            "matmul(out=...) does not support autograd, but a or b requires grad "
+            "(call it without out=, or under torch.no_grad())"
+        )
+    ops.matmul_out(a, b, kernel, out)
     return out

@@ -72,7 +72,14 @@ def _cpu(m, k, dtype=torch.float32):
             TypeError,
             "float32 for kernel 'sgemm_07_warptiling'",
         ),
-        (_cpu(2, 3), _cpu(3, 5), {}, ValueError, "a must be on a CUDA device, got cpu"),
+        (
+            _cpu(2, 3).to("meta"),
+            _cpu(3, 5),
+            {},
+            ValueError,
+            "a must be a CPU or CUDA tensor, got device meta",
+        ),
+        (_cpu(2, 3), _cpu(3, 5).to("meta"), {}, ValueError, "b must be a CPU or CUDA tensor"),
     ],
 )
 def test_bad_input_raises_naming_the_argument(a, b, kwargs, exc, match):
@@ -80,19 +87,15 @@ def test_bad_input_raises_naming_the_argument(a, b, kwargs, exc, match):
         p01.matmul(a, b, **kwargs)
 
 
-def test_layout_is_checked_after_device(monkeypatch):
-    """Non-contiguous inputs are refused with the fix in the message. The device check comes
-    first, so fake a CUDA device type on a CPU tensor's view through a stand-in object."""
-
-    class FakeCuda(torch.Tensor):
-        @property
-        def device(self):  # noqa: D401 - property mimicking torch.Tensor.device
-            return torch.device("cuda", 0)
-
-    a = torch.randn(3, 2).t().as_subclass(FakeCuda)  # (2, 3), not contiguous
-    b = torch.randn(3, 4).as_subclass(FakeCuda)
+def test_layout_is_checked_after_device():
+    """Non-contiguous inputs are refused with the fix in the message, on CPU as on CUDA (the
+    checks are the same on both devices); an unsupported device is named first."""
+    a = torch.randn(3, 2).t()  # (2, 3), not contiguous
+    b = torch.randn(3, 4)
     with pytest.raises(ValueError, match=r"a must be contiguous \(row-major\); call .contiguous"):
         p01.matmul(a, b, kernel="sgemm_01_naive")
+    with pytest.raises(ValueError, match="a must be a CPU or CUDA tensor, got device meta"):
+        p01.matmul(a.to("meta"), b, kernel="sgemm_01_naive")
 
 
 def test_arch_detection_uses_the_gpu_or_the_override(monkeypatch):

@@ -1,0 +1,333 @@
+"""project01's kernels as PyTorch operators (project01_cuda_kernel/ops.py).
+
+CPU tier: `torch.library.opcheck` on every operator (schema, fake tensors, autograd registration,
+AOT dispatch with dynamic shapes) through the CPU implementation; that reference against SDPA in
+float64; a small transformer block compiled with `torch.compile(fullgraph=True)` (no graph
+break) forward and backward; bad inputs are one clear error through the operator.
+GPU tier (`gpu` marker): opcheck and the compiled block again on CUDA tensors, i.e. on the
+kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from project01_cuda_kernel import flash_attention, matmul, ops
+from project01_cuda_kernel.gemm import available_kernels
+
+HALF_DTYPES = [torch.bfloat16, torch.float16]
+# Unit roundoff (half the spacing of numbers in [1, 2)) of the 16-bit dtypes.
+UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+# (batch, heads, seq_q, seq_k, head_dim, causal): both head dims, causal and not, Sq != Sk.
+ATTENTION_CASES = [
+    (1, 2, 16, 16, 64, True),
+    (2, 1, 8, 24, 64, False),
+    (1, 1, 24, 8, 128, False),
+    (1, 2, 12, 12, 128, True),
+]
+CASE_IDS = [
+    f"b{b}h{h}q{sq}k{sk}d{d}{'-causal' if c else ''}" for b, h, sq, sk, d, c in ATTENTION_CASES
+]
+# (dtype, kernel) for matmul: every kernel name is accepted on CPU (one reference product).
+MATMUL_CASES = [
+    (torch.float32, "auto"),
+    (torch.float32, "sgemm_01_naive"),
+    (torch.bfloat16, "hgemm_09_wgmma_tma"),
+    (torch.float16, "auto"),
+]
+
+
+def attention_inputs(case, dtype, device, requires_grad=True, seed=0):
+    b, h, sq, sk, d, _ = case
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, generator=gen) for s in (sq, sk, sk))
+    return tuple(t.to(device, dtype).requires_grad_(requires_grad) for t in (q, k, v))
+
+
+def opcheck_attention(case, dtype, device, **tolerances):
+    """opcheck on flash_attn_fwd (inputs requiring grad, so the autograd tests run) and on
+    flash_attn_bwd with the forward's own out and lse."""
+    causal, scale = case[5], case[4] ** -0.5
+    q, k, v = attention_inputs(case, dtype, device)
+    torch.library.opcheck(ops.flash_attn_fwd, (q, k, v, causal, scale), **tolerances)
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = ops.flash_attn_fwd(q, k, v, causal, scale)
+    dout = torch.randn_like(out)
+    bwd_args = (dout, q, k, v, out, lse, causal, scale)
+    torch.library.opcheck(ops.flash_attn_bwd, bwd_args, **tolerances)
+
+
+def opcheck_matmul(dtype, kernel, device, m=5, k=7, n=3):
+    a = torch.randn(m, k, device=device).to(dtype).requires_grad_(True)
+    b = torch.randn(k, n, device=device).to(dtype).requires_grad_(True)
+    torch.library.opcheck(ops.matmul, (a, b, kernel))
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    torch.library.opcheck(ops.matmul_out, (a.detach(), b.detach(), kernel, out))
+
+
+# --------------------------------------------------------------------------------------------
+# CPU tier: the operators through their CPU implementation
+
+
+def test_the_operators_and_their_schemas():
+    schemas = {
+        str(op._opoverload._schema) for op in ops.__dict__.values() if hasattr(op, "_opoverload")
+    }
+    assert schemas == {
+        "project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, "
+        "float softmax_scale) -> (Tensor, Tensor)",
+        "project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+        "Tensor lse, bool causal, float softmax_scale) -> (Tensor, Tensor, Tensor)",
+        "project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor",
+        "project01::matmul_out(Tensor a, Tensor b, str kernel, Tensor(a3!) out) -> ()",
+    }
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+def test_opcheck_flash_attention_cpu(case, dtype):
+    opcheck_attention(case, dtype, "cpu")
+
+
+@pytest.mark.parametrize(("dtype", "kernel"), MATMUL_CASES, ids=str)
+def test_opcheck_matmul_cpu(dtype, kernel):
+    opcheck_matmul(dtype, kernel, "cpu")
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+def test_cpu_reference_matches_sdpa_in_float64(case, dtype):
+    """Output, lse and the three gradients of the CPU reference against SDPA in float64.
+
+    Tolerance, from the arithmetic: the inputs (q, k, v, dout) are 16-bit values, exact in
+    float32 and float64, so the float64 SDPA is the exact answer for them. The reference works in
+    float32 (relative error ~2^-24 per operation, sums of at most 128 terms of magnitude ~10:
+    below 2^-16 absolute, the additive term) and rounds each result once to the 16-bit dtype
+    (at most u |x|, u = its unit roundoff). The gradients also read the forward's output already
+    rounded to the 16-bit dtype, in D = rowsum(dout * out) (relative error u in D), which enters
+    dS = P (dP - D): of the order of u times the gradient's magnitude. So each tensor must be
+    within 2 u max|exact| + 2^-16 of the exact one (measured: at most 0.9 u max|exact|). lse is
+    float32 throughout: 1e-5 relative.
+    """
+    causal = case[5]
+    q, k, v = attention_inputs(case, dtype, "cpu")
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out = flash_attention(q, k, v, causal=causal)
+    out.backward(dout)
+    exact_in = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    exact = F.scaled_dot_product_attention(*exact_in, is_causal=causal)
+    exact.backward(dout.double())
+
+    u = UNIT_ROUNDOFF[dtype]
+    got = (out, q.grad, k.grad, v.grad)
+    want = (exact, *(t.grad for t in exact_in))
+    for name, x, y in zip(("out", "dq", "dk", "dv"), got, want):
+        assert x.dtype == dtype and x.shape == y.shape, name
+        err = (x.double() - y).abs().max().item()
+        bound = 2 * u * y.abs().max().item() + 2.0**-16
+        assert err <= bound, f"{name}: max error {err:.3e} > {bound:.3e}"
+
+    scale = case[4] ** -0.5
+    _, lse = ops.flash_attn_fwd(q.detach(), k.detach(), v.detach(), causal, scale)
+    scores = exact_in[0].detach() @ exact_in[1].detach().transpose(-2, -1) * scale
+    if causal:
+        scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), -torch.inf)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("dtype", "kernel"), MATMUL_CASES, ids=str)
+def test_cpu_matmul_and_its_gradients(dtype, kernel):
+    """The product and its backward (dA = dC B^T, dB = A^T dC through the same operator) against
+    float64: one rounding to the dtype after float32 accumulation (2 u max|exact| + 2^-16)."""
+    gen = torch.Generator().manual_seed(2)
+    a, b, dc = (torch.randn(*s, generator=gen).to(dtype) for s in ((33, 17), (17, 9), (33, 9)))
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    c = matmul(a, b, kernel=kernel)
+    c.backward(dc)
+    a64, b64, dc64 = (t.detach().double() for t in (a, b, dc))
+    u = 2.0**-24 if dtype == torch.float32 else UNIT_ROUNDOFF[dtype]
+    for x, y in ((c, a64 @ b64), (a.grad, dc64 @ b64.t()), (b.grad, a64.t() @ dc64)):
+        assert x.dtype == dtype
+        assert (x.double() - y).abs().max() <= 2 * u * y.abs().max() + 2.0**-16
+    out = torch.full((33, 9), float("nan"), dtype=dtype)
+    assert matmul(a.detach(), b.detach(), kernel=kernel, out=out) is out
+    assert torch.equal(out, c.detach())
+
+
+def test_matmul_out_refuses_autograd():
+    a, b = torch.randn(4, 3, requires_grad=True), torch.randn(3, 2)
+    with pytest.raises(RuntimeError, match="does not support autograd"):
+        matmul(a, b, out=torch.empty(4, 2))
+
+
+@pytest.mark.parametrize(
+    ("change", "exc", "match"),
+    [
+        ({"dtype": torch.float32}, TypeError, "q must be torch.float16 or torch.bfloat16"),
+        ({"d": 96}, ValueError, r"head_dim \(q.shape\[-1\]\) must be one of \(64, 128\)"),
+        ({"sk": 9}, ValueError, "causal=True needs q and k of equal sequence length"),
+    ],
+)
+def test_bad_inputs_are_one_clear_error_through_the_operator(change, exc, match):
+    """The same checks run in the public function, in the operator's CPU implementation and in
+    its fake function (so torch.compile refuses at trace time with the same message)."""
+    dims = {"b": 1, "h": 2, "sq": 8, "sk": 8, "d": 64, "dtype": torch.bfloat16, **change}
+    q, k, v = (
+        torch.randn(dims["b"], dims["h"], s, dims["d"]).to(dims["dtype"])
+        for s in (dims["sq"], dims["sk"], dims["sk"])
+    )
+    with pytest.raises(exc, match=match):
+        flash_attention(q, k, v, causal=True)
+    with pytest.raises(exc, match=match):
+        ops.flash_attn_fwd(q, k, v, True, 0.125)
+    with pytest.raises(exc, match=match):
+        torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), backend="eager")(
+            q, k, v
+        )
+
+
+def test_bwd_operator_checks_its_extra_inputs():
+    q, k, v = attention_inputs(ATTENTION_CASES[0], torch.bfloat16, "cpu", requires_grad=False)
+    out, lse = ops.flash_attn_fwd(q, k, v, True, 0.125)
+    with pytest.raises(ValueError, match="dout must have q's shape"):
+        ops.flash_attn_bwd(out[..., :32], q, k, v, out, lse, True, 0.125)
+    with pytest.raises(ValueError, match="lse must be a"):
+        ops.flash_attn_bwd(out, q, k, v, out, lse.half(), True, 0.125)
+
+
+def test_lse_is_not_differentiable():
+    q, k, v = attention_inputs(ATTENTION_CASES[0], torch.bfloat16, "cpu")
+    out, lse = ops.flash_attn_fwd(q, k, v, True, 0.125)
+    assert out.requires_grad and not lse.requires_grad
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention through `flash_attention` (q, k, v as strided
+    views of one fused projection, causal) and an MLP whose up-projection is project01's
+    `matmul`, so both operators sit inside the compiled graph."""
+
+    def __init__(self, dim: int = 128, heads: int = 2):  # head dim 64
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.w_up = nn.Parameter(torch.randn(dim, 4 * dim) / dim**0.5)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, c = x.shape
+        qkv = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, c // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        x = x + self.proj(flash_attention(q, k, v, causal=True).transpose(1, 2).reshape(b, s, c))
+        h = matmul(self.norm2(x).reshape(b * s, c), self.w_up)
+        return x + self.down(F.gelu(h)).view(b, s, c)
+
+
+def rel_err(x: torch.Tensor, y: torch.Tensor) -> float:
+    return ((x.double() - y.double()).norm() / y.double().norm()).item()
+
+
+def check_compiled_block(device: str, backend: str = "inductor") -> None:
+    """explain: one graph, 0 breaks, both operators in it; torch.compile(fullgraph=True) (which
+    raises on any break) forward and backward match eager.
+
+    Tolerance: inductor fuses the layer norms, GELU and residual adds and keeps float32 values
+    where eager rounds every op's output to bfloat16 (u = 2^-8 each time), so the two differ by
+    a few roundings along each chain of ops: relative (Frobenius) error at most 2^-5 = 8 u
+    (measured on CPU: at most 2.2 u).
+    """
+    torch.manual_seed(0)
+    block = Block().to(device, torch.bfloat16)
+    x = torch.randn(2, 16, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
+    params = [*block.parameters(), x]
+
+    def run(fn):
+        for p in params:
+            p.grad = None
+        y = fn(x)
+        y.float().square().mean().backward()
+        return [y.detach()] + [p.grad for p in params]
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(block)(x)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    targets = {str(n.target) for n in explained.graphs[0].graph.nodes}
+    assert {"project01.flash_attn_fwd.default", "project01.matmul.default"} <= targets
+
+    eager = run(block)
+    torch._dynamo.reset()
+    compiled = run(torch.compile(block, fullgraph=True, backend=backend))
+    for i, (got, want) in enumerate(zip(compiled, eager)):
+        assert got is not None and torch.isfinite(got).all()
+        assert rel_err(got, want) <= 2.0**-5, f"tensor {i}: {rel_err(got, want):.2e}"
+
+
+@pytest.mark.slow  # inductor compiles C++ for the forward and backward: ~40 s on 2 cores
+def test_compiled_transformer_block_cpu_has_no_graph_break():
+    # inductor on CPU generates C++ and needs a compiler (g++ on the CPU-tier machines); without
+    # one, aot_eager still traces the whole block through dynamo and AOT autograd (the graph
+    # break and fake-tensor checks), only without code generation.
+    has_cxx = any(shutil.which(c) for c in (os.environ.get("CXX", "g++"), "g++", "c++"))
+    check_compiled_block("cpu", backend="inductor" if has_cxx else "aot_eager")
+
+
+def test_compiled_with_dynamic_shapes_and_a_varying_scale():
+    """dynamic=True (symbolic sequence lengths and M) and a softmax_scale that changes between
+    calls (a symbolic float): still one graph, same numbers as eager. aot_eager (no code
+    generation) keeps this quick; the same CPU implementation runs on both sides, so exact."""
+
+    def fn(q, k, v, a, b, scale):
+        return flash_attention(q, k, v, softmax_scale=scale), matmul(a, b)
+
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for sq, sk, m, scale in ((9, 13, 5, 0.3), (17, 4, 8, 0.7)):
+        q, k, v = attention_inputs((1, 2, sq, sk, 64, False), torch.bfloat16, "cpu")
+        a, b = torch.randn(m, 7, requires_grad=True), torch.randn(7, 3, requires_grad=True)
+        grads = []
+        for f in (compiled, fn):
+            for t in (q, k, v, a, b):
+                t.grad = None
+            o, c = f(q, k, v, a, b, scale)
+            (o.float().square().sum() + c.square().sum()).backward()
+            grads.append([o, c] + [t.grad for t in (q, k, v, a, b)])
+        for got, want in zip(*grads):
+            assert torch.equal(got, want)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU tier: the same checks on CUDA tensors, i.e. on the kernels
+
+
+def _cuda_tolerances(dtype):
+    """opcheck compares eager with AOT-compiled runs of the kernels; the backward accumulates dQ
+    with float32 atomics (order not fixed), so dq may differ by one rounding of the 16-bit
+    dtype between runs: one ulp (2 u) relative, plus 1e-4 absolute for values that cancel.
+    (opcheck takes atol/rtol from torch 2.7.)"""
+    return {"rtol": 2 * UNIT_ROUNDOFF[dtype], "atol": 1e-4}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+def test_opcheck_flash_attention_cuda(case, dtype):
+    opcheck_attention(case, dtype, "cuda", **_cuda_tolerances(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF_DTYPES], ids=str)
+def test_opcheck_matmul_cuda(dtype):
+    for kernel in ("auto", *available_kernels(dtype)):
+        opcheck_matmul(dtype, kernel, "cuda", m=70, k=33, n=40)
+
+
+@pytest.mark.gpu
+def test_compiled_transformer_block_cuda_has_no_graph_break():
+    pytest.importorskip("triton", reason="inductor on CUDA needs triton")
+    check_compiled_block("cuda")
