@@ -1,6 +1,7 @@
 """The repository's own rules: layering, the README refresh, the demo plan (forks:
 test_fork.py; the demo's run folder and publishing: test_demo_publish.py)."""
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,15 @@ def test_readme_refresh(tmp_path):
     text = readme.read_text()
     assert "| a |\n| --- |\n| 1 |" in text and "old" not in text
     assert "No results recorded yet: `reports/p2/summary.md`" in text
+
+
+def test_the_root_readme_holds_the_current_summaries(tmp_path):
+    # each project's summary.md (itself regenerated from its records by the project's report
+    # tests) is what the root README shows: `python scripts/refresh_readme.py` changes nothing
+    readme = tmp_path / "README.md"
+    shutil.copy2(ROOT / "README.md", readme)
+    refresh_readme.refresh(readme, ROOT / "reports")
+    assert readme.read_text() == (ROOT / "README.md").read_text()
 
 
 def test_the_root_readme_gives_the_two_commands_first():
