@@ -20,9 +20,10 @@ def test_committed_reports_regenerate_byte_for_byte(tmp_path):
     copy = tmp_path / "reports" / PROJECT
     # the records (and the profiler traces they link to): everything else comes back from them
     shutil.copytree(COMMITTED, copy, ignore=shutil.ignore_patterns("*.png", "*.md"))
-    # the README where it lies against reports/, so that its links come out the same
-    readme = tmp_path / report.README.parent.name / "README.md"
-    readme.parent.mkdir()
+    # the README where it lies against reports/ (its project's folder; a fork's root), so that
+    # its links come out the same
+    readme = tmp_path / report.README.parent.relative_to(Path(REPORTS_DIR).parent) / "README.md"
+    readme.parent.mkdir(exist_ok=True)
     shutil.copy2(report.README, readme)
     report.run(report.ReportConfig(reports_dir=str(tmp_path / "reports"), readme_file=str(readme)))
     made = sorted(p.name for p in copy.iterdir() if p.suffix in (".png", ".md"))
