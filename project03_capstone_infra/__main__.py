@@ -62,4 +62,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from shared.distributed import exit_under_launcher
+
+    code = main()
+    # Under torchrun (train, deepspeed): leave without the interpreter's teardown, where a gloo
+    # worker thread can abort after the results are written (shared.distributed).
+    exit_under_launcher(code)
+    sys.exit(code)
