@@ -89,6 +89,10 @@ class PrecisionConfig:
     """result file stem; default precision_gpu or precision_cpu"""
     timeout_s: int = 1800
     """wall-clock limit of each job"""
+    keep_other_phases: bool = False
+    """keep the phase this run leaves out (--no-parity or --no-throughput) from the record already
+    at the output path, with the environment and training config it was measured with: the two
+    phases as two invocations (e.g. two GPU sessions) into one record"""
     train: Train = field(default_factory=lambda: replace(PRECISION_TRAIN))
 
     def recipes(self) -> list[str]:
@@ -105,6 +109,11 @@ class PrecisionConfig:
             raise ValueError(f"precisions names one twice: {list(self.precisions)}")
         if not (self.parity or self.throughput):
             raise ValueError("--no-parity and --no-throughput leave nothing to run")
+        if self.keep_other_phases and self.parity and self.throughput:
+            raise ValueError(
+                "--keep-other-phases keeps a phase this run leaves out: add --no-parity or "
+                "--no-throughput"
+            )
         for name in ("parity_preset", "throughput_preset"):
             check_preset(getattr(self, name), allow_auto=True)
         check_name(self.name)
@@ -292,6 +301,8 @@ def run(cfg: PrecisionConfig) -> Path:
         "train": portable({**asdict(replace(plan.jobs[0][1])), **per_job}),
     }
     env = environment()
+    kept = _kept_phases(cfg, plan, set(phases))
+    results |= {k: v for k, v in kept.items()}
     path = None
     with tempfile.TemporaryDirectory() as tmp:
         for i, (phase, job) in enumerate(plan.jobs):
@@ -324,6 +335,39 @@ def run(cfg: PrecisionConfig) -> Path:
     if failed:
         raise RuntimeError(f"{failed} failed; see {path}")
     return path
+
+
+def _kept_phases(cfg: PrecisionConfig, plan: Plan, measured: set[str]) -> dict[str, dict]:
+    """With --keep-other-phases, the phases of the record already at the output path that this
+    run does not measure, each with the environment and training config it was measured with
+    (`measured_with`). Refuses a record of another tier or world size."""
+    if not cfg.keep_other_phases:
+        return {}
+    from shared.results import load_result
+
+    path = plan.out_dir / f"{plan.name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"--keep-other-phases: no record at {path} to keep a phase from")
+    old = load_result(path)
+    res = old["results"]
+    tier = "gpu" if plan.on_gpu else "cpu"
+    if res.get("tier") != tier or res.get("world_size") != cfg.world_size:
+        raise ValueError(
+            f"--keep-other-phases: {path} was measured on tier {res.get('tier')} with world size "
+            f"{res.get('world_size')}, this run is tier {tier} with {cfg.world_size}"
+        )
+    kept = {}
+    for phase in ("parity", "throughput"):
+        if phase in measured or phase not in res:
+            continue
+        kept[phase] = {
+            **res[phase],
+            "measured_with": res[phase].get("measured_with")
+            or {"environment": old["environment"], "train": old["config"].get("train")},
+        }
+    if not kept:
+        raise ValueError(f"--keep-other-phases: {path} holds no phase that this run leaves out")
+    return kept
 
 
 def _publish(results: dict, config: dict, env: dict, plan: Plan) -> Path:

@@ -140,6 +140,12 @@ def precision_markdown(rec: dict, heading: str = "#", name: str | None = None) -
         f"{h} Mixed precision: {', '.join(recipes)}; FSDP2, world size {res['world_size']}",
         "",
         f"Measured on: {environment_line(rec['environment'])}.",
+        *(
+            f"The {p} phase was measured separately, on: "
+            f"{environment_line(res[p]['measured_with']['environment'])}."
+            for p in ("parity", "throughput")
+            if res.get(p, {}).get("measured_with")
+        ),
         "",
         " ".join(f"{p}: {RECIPE_NOTE[p]}." for p in recipes if p in RECIPE_NOTE),
         "",

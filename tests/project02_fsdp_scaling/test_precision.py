@@ -154,11 +154,48 @@ def test_the_plan_runs_bf16_first_and_fp16_without_scaling_too(tmp_path):
         ({"train": replace(precision.PRECISION_TRAIN, precision="fp16")}, "--precision: precision"),
         ({"parity_steps": 2}, "parity_steps must exceed the warm-up steps"),
         ({"parity_preset": "huge"}, "unknown preset"),
+        ({"keep_other_phases": True}, "--keep-other-phases keeps a phase this run leaves out"),
     ],
 )
 def test_bad_harness_configs_are_named(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         precision.make_plan(precision.PrecisionConfig(reports_dir=str(tmp_path), **kwargs))
+
+
+def test_a_phase_measured_apart_is_kept_with_its_own_environment(tmp_path):
+    """--keep-other-phases: a throughput-only run keeps the parity phase of the record already
+    there, with the environment and training config it was measured with, and the report says
+    so; a record of another world size is refused."""
+    from shared.results import save_result
+
+    cfg = precision.PrecisionConfig(reports_dir=str(tmp_path), parity=False, keep_other_phases=True)
+    plan = precision.make_plan(cfg)
+    with pytest.raises(FileNotFoundError, match="no record at"):
+        precision._kept_phases(cfg, plan, {"throughput"})
+    tier = "gpu" if plan.on_gpu else "cpu"
+    parity = {"preset": "tiny", "steps_total": 8, "global_batch": 8, "seq_len": 64, "runs": []}
+    old_env = {"date": "2026-01-02T03:04:05+00:00", "gpu": None, "git_commit": "abc"}
+    save_result(
+        precision.PROJECT,
+        plan.name,
+        {"tier": tier, "world_size": 1, "parity": parity, "throughput": {"runs": ["old"]}},
+        config={"train": {"global_batch": 8}},
+        reports_dir=tmp_path,
+        env=old_env,
+    )
+    kept = precision._kept_phases(cfg, plan, {"throughput"})
+    assert list(kept) == ["parity"]  # the phase this run measures is not kept
+    assert kept["parity"]["runs"] == [] and kept["parity"]["global_batch"] == 8
+    assert kept["parity"]["measured_with"]["environment"]["date"] == old_env["date"]
+    assert kept["parity"]["measured_with"]["train"] == {"global_batch": 8}
+    rec = {
+        "environment": {"date": "2026-02-03", "gpu": None},
+        "results": {"tier": tier, "world_size": 1, "final_fraction": 0.1, "parity": kept["parity"]},
+    }
+    assert "The parity phase was measured separately, on: " in precision_markdown(rec)
+    cfg2 = replace(cfg, world_size=2)
+    with pytest.raises(ValueError, match="world size 1, this run is tier"):
+        precision._kept_phases(cfg2, plan, {"throughput"})
 
 
 def test_older_records_name_the_precision_by_dtype():
