@@ -185,8 +185,8 @@ def precision_charts(rec: dict, out_dir: Path, name: str | None = None) -> list[
                 title=f"Loss per step by precision, {par['preset']}, "
                 f"world size {res['world_size']}",
                 xlabel="optimizer step",
-                ylabel="training loss (nats/token)",
-                y_from_zero=False,
+                ylabel="training loss (nats/token, log scale)",
+                logy=True,
                 footnote=foot,
             )
         )

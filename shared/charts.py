@@ -395,7 +395,10 @@ def line_figure(
         # later one (an equality the chart exists to show) stays visible around it.
         grow = len(series) - 1 - i if len(series) <= 3 else 0
         ms = (5 if len(xs) > 20 else 6) + 2.5 * grow
-        ax.plot(xs, ys, label=name, ms=ms, lw=1.5 + 1.5 * grow, **style)
+        # a long series (a loss curve) marks about 12 of its points: a marker per point would
+        # hide the line and the curves under it
+        every = max(1, len(xs) // 12) if len(xs) > 40 else 1
+        ax.plot(xs, ys, label=name, ms=ms, lw=1.5 + 1.5 * grow, markevery=every, **style)
         xs_all += _finite(xs)
         ys_all += _finite(ys)
     if ideal is not None:
