@@ -368,7 +368,7 @@ def test_the_forks_gpu_smoke_runs_inside_it_and_selects_its_own_tests(fork_of, t
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     junit = (tmp_path / "junit.xml").read_text()
-    assert 'classname="tests.project03_capstone_infra.test_gpu_trainer"' in junit
+    assert 'classname="tests.project03_capstone_infra.test_trainer_gpu"' in junit
     assert "project01" not in junit and "project04" not in junit
     assert "what was skipped, and why:" in r.stdout
 

@@ -101,7 +101,7 @@ def test_the_smoke_selection_covers_each_kernel_attention_fsdp_checkpoints_and_g
     p04 = "tests/project04_llm_inference/"
     for needed in (
         "tests/project02_fsdp_scaling/test_train_gpu.py::test_compiled_bf16_run_on_one_gpu",
-        "tests/project03_capstone_infra/test_gpu_trainer.py::test_gpu_preempt_and_resume",
+        "tests/project03_capstone_infra/test_trainer_gpu.py::test_gpu_preempt_and_resume",
         p04 + "test_engine_gpu.py::test_llama_3_2_1b_shape_smoke",  # a generation
         p04 + "test_engine_gpu.py::test_norm_and_activation_kernels",
         p04 + "test_kernels_gpu.py::test_decode_step_replays_in_a_cuda_graph_with_new_lengths",

@@ -1,6 +1,8 @@
 """The repository's own rules: layering, the README refresh, the demo plan (forks:
 test_fork.py; the demo's run folder and publishing: test_demo_publish.py)."""
 
+import ast
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -91,3 +93,66 @@ def test_make_help_lists_the_targets():
         "fork",
     ):
         assert f"make {target} " in r.stdout, target
+
+
+def _gpu_marked(node) -> bool:
+    """Whether a decorator list or a pytestmark value names pytest.mark.gpu."""
+    return any(
+        isinstance(n, ast.Attribute) and n.attr == "gpu" and ast.unparse(n) == "pytest.mark.gpu"
+        for n in ast.walk(node)
+    )
+
+
+def gpu_only(path: Path) -> bool | None:
+    """True when every test of a test module is in the GPU tier (a module-level pytestmark
+    naming pytest.mark.gpu, or the mark on every test function), False when none or some are,
+    None when it defines no test."""
+    tree = ast.parse(path.read_text())
+    for stmt in tree.body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in stmt.targets)
+            and _gpu_marked(stmt.value)
+        ):
+            return True
+    tests = [
+        s
+        for s in tree.body
+        if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and s.name.startswith("test_")
+    ]
+    if not tests:
+        return None
+    return all(any(_gpu_marked(d) for d in t.decorator_list) for t in tests)
+
+
+def test_test_files_are_named_by_what_they_test_and_gpu_files_end_in_gpu():
+    """CONTRIBUTING's rule: tests/<package>/test_<module or behaviour>.py, lower case; a file
+    whose tests are all in the GPU tier ends in _gpu.py, and only such a file."""
+    wrong = []
+    for path in sorted((ROOT / "tests").glob("*/test_*.py")):
+        rel = path.relative_to(ROOT)
+        if not re.fullmatch(r"test_[a-z0-9_]+\.py", path.name):
+            wrong.append(f"{rel}: not test_<lower_case_words>.py")
+        only = gpu_only(path)
+        if only and not path.stem.endswith("_gpu"):
+            wrong.append(f"{rel}: every test is GPU-tier, so its name ends in _gpu")
+        if path.stem.endswith("_gpu") and only is False:
+            wrong.append(f"{rel}: named _gpu but holds CPU-tier tests")
+    assert wrong == []
+
+
+def test_the_naming_rule_sees_module_and_function_marks(tmp_path):
+    mod = tmp_path / "test_x_gpu.py"
+    mod.write_text(
+        "import pytest\npytestmark = [pytest.mark.gpu, pytest.mark.skipif(True, reason='')]\n"
+    )
+    assert gpu_only(mod) is True
+    funcs = tmp_path / "test_y.py"
+    funcs.write_text(
+        "import pytest\n@pytest.mark.gpu\ndef test_a(): pass\n@pytest.mark.gpu\ndef test_b(): pass\n"
+    )
+    assert gpu_only(funcs) is True
+    funcs.write_text("import pytest\n@pytest.mark.gpu\ndef test_a(): pass\ndef test_b(): pass\n")
+    assert gpu_only(funcs) is False
+    funcs.write_text("X = 1\n")
+    assert gpu_only(funcs) is None
