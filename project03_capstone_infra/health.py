@@ -159,11 +159,9 @@ def _read_gpu(pynvml, i: int) -> GPUHealth:
 
 
 def gpu_snapshot() -> GPUReport:
-    """Read every GPU NVML sees. Never raises for a missing library, driver or GPU."""
-    try:
-        import pynvml
-    except ImportError:
-        return GPUReport(False, "nvidia-ml-py (pynvml) is not installed")
+    """Read every GPU NVML sees. Never raises for a missing NVML library, driver or GPU."""
+    import pynvml  # nvidia-ml-py, a dependency: it imports without a driver or GPU
+
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:

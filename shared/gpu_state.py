@@ -99,10 +99,7 @@ def gpu_state(index: int | None = None, *, nvml: ModuleType | None = None) -> di
     """One NVML reading of the GPU with NVML index `index` (default: the first GPU this process
     sees through CUDA_VISIBLE_DEVICES). `nvml` replaces the pynvml module (tests)."""
     if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError as e:
-            return _not_available(f"pynvml not importable ({e}); install nvidia-ml-py")
+        import pynvml as nvml  # nvidia-ml-py, a dependency: it imports without a driver or GPU
     if index is None:
         device = _visible_device()
         if isinstance(device, str):

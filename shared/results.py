@@ -266,7 +266,11 @@ def markdown_table(
     headers: Sequence[str] | None = None,
     floatfmt: str = ",.3g",
 ) -> str:
-    """A GitHub Markdown table of `rows` (dicts); numbers right-aligned."""
+    """A GitHub Markdown table of `rows` (dicts); numbers right-aligned, None as n/a, `|` escaped.
+
+    Not tabulate (which pandas' to_markdown also calls): its pipe format pads every cell to the
+    column's width, so one changed figure rewrites a whole table in the diffs of reports/ and of
+    the README blocks; here each row is its own line."""
     rows = list(rows)
     if columns is None:
         columns = list(dict.fromkeys(k for r in rows for k in r))
