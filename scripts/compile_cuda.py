@@ -50,7 +50,10 @@ class Compiled:
 
 
 def find_nvcc() -> str | None:
-    """nvcc from CUDA_HOME / CUDA_PATH, the PATH, or /usr/local/cuda (the toolkit's default)."""
+    """nvcc from CUDA_HOME / CUDA_PATH, the PATH, or /usr/local/cuda (the toolkit's default): the
+    order torch's extension builder finds the toolkit in (`torch.utils.cpp_extension.CUDA_HOME`,
+    which `shared.cuda_build.find_nvcc` reads), written here without torch, which this job has
+    not."""
     for env in ("CUDA_HOME", "CUDA_PATH"):
         root = os.environ.get(env)
         if root and (Path(root) / "bin" / "nvcc").is_file():
