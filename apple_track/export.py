@@ -42,7 +42,7 @@ from apple_track.model import (
     within_tolerance,
 )
 from shared.cli import require_nonempty, writable_dir
-from shared.results import REPO_ROOT, REPORTS_DIR, save_result
+from shared.results import REPO_ROOT, output_root, save_result
 from shared.timing import benchmark
 
 RESULT_NAME = "export"
@@ -407,7 +407,7 @@ class ExportCommandConfig(ExportConfig):
     models_dir: str | None = None
     """where the model files are written (None: .build/apple_track/NAME)"""
     reports_dir: str | None = None
-    """the record goes to <reports-dir>/apple_track/NAME.json (None: the repo's reports/)"""
+    """the record goes to <reports-dir>/apple_track/NAME.json (None: a new runs/<UTC time>/; reports/ only when named)"""
     name: str = RESULT_NAME
     """result name: export is the main run; other names are extra runs listed in the README"""
     readme: bool = True
@@ -433,9 +433,9 @@ class ExportCommandConfig(ExportConfig):
 def run(cfg: ExportCommandConfig) -> int:
     """The `export` command: 0, or 1 when a runtime failed (the record says which)."""
     models_dir = Path(cfg.models_dir) if cfg.models_dir is not None else DEFAULT_OUT / cfg.name
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else None
+    reports_dir = output_root(cfg.reports_dir)
     writable_dir("--models-dir", models_dir)  # both before the training and the exports
-    writable_dir("--reports-dir", (reports_dir or REPORTS_DIR) / PROJECT)
+    writable_dir("--reports-dir", reports_dir / PROJECT)
     # Before MLX loads its BLAS: one thread, like PyTorch under torch.utils.benchmark. Set by
     # the command, not at import, so importing this module changes nothing for its importer.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "VECLIB_MAXIMUM_THREADS"):

@@ -237,8 +237,8 @@ class CompileCheckConfig:
     jobs: int | None = None
     """parallel nvcc processes (None: one per CPU core)"""
     reports_dir: str | None = None
-    """compile.json goes to <reports-dir>/project01_cuda_kernel/ (None: the repository's
-    reports/)"""
+    """compile.json goes to <reports-dir>/project01_cuda_kernel/ (None: a new
+    runs/<UTC time>/; reports/ only when named)"""
     write: bool = True
     """write compile.json (--no-write: print the table only)"""
 
@@ -256,11 +256,11 @@ class CompileCheckConfig:
 def main(cfg: CompileCheckConfig) -> int:
     """`compile-check`: compile, print the table, write compile.json; exit code 1 on a failure."""
     from shared.cli import input_file, writable_dir
-    from shared.results import REPORTS_DIR, markdown_table, save_result
+    from shared.results import markdown_table, output_root, save_result
 
     for f in cfg.files:
         input_file("files", f)
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
+    reports_dir = output_root(cfg.reports_dir)
     if cfg.write:
         writable_dir("--reports-dir", reports_dir / PROJECT)
     nvcc = find_nvcc()

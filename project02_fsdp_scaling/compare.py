@@ -66,7 +66,7 @@ class CompareConfig:
     """bf16 pairs: both start from the bf16 image of the initial weights (DeepSpeed's master
     weights start there anyway); --no-equal-start leaves FSDP2 at the float32 weights"""
     reports_dir: str | None = None
-    """results go to <reports-dir>/project02_fsdp_scaling/ (None: the repository's reports/)"""
+    """results go to <reports-dir>/project02_fsdp_scaling/ (None: a new runs/<UTC time>/; reports/ only when named)"""
     name: str = ""
     """result file stem; default compare_gpu or compare_cpu"""
     timeout_s: int = 1800
@@ -164,7 +164,7 @@ def run(cfg: CompareConfig) -> Path:
     """`compare`: for each precision the FSDP2 job, then the DeepSpeed job, as torchrun jobs;
     the JSON record, Markdown and loss chart, rewritten after each precision. Returns the JSON
     path."""
-    from shared.results import REPORTS_DIR, environment
+    from shared.results import environment, output_root
 
     cfg.validate()
     on_gpu = torch.cuda.is_available()
@@ -179,9 +179,9 @@ def run(cfg: CompareConfig) -> Path:
         device="cuda" if on_gpu else "cpu",
     ).validate(cfg.world_size)
     tier = "gpu" if on_gpu else "cpu"
-    root = Path(cfg.reports_dir) if cfg.reports_dir is not None else None
+    root = output_root(cfg.reports_dir)
     name = cfg.name or f"compare_{tier}"
-    out_dir = writable_dir("--reports-dir", (root or Path(REPORTS_DIR)) / PROJECT)  # before runs
+    out_dir = writable_dir("--reports-dir", root / PROJECT)  # before the runs
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict = {
         "tier": tier,

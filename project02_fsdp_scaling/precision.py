@@ -84,7 +84,7 @@ class PrecisionConfig:
     throughput_steps: int = 0
     """timed steps of each throughput run (after the warm-up steps); 0: 10 on GPUs, 4 on CPU"""
     reports_dir: str | None = None
-    """results go to <reports-dir>/project02_fsdp_scaling/ (None: the repository's reports/)"""
+    """results go to <reports-dir>/project02_fsdp_scaling/ (None: a new runs/<UTC time>/; reports/ only when named)"""
     name: str = ""
     """result file stem; default precision_gpu or precision_cpu"""
     timeout_s: int = 1800
@@ -154,7 +154,7 @@ class Plan:
 
 def make_plan(cfg: PrecisionConfig) -> Plan:
     """Resolve the tier's defaults; every job validated before the first launch."""
-    from shared.results import REPORTS_DIR
+    from shared.results import output_root
 
     cfg.validate()
     on_gpu = torch.cuda.is_available()
@@ -198,7 +198,7 @@ def make_plan(cfg: PrecisionConfig) -> Plan:
                 f"parity_steps must exceed the warm-up steps ({base.warmup_steps}) of each run"
             )
         job.validate(cfg.world_size)
-    root = Path(cfg.reports_dir) if cfg.reports_dir is not None else Path(REPORTS_DIR)
+    root = output_root(cfg.reports_dir)
     out_dir = writable_dir("--reports-dir", root / PROJECT)
     return Plan(on_gpu, jobs, out_dir, cfg.name or f"precision_{'gpu' if on_gpu else 'cpu'}")
 

@@ -41,6 +41,7 @@ from project02_fsdp_scaling.config import (
     set_by_harness,
 )
 from shared.cli import writable_dir
+from shared.results import output_root
 
 # Cost configurations: (GPU table key, number of GPUs).
 DEFAULT_COST_CONFIGS = "h200-sxm:1,h200-sxm:4,h100-sxm:8"
@@ -85,7 +86,7 @@ class ScalingConfig:
     cost_configs: str = DEFAULT_COST_CONFIGS
     """GPU configurations priced per million tokens: key:count,... (keys of shared.hardware)"""
     reports_dir: str | None = None
-    """results go to <reports-dir>/project02_fsdp_scaling/ (None: the repository's reports/)"""
+    """results go to <reports-dir>/project02_fsdp_scaling/ (None: a new runs/<UTC time>/; reports/ only when named)"""
     name: str = ""
     """result file stem; default scaling_gpu or scaling_cpu"""
     timeout_s: int = 1800
@@ -193,7 +194,7 @@ def make_plan(cfg: ScalingConfig) -> Plan:
     )
     for ws in sizes:  # every error before the first launch
         replace(train, micro_batch=_micro_batch(cfg, train, ws, on_gpu)).validate(ws)
-    root = Path(cfg.reports_dir) if cfg.reports_dir is not None else _default_reports_root()
+    root = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", root / PROJECT)  # before the first launch, not after it
     name = cfg.name or ("scaling_gpu" if on_gpu else "scaling_cpu")
     return Plan(on_gpu, available, sizes, train, root / PROJECT, name)
@@ -206,6 +207,7 @@ def _micro_batch(cfg: ScalingConfig, train: TrainConfig, ws: int, on_gpu: bool) 
 
 
 def _default_reports_root() -> Path:
+    """The published results' folder: the README block is refreshed only when writing there."""
     from shared.results import REPORTS_DIR
 
     return Path(REPORTS_DIR)

@@ -32,7 +32,7 @@ from project02_fsdp_scaling.config import (
 )
 from shared.cli import writable_dir
 from shared.progress import human_seconds
-from shared.results import REPORTS_DIR
+from shared.results import output_root
 
 _MODIFIERS = {
     "ac": {"activation_checkpointing": True},
@@ -75,7 +75,7 @@ class SweepConfig:
     variants: str = "eager,eager+ac,compile,compile+ac,compile+cudnn"
     """comma-separated: eager|compile, then +ac, +cudnn, +flash, +noreshard, +fp32"""
     reports_dir: str | None = None
-    """results go to <reports-dir>/project02_fsdp_scaling/ (None: the repository's reports/)"""
+    """results go to <reports-dir>/project02_fsdp_scaling/ (None: a new runs/<UTC time>/; reports/ only when named)"""
     name: str = ""
     """result file stem; default sweep_gpu or sweep_cpu"""
     max_seconds: int = 0
@@ -155,11 +155,12 @@ def run(cfg: SweepConfig) -> Path:
     from shared.distributed import cleanup, init_distributed
 
     names = cfg.validate().variant_list()
+    cfg = replace(cfg, reports_dir=str(output_root(cfg.reports_dir)))  # one folder for every save
     on_gpu = torch.cuda.is_available()
     base = replace(cfg.train, device="cuda" if on_gpu else "cpu")
     for v in names:
         replace(base, **parse_variant(v)).validate(1)
-    writable_dir("--reports-dir", Path(cfg.reports_dir or REPORTS_DIR) / PROJECT)
+    writable_dir("--reports-dir", Path(cfg.reports_dir) / PROJECT)
     info = init_distributed(device=base.device)
     if info.world_size != 1:
         raise ValueError(f"the sweep runs in a world of one; got WORLD_SIZE={info.world_size}")
@@ -217,7 +218,7 @@ def run(cfg: SweepConfig) -> Path:
 
 def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict], meta) -> Path:
     from project02_fsdp_scaling import report
-    from shared.results import REPORTS_DIR, atomic_write_text, environment, load_result, save_result
+    from shared.results import atomic_write_text, environment, load_result, save_result
 
     ok = [v for v in variants if v["status"] == "ok"]
     eager = next((v for v in ok if v["variant"] == "eager"), None)
@@ -239,7 +240,7 @@ def _save(cfg: SweepConfig, base: TrainConfig, on_gpu: bool, variants: list[dict
         if best
         else None,
     }
-    root = Path(cfg.reports_dir) if cfg.reports_dir is not None else Path(REPORTS_DIR)
+    root = Path(cfg.reports_dir)  # resolved once by run()
     name = cfg.name or ("sweep_gpu" if on_gpu else "sweep_cpu")
     path = save_result(
         PROJECT,

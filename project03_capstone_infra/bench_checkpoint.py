@@ -64,7 +64,7 @@ class BenchConfig:
     write_threads: int = 8  # files per rank written (and hashed) in parallel
     run_dir: str = "/tmp/p03-ckpt-bench"  # local disk of the machine; removed first
     reports_dir: str = (
-        ""  # the record goes to <reports-dir>/project03_capstone_infra/; default: reports/
+        ""  # the record goes to <reports-dir>/project03_capstone_infra/; default: runs/<UTC time>/
     )
     steady_saves: int = 2  # async saves after the first one (buffers already built)
     prestage: bool = True  # then free the buffers, rebuild them in the background, save again
@@ -313,7 +313,7 @@ RAW_ASYNC_KEYS = (
 def rederive(cfg: BenchConfig) -> dict:
     """Recompute `derived` from a record's raw timings (keeping only raw fields) and rewrite
     the JSON and Markdown report into the reports folder."""
-    from shared.results import REPORTS_DIR, atomic_write_json
+    from shared.results import atomic_write_json, output_root
 
     record = json.loads(Path(cfg.from_json).read_text())
     res = record["results"]
@@ -326,7 +326,7 @@ def rederive(cfg: BenchConfig) -> dict:
     res["derived"] = derive(res, interval)
     if cfg.code_commit and not record["environment"].get("git_commit"):
         record["environment"]["git_commit"] = cfg.code_commit
-    out_dir = Path(cfg.reports_dir or REPORTS_DIR) / PROJECT
+    out_dir = output_root(cfg.reports_dir) / PROJECT
     atomic_write_json(out_dir / f"{record.get('name', bench_name(1))}.json", record)
     write_report(record, out_dir)
     return record
@@ -436,7 +436,7 @@ def _rank_main(rank: int, world: int, port: int, cfg, train_cfg, out, outs, t_st
 def run(cfg: BenchConfig) -> dict:
     import torch
 
-    from shared.results import REPORTS_DIR, environment
+    from shared.results import environment, output_root
 
     from .config import TrainConfig
     from .faults import read_events
@@ -449,8 +449,7 @@ def run(cfg: BenchConfig) -> dict:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     name = bench_name(cfg.nproc)
-    outs = [Path(os.environ["OUT"]) / f"{name}.json"] if os.environ.get("OUT") else []
-    outs.append(Path(cfg.reports_dir or REPORTS_DIR) / PROJECT / f"{name}.json")
+    outs = [output_root(cfg.reports_dir) / PROJECT / f"{name}.json"]
     train_cfg = TrainConfig(
         preset=cfg.preset,
         steps=100_000,

@@ -63,7 +63,7 @@ class ChaosConfig:
     sigterm_deadline_s: float = 0.0  # preemption save deadline; 0: max(5, pg_timeout_s) (125m: 20)
     workdir: str = ""  # where the runs go (default: a temporary directory, removed after)
     keep: bool = False  # keep the run directories
-    reports_dir: str = ""  # default: reports/ of this repository
+    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
     timeout_s: float = 900.0  # per launch
     deterministic: bool = False  # deterministic kernels in every launch (needed for bitwise on GPU)
     report_name: str = ""  # file stem of the outputs; default chaos (CPU) or chaos_gpu (GPUs)
@@ -309,14 +309,14 @@ def run(cfg: ChaosConfig) -> dict:
     import torch
 
     from shared.cli import writable_dir
-    from shared.results import REPORTS_DIR, load_result, save_result
+    from shared.results import load_result, output_root, save_result
 
     cfg.validate()
     cuda = torch.cuda.is_available()
     nproc = cfg.nproc or (torch.cuda.device_count() if cuda else 2)
     name = report_name(cfg, cuda)
     faults, sigterm_step = plan_faults(cfg, nproc)
-    out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
+    out_dir = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", out_dir / PROJECT)  # before two training runs, not after
     work = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="p03-chaos-"))
     ref_dir, run_dir = work / "reference", work / "faulted"

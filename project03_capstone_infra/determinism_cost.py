@@ -45,7 +45,7 @@ class DeterminismCostConfig:
     global_batch: int = 8
     repeats: int = 1  # runs per mode; 2 or more also compares the runs of a mode bit for bit
     workdir: str = ""  # where the runs go (default: a temporary directory, removed after)
-    reports_dir: str = ""  # default: reports/ of this repository
+    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
     timeout_s: float = 600.0  # per launch
 
     def validate(self) -> DeterminismCostConfig:
@@ -100,7 +100,7 @@ def run(cfg: DeterminismCostConfig) -> dict:
 
     from shared.cli import writable_dir
     from shared.model import ModelArgs
-    from shared.results import REPORTS_DIR, save_result
+    from shared.results import output_root, save_result
 
     cfg.validate()
     cuda = torch.cuda.is_available()
@@ -108,7 +108,7 @@ def run(cfg: DeterminismCostConfig) -> dict:
     preset = cfg.preset or ("125m" if cuda else "tiny")
     seq_len = ModelArgs.from_preset(preset).max_seq_len
     tokens_per_step = cfg.global_batch * seq_len
-    out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
+    out_dir = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", out_dir / PROJECT)
     work = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="p03-detcost-"))
     train_args = dict(

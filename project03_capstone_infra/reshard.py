@@ -58,7 +58,7 @@ class ReshardConfig:
     pg_timeout_s: float = 120.0
     workdir: str = ""  # where the runs go (default: a temporary directory, removed after)
     keep: bool = False  # keep the run directories
-    reports_dir: str = ""  # default: reports/ of this repository
+    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
     timeout_s: float = 600.0  # per launch
 
     def pairs(self) -> list[tuple[int, int]]:
@@ -174,7 +174,7 @@ def run(cfg: ReshardConfig) -> dict:
     import torch
 
     from shared.cli import writable_dir
-    from shared.results import REPORTS_DIR, load_result, save_result
+    from shared.results import load_result, output_root, save_result
 
     cfg.validate()
     cuda = torch.cuda.is_available()
@@ -185,7 +185,7 @@ def run(cfg: ReshardConfig) -> dict:
             f"the {torch.cuda.device_count()} visible"
         )
     dtype = "bfloat16" if cuda else "float32"
-    out_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR
+    out_dir = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", out_dir / PROJECT)
     work = Path(cfg.workdir) if cfg.workdir else Path(tempfile.mkdtemp(prefix="p03-reshard-"))
     n = cfg.switch_after

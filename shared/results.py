@@ -22,6 +22,21 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REPORTS_DIR = REPO_ROOT / "reports"
+RUNS_DIR = REPO_ROOT / "runs"  # ignored by git: where experiments write unless told otherwise
+
+
+def new_run_dir() -> Path:
+    """A new runs/<UTC time>/ folder name at the repository root (created by whoever writes)."""
+    return RUNS_DIR / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def output_root(reports_dir: str | os.PathLike | None) -> Path:
+    """Where an experiment writes its records: `--reports-dir` when given, else a new
+    runs/<UTC time>/. The published results in reports/ are written only when named
+    (`--reports-dir reports`, or `make publish RUN=runs/<time>`), never by accident."""
+    return Path(reports_dir) if reports_dir else new_run_dir()
+
+
 SCHEMA_VERSION = 1
 
 

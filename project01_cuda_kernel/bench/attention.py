@@ -79,7 +79,7 @@ class AttentionBenchConfig:
     quick: bool = False
     """head dim 128, sequences 1k and 4k only (a smoke run)"""
     reports_dir: str | None = None
-    """results go to <reports-dir>/project01_cuda_kernel/ (None: the repository's reports/)"""
+    """results go to <reports-dir>/project01_cuda_kernel/ (None: a new runs/<UTC time>/; reports/ only when named)"""
     name: str = "attention"
     """result file stem"""
     charts: bool = True
@@ -389,11 +389,11 @@ def run(cfg: AttentionBenchConfig) -> Path:
     and the GPU's state at the start and the end); returns its path."""
     from shared.cli import writable_dir
     from shared.gpu_state import gpu_state, state_line
-    from shared.results import REPORTS_DIR, save_result
+    from shared.results import output_root, save_result
 
     from .._build import require_cuda
 
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
+    reports_dir = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", reports_dir / PROJECT)  # before the GPU work, not after
     require_cuda()  # no GPU: one line, before anything else is printed
     start = gpu_state()

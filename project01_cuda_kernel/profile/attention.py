@@ -79,7 +79,7 @@ class AttentionProfileConfig:
     hidden: int = 2048
     """model width: heads = hidden // head_dim"""
     reports_dir: str | None = None
-    """results go to <reports-dir>/project01_cuda_kernel/ (None: the repository's reports/)"""
+    """results go to <reports-dir>/project01_cuda_kernel/ (None: a new runs/<UTC time>/; reports/ only when named)"""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "total_tokens", "hidden"):
@@ -162,12 +162,12 @@ def run(cfg: AttentionProfileConfig) -> Path:
     """Profile and write <reports-dir>/project01_cuda_kernel/attention_ncu.json; returns its
     path. Raises NcuError when ncu is missing or fails."""
     from shared.cli import writable_dir
-    from shared.results import REPORTS_DIR, save_result
+    from shared.results import output_root, save_result
 
     from .._build import require_cuda
     from ..attention import build
 
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
+    reports_dir = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", reports_dir / PROJECT)
     require_cuda()
     ncu = ncu_tool.find_ncu()

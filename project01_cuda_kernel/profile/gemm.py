@@ -47,7 +47,7 @@ class GemmProfileConfig:
     kernels: tuple[GemmKernel, ...] | None = None
     """ladder kernels (None: every one that runs on this GPU)"""
     reports_dir: str | None = None
-    """results go to <reports-dir>/project01_cuda_kernel/ (None: the repository's reports/)"""
+    """results go to <reports-dir>/project01_cuda_kernel/ (None: a new runs/<UTC time>/; reports/ only when named)"""
 
     def __post_init__(self) -> None:
         from ..gemm import GEMM_KERNELS
@@ -113,12 +113,12 @@ def run(cfg: GemmProfileConfig) -> Path:
     """Profile and write <reports-dir>/project01_cuda_kernel/profile_gemm.json; returns its
     path. Raises NcuError when ncu is missing or fails."""
     from shared.cli import writable_dir
-    from shared.results import REPORTS_DIR, save_result
+    from shared.results import output_root, save_result
 
     from .. import gemm
     from .._build import require_cuda
 
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir is not None else REPORTS_DIR
+    reports_dir = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", reports_dir / PROJECT)
     require_cuda()
     if ncu_tool.find_ncu() is None:

@@ -60,7 +60,7 @@ class CostConfig:
     deadline_h: float = 0.0  # if > 0: probability of missing it, per plan
     mc_runs: int = 20_000  # simulated jobs per plan
     seed: int = 0  # of the Monte Carlo
-    reports_dir: str = ""  # default: the repo's reports/
+    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
     measurements_dir: str = ""  # where measured throughput is read from; default: reports_dir
     out_name: str = "cost"  # stem of the report files
 
@@ -271,8 +271,8 @@ def run(cfg: CostConfig) -> dict:
 
     cfg.validate()
     spec = get_gpu(cfg.gpu)
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else _reports_dir()
-    measured = Path(cfg.measurements_dir) if cfg.measurements_dir else reports_dir
+    # measured inputs: --measurements-dir, else --reports-dir, else the published reports/
+    measured = Path(cfg.measurements_dir or cfg.reports_dir or _reports_dir())
     tput, ratio = resolve_throughput(cfg, measured)
     others = precision_speedups(cfg, measured)
     save, restart = resolve_checkpoint_costs(cfg, measured)
@@ -363,12 +363,13 @@ def command(cfg: CostConfig) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from shared.results import output_root
+
     cfg.validate()
     console = Console()
     with console.status("model + Monte Carlo over every plan"):
         results = run(cfg)
-    reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else _reports_dir()
-    paths = write_report(cfg, results, reports_dir)
+    paths = write_report(cfg, results, output_root(cfg.reports_dir))
     table = Table(title=f"{cfg.n_gpus}x {cfg.gpu}, {cfg.total_tokens:.3g} tokens")
     for col in ("plan", "prec", "ckpt (h)", "E(h)", "E(USD)", "P90 h", "MC vs model"):
         table.add_column(col, justify="right" if col not in ("plan", "prec") else "left")

@@ -171,11 +171,12 @@ def write_report(cfg: DataBenchConfig, results: dict, reports_dir: Path) -> list
 def command(cfg: DataBenchConfig) -> int:
     """`data`: measure every loader, write the record and its report."""
     from shared.cli import writable_dir
-    from shared.results import REPORTS_DIR
+    from shared.results import output_root
 
     cfg.validate()
-    writable_dir("--reports-dir", Path(cfg.reports_dir or REPORTS_DIR) / PROJECT)
+    reports_dir = output_root(cfg.reports_dir)
+    writable_dir("--reports-dir", reports_dir / PROJECT)
     results = benchmark(cfg)
-    for p in write_report(cfg, results, Path(cfg.reports_dir) if cfg.reports_dir else REPORTS_DIR):
+    for p in write_report(cfg, results, reports_dir):
         print(f"wrote {p}")
     return 0

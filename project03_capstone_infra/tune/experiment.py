@@ -89,7 +89,7 @@ class TuneRunConfig:
     resume_if_exists: bool = False  # restore when it exists, else start it (restartable jobs)
     report: bool = True  # write reports/project03_capstone_infra/<out_name>.*
     out_name: str = "tune"  # stem of the report files
-    reports_dir: str = ""  # default: the repo's reports/
+    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
     verbose: bool = False  # Ray Tune's own status tables and Ray's start-up log (else one bar)
 
     def validate(self) -> TuneRunConfig:
@@ -417,10 +417,12 @@ def command(cfg: TuneRunConfig) -> int:
     """`tune`: the search (and random search), its summary, record and report; exit status 1
     when a trial ended in error."""
     from shared.cli import writable_dir
+    from shared.results import output_root
 
     cfg.validate()
+    reports_dir = output_root(cfg.reports_dir)
     if cfg.report:  # before the trials, not after them
-        writable_dir("--reports-dir", Path(cfg.reports_dir or REPO_ROOT / "reports") / PROJECT)
+        writable_dir("--reports-dir", reports_dir / PROJECT)
     if not cfg.is_remote_storage:
         writable_dir("--storage-path", cfg.storage_path)
     import ray
@@ -470,7 +472,6 @@ def command(cfg: TuneRunConfig) -> int:
         summary_path = cfg.experiment_path() / "summary.json"
         atomic_write_text(summary_path, json.dumps(results, indent=2, default=str))
     if cfg.report:
-        reports_dir = Path(cfg.reports_dir) if cfg.reports_dir else REPO_ROOT / "reports"
         for p in write_report(cfg, results, reports_dir):
             print(f"wrote {p}")
     errored = results["errored"]

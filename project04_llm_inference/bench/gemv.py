@@ -24,7 +24,6 @@ and not in the single-projection rows, which time one launch after an L2 flush.
 
 from __future__ import annotations
 
-import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -235,7 +234,7 @@ def run_chain(t: int, weights: list[dict], cfg: GemvBenchConfig) -> dict:
 def run(cfg: GemvBenchConfig) -> dict:
     """Time every (projection, tokens) shape, save the JSON record, return it with its path."""
     from shared.gpu_state import gpu_state, state_line
-    from shared.results import REPO_ROOT, save_result
+    from shared.results import output_root, save_result
 
     if not torch.cuda.is_available():
         raise RuntimeError("the GEMV kernel benchmark needs a CUDA GPU")
@@ -273,9 +272,7 @@ def run(cfg: GemvBenchConfig) -> dict:
                 f"bitwise equal {r['pdl_bitwise_equal']}"
             )
         del weights
-    reports_dir = cfg.reports_dir or str(
-        REPO_ROOT / "runs" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    )
+    reports_dir = str(output_root(cfg.reports_dir))
     results = {"rows": rows, "chain": chain, "copy_ceiling_gbps": 4294, "repeats": cfg.repeats}
     path = save_result(
         PROJECT,

@@ -23,7 +23,6 @@ environment holds the GPU's clocks, temperature and power at the start and the e
 
 from __future__ import annotations
 
-import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -147,7 +146,7 @@ def run_shape(b: int, s: int, cfg: KernelBenchConfig) -> dict:
 def run(cfg: KernelBenchConfig) -> dict:
     """Time every (batch, context) shape of `cfg`, save the JSON record, return it with its path."""
     from shared.gpu_state import gpu_state, state_line
-    from shared.results import REPO_ROOT, save_result
+    from shared.results import output_root, save_result
 
     if not torch.cuda.is_available():
         raise RuntimeError("the decode kernel benchmark needs a CUDA GPU")
@@ -162,9 +161,7 @@ def run(cfg: KernelBenchConfig) -> dict:
             rows.append(run_shape(b, s, cfg))
             torch.cuda.empty_cache()  # the shape's caches are gone: give their memory back
             print({k: round(v, 4) if isinstance(v, float) else v for k, v in rows[-1].items()})
-    reports_dir = cfg.reports_dir or str(
-        REPO_ROOT / "runs" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    )
+    reports_dir = str(output_root(cfg.reports_dir))
     results = {"rows": rows, "copy_ceiling_gbps": 4294, "repeats": cfg.repeats}
     path = save_result(
         PROJECT,

@@ -29,7 +29,6 @@ untracked `runs/<UTC time>/` (publishing to `reports/` is a separate, deliberate
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import statistics
 import time
@@ -401,13 +400,10 @@ def _save(
     *,
     gpu_state_start: dict | None = None,
 ) -> Path:
-    from shared.results import REPO_ROOT, save_result
+    from shared.results import output_root, save_result
 
-    if not cfg.reports_dir:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        cfg.reports_dir = str(
-            REPO_ROOT / "runs" / stamp
-        )  # later benchmarks of this process join it
+    # a new runs/<UTC time>/ unless given; later benchmarks of this process join it
+    cfg.reports_dir = str(output_root(cfg.reports_dir))
     path = save_result(
         PROJECT,
         name,

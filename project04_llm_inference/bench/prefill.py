@@ -23,7 +23,6 @@ environment holds the GPU's clocks, temperature and power at the start and the e
 
 from __future__ import annotations
 
-import datetime as _dt
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -167,7 +166,7 @@ def run_workload(name: str, cfg: PrefillBenchConfig) -> dict:
 def run(cfg: PrefillBenchConfig) -> dict:
     """Time every workload of `cfg`, save the JSON record, return it (rows and its path)."""
     from shared.gpu_state import gpu_state, state_line
-    from shared.results import REPO_ROOT, save_result
+    from shared.results import output_root, save_result
 
     if not torch.cuda.is_available():
         raise RuntimeError("the prefill benchmark needs a CUDA GPU")
@@ -180,9 +179,7 @@ def run(cfg: PrefillBenchConfig) -> dict:
     for name in cfg.workloads:
         rows.append(run_workload(name, cfg))
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in rows[-1].items()})
-    reports_dir = cfg.reports_dir or str(
-        REPO_ROOT / "runs" / _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    )
+    reports_dir = str(output_root(cfg.reports_dir))
     results = {
         "rows": rows,
         "workloads": {n: WORKLOADS[n] for n in cfg.workloads},

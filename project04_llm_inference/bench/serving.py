@@ -23,7 +23,6 @@ starts `python -m project04_llm_inference serve` with the engine arguments given
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
 import json
 import math
 import sys
@@ -407,11 +406,9 @@ def compare_offline(cfg: ServingBenchConfig, runs: list[dict]) -> dict:
 
 
 def _reports_dir(cfg: ServingBenchConfig) -> Path:
-    from shared.results import REPO_ROOT
+    from shared.results import output_root
 
-    if not cfg.reports_dir:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        cfg.reports_dir = str(REPO_ROOT / "runs" / stamp)
+    cfg.reports_dir = str(output_root(cfg.reports_dir))
     return Path(cfg.reports_dir)
 
 

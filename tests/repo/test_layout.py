@@ -156,3 +156,39 @@ def test_the_naming_rule_sees_module_and_function_marks(tmp_path):
     assert gpu_only(funcs) is False
     funcs.write_text("X = 1\n")
     assert gpu_only(funcs) is None
+
+
+# Modules that may name the published reports/ folder: the report renderers (regeneration from
+# JSON), scaling's README refresh (only when told to write there) and the cost model's measured
+# inputs. An experiment writes through shared.results.output_root: runs/<UTC time>/ by default.
+REPORTS_DIR_USERS = {
+    "apple_track/report.py",
+    "project01_cuda_kernel/report/__init__.py",
+    "project02_fsdp_scaling/report.py",
+    "project02_fsdp_scaling/scaling.py",
+    "project03_capstone_infra/cost/plan.py",
+    "project03_capstone_infra/report/render.py",
+    "project03_capstone_infra/report/summary.py",
+    "shared/results.py",
+}
+
+
+def test_only_report_renderers_name_the_published_reports_folder():
+    users = {
+        str(p.relative_to(ROOT))
+        for top in (*PROJECTS, "shared")
+        if (ROOT / top).is_dir()
+        for p in (ROOT / top).rglob("*.py")
+        if "REPORTS_DIR" in p.read_text()
+    }
+    assert users <= REPORTS_DIR_USERS, sorted(users - REPORTS_DIR_USERS)
+
+
+def test_experiments_write_to_a_new_run_folder_unless_told(tmp_path):
+    from shared.results import REPORTS_DIR, RUNS_DIR, output_root
+
+    assert output_root(str(tmp_path)) == tmp_path
+    for unset in (None, ""):
+        d = output_root(unset)
+        assert d.parent == RUNS_DIR and re.fullmatch(r"\d{8}-\d{6}", d.name)
+        assert REPORTS_DIR not in (d, *d.parents)
