@@ -286,7 +286,7 @@ def derive(res: dict, ckpt_interval: int) -> dict:
 
 
 def write_report(record: dict, out_dir: Path) -> list[Path]:
-    """The record's report (report/checkpoint_bench.py); in the reports folder (not $OUT) the
+    """The record's report (report/checkpoint_bench.py); in a <reports-dir>/project03_capstone_infra/ the
     project summary is refreshed too."""
     from .report import checkpoint_bench as report
 

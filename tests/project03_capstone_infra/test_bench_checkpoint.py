@@ -40,7 +40,6 @@ def test_each_world_size_has_its_own_record_name():
 def test_two_ranks_end_to_end_beside_the_one_rank_record(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two ranks on two cores
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.delenv("OUT", raising=False)
     reports = tmp_path / "reports"
     reports.mkdir()
     out = reports / "project03_capstone_infra"  # where --reports-dir puts the records
