@@ -54,25 +54,38 @@ class BenchConfig:
     """Sync vs async checkpoint blocking time and time to resume, on the current GPU."""
 
     preset: str = "1b"
-    global_batch: int = 8  # sequences per step over all ranks (8 x nproc: 8 per GPU, as 1 rank)
-    seq_len: int = 0  # 0: the preset's max_seq_len
-    nproc: int = 1  # ranks: one GPU each (gloo processes on CPU); > 1 spawns them from here
-    ckpt_interval: int = 100  # steps between checkpoints for the blocking fraction
+    global_batch: int = 8
+    """sequences per step over all ranks (8 x nproc: 8 per GPU, as 1 rank)"""
+    seq_len: int = 0
+    """0: the preset's max_seq_len"""
+    nproc: int = 1
+    """ranks: one GPU each (gloo processes on CPU); > 1 spawns them from here"""
+    ckpt_interval: int = 100
+    """steps between checkpoints for the blocking fraction"""
     warmup_steps: int = 3
     timed_steps: int = 10
-    max_steps_during_write: int = 200  # keep training while an async save is written
-    write_threads: int = 8  # files per rank written (and hashed) in parallel
-    run_dir: str = "/tmp/p03-ckpt-bench"  # local disk of the machine; removed first
-    reports_dir: str = (
-        ""  # the record goes to <reports-dir>/project03_capstone_infra/; default: runs/<UTC time>/
-    )
-    steady_saves: int = 2  # async saves after the first one (buffers already built)
-    prestage: bool = True  # then free the buffers, rebuild them in the background, save again
-    stager: str = "persistent"  # or "dcp": DCP's DefaultStager, a fresh one per save
-    budget_s: float = 0.0  # > 0: skip further async saves once phase 1 has run this long
-    resume: bool = True  # measure the resume in a second process
-    from_json: str = ""  # re-derive figures and the report from a saved raw record, no training
-    code_commit: str = ""  # with from_json: the commit the record was measured with
+    max_steps_during_write: int = 200
+    """keep training while an async save is written"""
+    write_threads: int = 8
+    """files per rank written (and hashed) in parallel"""
+    run_dir: str = "/tmp/p03-ckpt-bench"
+    """local disk of the machine; removed first"""
+    reports_dir: str = ""
+    """the record goes to <reports-dir>/project03_capstone_infra/; default: a new runs/<UTC time>/"""
+    steady_saves: int = 2
+    """async saves after the first one (buffers already built)"""
+    prestage: bool = True
+    """then free the buffers, rebuild them in the background, save again"""
+    stager: str = "persistent"
+    """or "dcp": DCP's DefaultStager, a fresh one per save"""
+    budget_s: float = 0.0
+    """> 0: skip further async saves once phase 1 has run this long"""
+    resume: bool = True
+    """measure the resume in a second process"""
+    from_json: str = ""
+    """re-derive figures and the report from a saved raw record, no training"""
+    code_commit: str = ""
+    """with from_json: the commit the record was measured with"""
 
     def validate(self) -> BenchConfig:
         from shared.cli import input_file, require_nonempty, writable_dir

@@ -53,20 +53,30 @@ from .report.summary import write_summary
 class ChaosConfig:
     """Reference run vs the same run under kill -9, NaN, hang, corrupt checkpoints, SIGTERM."""
 
-    nproc: int = 0  # ranks; 0: the GPU count on a GPU machine, else 2 (gloo)
+    nproc: int = 0
+    """ranks; 0: the GPU count on a GPU machine, else 2 (gloo)"""
     preset: str = "tiny"
     steps: int = 60
     global_batch: int = 8
     ckpt_every: int = 5
-    seed: int = 0  # draws the fault steps and ranks
-    pg_timeout_s: float = 5.0  # how long the hung rank's peers wait
-    sigterm_deadline_s: float = 0.0  # preemption save deadline; 0: max(5, pg_timeout_s) (125m: 20)
-    workdir: str = ""  # where the runs go (default: a temporary directory, removed after)
-    keep: bool = False  # keep the run directories
-    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
-    timeout_s: float = 900.0  # per launch
-    deterministic: bool = False  # deterministic kernels in every launch (needed for bitwise on GPU)
-    report_name: str = ""  # file stem of the outputs; default chaos (CPU) or chaos_gpu (GPUs)
+    seed: int = 0
+    """draws the fault steps and ranks"""
+    pg_timeout_s: float = 5.0
+    """how long the hung rank's peers wait"""
+    sigterm_deadline_s: float = 0.0
+    """preemption save deadline; 0: max(5, pg_timeout_s) (125m: 20)"""
+    workdir: str = ""
+    """where the runs go (default: a temporary directory, removed after)"""
+    keep: bool = False
+    """keep the run directories"""
+    reports_dir: str = ""
+    """default: a new runs/<UTC time>/; reports/ only when named"""
+    timeout_s: float = 900.0
+    """per launch"""
+    deterministic: bool = False
+    """deterministic kernels in every launch (needed for bitwise on GPU)"""
+    report_name: str = ""
+    """file stem of the outputs; default chaos (CPU) or chaos_gpu (GPUs)"""
 
     def validate(self) -> ChaosConfig:
         from shared.cli import require_finite, writable_dir

@@ -27,37 +27,68 @@ EXIT_COLLECTIVE = 76  # EX_PROTOCOL: a collective timed out or a peer vanished: 
 class TrainConfig:
     """Fault-tolerant FSDP training of the shared reference transformer."""
 
-    preset: Literal["tiny", "125m", "1b"] = "tiny"  # model size (shared.model presets)
-    steps: int = 40  # total optimiser steps of the run
-    stop_after: int = 0  # end this launch after that step, saved; schedule still over --steps
-    global_batch: int = 8  # sequences per step, over all ranks
-    seq_len: int = 0  # 0: the preset's max_seq_len
-    seed: int = 0  # initial weights and data stream
-    lr: float = 3e-3  # peak AdamW learning rate
-    warmup_steps: int = 5  # linear warm-up, then cosine decay to min_lr_ratio * lr
-    min_lr_ratio: float = 0.1  # final learning rate as a fraction of lr
-    weight_decay: float = 0.1  # AdamW (decoupled) weight decay
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when torch sees a GPU
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    activation_checkpointing: bool = False  # recompute block activations in backward
-    deterministic: bool = False  # GPU runs repeat bit for bit (slower): shared.determinism
-    run_dir: str = ".scratch/project03_capstone_infra/run"  # checkpoints/ and events.jsonl
-    resume: str = "auto"  # "auto" (newest good checkpoint, else fresh), "never", or a step dir
-    ckpt_every: int = 10  # steps between checkpoints; the last step is always saved
-    ckpt_mode: Literal["sync", "async"] = "async"  # async: written in the background
-    keep_last: int = 3  # retention: the newest checkpoints kept
-    milestone_every: int = 0  # also keep every step that is a multiple of this (0: none)
-    ckpt_write_threads: int = 1  # files per rank written in parallel
-    nan_policy: Literal["rollback", "skip", "abort"] = "rollback"  # on a non-finite loss
-    max_nan_retries: int = 3  # rollbacks at one step (or consecutive skips) before giving up
-    pg_timeout_s: float = 300.0  # a collective hung this long ends the job (EXIT_COLLECTIVE)
-    sigterm_deadline_s: float = 25.0  # the preemption save must finish within this
-    metrics_port: int = -1  # Prometheus endpoint on local rank 0; -1 off, 0 any free port
-    metrics_addr: str = "127.0.0.1"  # metrics bind address; no auth: 0.0.0.0 = every interface
-    fault_injection: bool = False  # act on P03_FAULTS (tests, chaos): the run harms itself
-    preflight: bool = True  # GPU and disk checks before training; a failure stops the launch
-    log_every: int = 10  # steps between log lines
+    preset: Literal["tiny", "125m", "1b"] = "tiny"
+    """model size (shared.model presets)"""
+    steps: int = 40
+    """total optimiser steps of the run"""
+    stop_after: int = 0
+    """end this launch after that step, saved; schedule still over --steps"""
+    global_batch: int = 8
+    """sequences per step, over all ranks"""
+    seq_len: int = 0
+    """0: the preset's max_seq_len"""
+    seed: int = 0
+    """initial weights and data stream"""
+    lr: float = 3e-3
+    """peak AdamW learning rate"""
+    warmup_steps: int = 5
+    """linear warm-up, then cosine decay to min_lr_ratio * lr"""
+    min_lr_ratio: float = 0.1
+    """final learning rate as a fraction of lr"""
+    weight_decay: float = 0.1
+    """AdamW (decoupled) weight decay"""
+    grad_clip: float = 1.0
+    """max global gradient norm; 0 disables clipping"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when torch sees a GPU"""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto: bf16 on GPU, fp32 on CPU"""
+    activation_checkpointing: bool = False
+    """recompute block activations in backward"""
+    deterministic: bool = False
+    """GPU runs repeat bit for bit (slower): shared.determinism"""
+    run_dir: str = ".scratch/project03_capstone_infra/run"
+    """checkpoints/ and events.jsonl"""
+    resume: str = "auto"
+    """"auto" (newest good checkpoint, else fresh), "never", or a step dir"""
+    ckpt_every: int = 10
+    """steps between checkpoints; the last step is always saved"""
+    ckpt_mode: Literal["sync", "async"] = "async"
+    """async: written in the background"""
+    keep_last: int = 3
+    """retention: the newest checkpoints kept"""
+    milestone_every: int = 0
+    """also keep every step that is a multiple of this (0: none)"""
+    ckpt_write_threads: int = 1
+    """files per rank written in parallel"""
+    nan_policy: Literal["rollback", "skip", "abort"] = "rollback"
+    """on a non-finite loss"""
+    max_nan_retries: int = 3
+    """rollbacks at one step (or consecutive skips) before giving up"""
+    pg_timeout_s: float = 300.0
+    """a collective hung this long ends the job (EXIT_COLLECTIVE)"""
+    sigterm_deadline_s: float = 25.0
+    """the preemption save must finish within this"""
+    metrics_port: int = -1
+    """Prometheus endpoint on local rank 0; -1 off, 0 any free port"""
+    metrics_addr: str = "127.0.0.1"
+    """metrics bind address; no auth: 0.0.0.0 = every interface"""
+    fault_injection: bool = False
+    """act on P03_FAULTS (tests, chaos): the run harms itself"""
+    preflight: bool = True
+    """GPU and disk checks before training; a failure stops the launch"""
+    log_every: int = 10
+    """steps between log lines"""
 
     def validate(self) -> TrainConfig:
         positive = (

@@ -38,15 +38,23 @@ MODES = {"default": False, "deterministic": True}
 class DeterminismCostConfig:
     """Tokens/s of the same short run in default and deterministic mode."""
 
-    nproc: int = 0  # ranks; 0: every GPU on a GPU machine, else 2 (gloo)
-    preset: str = ""  # model size; "": 125m on GPUs, tiny on CPU
-    steps: int = 30  # steps per run
-    warmup: int = 5  # first steps left out of the median (allocator, NCCL, autotuning)
+    nproc: int = 0
+    """ranks; 0: every GPU on a GPU machine, else 2 (gloo)"""
+    preset: str = ""
+    """model size; "": 125m on GPUs, tiny on CPU"""
+    steps: int = 30
+    """steps per run"""
+    warmup: int = 5
+    """first steps left out of the median (allocator, NCCL, autotuning)"""
     global_batch: int = 8
-    repeats: int = 1  # runs per mode; 2 or more also compares the runs of a mode bit for bit
-    workdir: str = ""  # where the runs go (default: a temporary directory, removed after)
-    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
-    timeout_s: float = 600.0  # per launch
+    repeats: int = 1
+    """runs per mode; 2 or more also compares the runs of a mode bit for bit"""
+    workdir: str = ""
+    """where the runs go (default: a temporary directory, removed after)"""
+    reports_dir: str = ""
+    """default: a new runs/<UTC time>/; reports/ only when named"""
+    timeout_s: float = 600.0
+    """per launch"""
 
     def validate(self) -> DeterminismCostConfig:
         from shared.cli import require_finite, writable_dir

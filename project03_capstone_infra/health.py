@@ -76,7 +76,8 @@ class GPUHealth:
 @dataclass
 class GPUReport:
     present: bool
-    reason: str | None = None  # why no GPU is reported
+    reason: str | None = None
+    """why no GPU is reported"""
     driver: str | None = None
     gpus: list[GPUHealth] = field(default_factory=list)
 
@@ -183,7 +184,8 @@ def gpu_snapshot() -> GPUReport:
 class HealthThresholds:
     max_temperature_c: float = 85.0
     max_ecc_volatile_uncorrected: int = 0
-    max_memory_used_fraction: float = 0.10  # memory held by someone else before we start
+    max_memory_used_fraction: float = 0.10
+    """memory held by someone else before we start"""
     bad_throttle_reasons: tuple[str, ...] = _BAD_THROTTLE
 
 
@@ -447,13 +449,18 @@ class MetricsServer:
 class HealthArgs:
     """GPU health snapshot and pre-flight checks; optionally serve the GPU metrics."""
 
-    json: bool = False  # print JSON instead of a table
-    require_gpus: int = 0  # fail (exit 69) unless this many healthy GPUs are present
-    ckpt_dir: str = "."  # where checkpoints would go (free-space check)
+    json: bool = False
+    """print JSON instead of a table"""
+    require_gpus: int = 0
+    """fail (exit 69) unless this many healthy GPUs are present"""
+    ckpt_dir: str = "."
+    """where checkpoints would go (free-space check)"""
     min_free_disk_gb: float = 0.0
     max_temperature_c: float = 85.0
-    serve_port: int = -1  # >= 0: serve Prometheus metrics on this port (0: any)
-    serve_addr: str = "127.0.0.1"  # bind address of --serve-port; no auth: 0.0.0.0 = everywhere
+    serve_port: int = -1
+    """>= 0: serve Prometheus metrics on this port (0: any)"""
+    serve_addr: str = "127.0.0.1"
+    """bind address of --serve-port; no auth: 0.0.0.0 = everywhere"""
     serve_seconds: float = 60.0
 
     def validate(self) -> HealthArgs:

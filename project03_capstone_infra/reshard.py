@@ -49,17 +49,25 @@ TOLERANCE = {"float32": 1e-3, "bfloat16": 2.0**-6}
 class ReshardConfig:
     """Train on A ranks, continue on B ranks: loss continuity across the change of world size."""
 
-    directions: tuple[str, ...] = ("2-1", "1-2")  # A-B pairs of world sizes (ranks or GPUs)
+    directions: tuple[str, ...] = ("2-1", "1-2")
+    """A-B pairs of world sizes (ranks or GPUs)"""
     preset: str = "tiny"
-    steps: int = 24  # total steps of every run
-    switch_after: int = 12  # the world size changes after this step
+    steps: int = 24
+    """total steps of every run"""
+    switch_after: int = 12
+    """the world size changes after this step"""
     global_batch: int = 8
-    deterministic: bool = False  # deterministic kernels (GPU: the bitwise part needs it)
+    deterministic: bool = False
+    """deterministic kernels (GPU: the bitwise part needs it)"""
     pg_timeout_s: float = 120.0
-    workdir: str = ""  # where the runs go (default: a temporary directory, removed after)
-    keep: bool = False  # keep the run directories
-    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
-    timeout_s: float = 600.0  # per launch
+    workdir: str = ""
+    """where the runs go (default: a temporary directory, removed after)"""
+    keep: bool = False
+    """keep the run directories"""
+    reports_dir: str = ""
+    """default: a new runs/<UTC time>/; reports/ only when named"""
+    timeout_s: float = 600.0
+    """per launch"""
 
     def pairs(self) -> list[tuple[int, int]]:
         """The directions as (A, B) world sizes; ValueError naming a malformed one."""

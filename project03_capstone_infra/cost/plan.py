@@ -39,30 +39,54 @@ from .model import (
 class CostConfig:
     """Expected cost and wall time of one training job under on-demand and spot pricing."""
 
-    gpu: str = "h200-sxm"  # a key of shared.hardware.GPUS
-    n_gpus: int = 8  # GPUs of the job (billed together, interrupted together)
-    gpus_per_node: int = 8  # a spot preemption takes a whole node
-    preset: str = "1b"  # model preset, for the throughput estimate
-    seq_len: int = 0  # 0: the preset's max_seq_len
-    total_tokens: float = 2e10  # tokens to train (1b preset: ~18 tokens per parameter)
-    bf16_tokens_per_s_per_gpu: float = 0.0  # 0: measured from the reports, else from assumed_mfu
-    assumed_mfu: float = 0.40  # used only when no throughput is measured or given
-    assumed_scaling_efficiency: float = 0.95  # applied when measured on fewer GPUs than n_gpus
-    bf16_speedup: float = 0.0  # bf16 / fp32 throughput; 0: measured from the reports, else 2.0
-    spot_preemptions_per_node_hour: float = 0.1  # assumed: one preemption per node per 10 h
-    gpu_failures_per_gpu_hour: float = LLAMA3_GPU_FAILURES_PER_HOUR  # Llama 3 report rate
-    trace: str = ""  # file of the job's interruption inter-arrival hours (JSON list or lines)
-    save_s: float = 0.0  # training held per save (s); 0: measured (checkpoint_bench), else 60
-    save_mode: Literal["async", "sync"] = "async"  # which measured save, when save_s is 0
-    restart_s: float = 0.0  # interruption -> training again (s); 0: measured resume + below
-    node_replacement_s: float = 300.0  # assumed: obtain and boot a replacement node (s)
-    fixed_interval_h: float = 1.0  # the checkpoint interval of the non-Young/Daly plans
-    deadline_h: float = 0.0  # if > 0: probability of missing it, per plan
-    mc_runs: int = 20_000  # simulated jobs per plan
-    seed: int = 0  # of the Monte Carlo
-    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
-    measurements_dir: str = ""  # where measured throughput is read from; default: reports_dir
-    out_name: str = "cost"  # stem of the report files
+    gpu: str = "h200-sxm"
+    """a key of shared.hardware.GPUS"""
+    n_gpus: int = 8
+    """GPUs of the job (billed together, interrupted together)"""
+    gpus_per_node: int = 8
+    """a spot preemption takes a whole node"""
+    preset: str = "1b"
+    """model preset, for the throughput estimate"""
+    seq_len: int = 0
+    """0: the preset's max_seq_len"""
+    total_tokens: float = 2e10
+    """tokens to train (1b preset: ~18 tokens per parameter)"""
+    bf16_tokens_per_s_per_gpu: float = 0.0
+    """0: measured from the reports, else from assumed_mfu"""
+    assumed_mfu: float = 0.40
+    """used only when no throughput is measured or given"""
+    assumed_scaling_efficiency: float = 0.95
+    """applied when measured on fewer GPUs than n_gpus"""
+    bf16_speedup: float = 0.0
+    """bf16 / fp32 throughput; 0: measured from the reports, else 2.0"""
+    spot_preemptions_per_node_hour: float = 0.1
+    """assumed: one preemption per node per 10 h"""
+    gpu_failures_per_gpu_hour: float = LLAMA3_GPU_FAILURES_PER_HOUR
+    """Llama 3 report rate"""
+    trace: str = ""
+    """file of the job's interruption inter-arrival hours (JSON list or lines)"""
+    save_s: float = 0.0
+    """training held per save (s); 0: measured (checkpoint_bench), else 60"""
+    save_mode: Literal["async", "sync"] = "async"
+    """which measured save, when save_s is 0"""
+    restart_s: float = 0.0
+    """interruption -> training again (s); 0: measured resume + below"""
+    node_replacement_s: float = 300.0
+    """assumed: obtain and boot a replacement node (s)"""
+    fixed_interval_h: float = 1.0
+    """the checkpoint interval of the non-Young/Daly plans"""
+    deadline_h: float = 0.0
+    """if > 0: probability of missing it, per plan"""
+    mc_runs: int = 20_000
+    """simulated jobs per plan"""
+    seed: int = 0
+    """of the Monte Carlo"""
+    reports_dir: str = ""
+    """default: a new runs/<UTC time>/; reports/ only when named"""
+    measurements_dir: str = ""
+    """where measured throughput is read from; default: reports_dir"""
+    out_name: str = "cost"
+    """stem of the report files"""
 
     def validate(self) -> CostConfig:
         from shared.cli import input_dir, input_file, require_finite, writable_dir
@@ -130,13 +154,18 @@ class CostConfig:
 
 @dataclass
 class Plan:
-    name: str  # e.g. "spot, Young/Daly"
-    precision: str  # "fp32" | "bf16" | a measured one: "fp16", "fp8-tensorwise", "fp8-rowwise"
-    market: str  # "on-demand" | "spot"
+    name: str
+    """e.g. "spot, Young/Daly" """
+    precision: str
+    """"fp32" | "bf16" | a measured one: "fp16", "fp8-tensorwise", "fp8-rowwise" """
+    market: str
+    """"on-demand" | "spot" """
     price_per_gpu_hour: float
     interval_h: float
-    rate_per_h: float  # interruptions of the whole job per hour
-    work_h: float  # failure-free training hours
+    rate_per_h: float
+    """interruptions of the whole job per hour"""
+    work_h: float
+    """failure-free training hours"""
 
     def label(self) -> str:
         return f"{self.name} {self.precision}"

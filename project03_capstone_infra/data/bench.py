@@ -27,12 +27,17 @@ from .loaders import Batch, DaliLoader, ResumableLoader, dali_available
 class DataBenchConfig:
     """Throughput of the plain stream, the DataLoader and DALI over the same token batches."""
 
-    preset: Literal["tiny", "125m", "1b"] = "125m"  # vocabulary and sequence length
+    preset: Literal["tiny", "125m", "1b"] = "125m"
+    """vocabulary and sequence length"""
     global_batch: int = 8
-    batches: int = 30  # timed batches per loader per repeat
-    warmup: int = 3  # batches before timing (worker start-up, DALI build)
-    repeats: int = 3  # the median over repeats is reported
-    workers: str = "0,1,2"  # DataLoader worker counts / DALI Python worker counts to try
+    batches: int = 30
+    """timed batches per loader per repeat"""
+    warmup: int = 3
+    """batches before timing (worker start-up, DALI build)"""
+    repeats: int = 3
+    """the median over repeats is reported"""
+    workers: str = "0,1,2"
+    """DataLoader worker counts / DALI Python worker counts to try"""
     dali_threads: int = 2
     dali_device: Literal["auto", "cpu", "gpu"] = "auto"
     seed: int = 0

@@ -56,41 +56,69 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class TuneRunConfig:
     """Ray Tune HPO (ASHA) over learning rate, weight decay and warm-up of the shared model."""
 
-    preset: Literal["tiny", "125m", "1b"] = "tiny"  # model preset every trial trains
-    max_steps: int = 32  # optimiser steps of a trial that is never stopped
-    global_batch: int = 8  # sequences per optimiser step
-    data_seed: int = 0  # model init and data stream: the same for every trial
-    ckpt_every: int = 4  # trainer checkpoint (and Tune checkpoint) cadence, in steps
-    num_samples: int = 12  # trials (sampled configurations)
-    search_seed: int = 0  # seed of the random search: the same configs for ASHA and random
-    lr_min: float = 1e-4  # learning rate, log-uniform from lr_min ...
-    lr_max: float = 3e-2  # ... to lr_max
-    weight_decay_max: float = 0.3  # weight decay, uniform from 0
-    warmup_frac_max: float = 0.3  # warm-up steps as a fraction of max_steps, uniform from 0
-    scheduler: Literal["asha", "fifo"] = "asha"  # fifo: no early stopping (random search)
-    grace_steps: int = 4  # ASHA: steps before the first rung
-    reduction_factor: int = 2  # ASHA: keep the top 1/rf at each rung
-    compare_random: bool = True  # also run the same configs without early stopping
-    max_failures: int = 1  # Tune retries of a failed trial (from its last checkpoint)
-    # Tune checkpoints kept per trial; 0 keeps them all. Tune's experiment snapshot lags the
-    # trials by up to one snapshot interval: a driver killed right after a trial's older
-    # checkpoint was deleted finds the snapshot naming it and cannot restore that trial.
+    preset: Literal["tiny", "125m", "1b"] = "tiny"
+    """model preset every trial trains"""
+    max_steps: int = 32
+    """optimiser steps of a trial that is never stopped"""
+    global_batch: int = 8
+    """sequences per optimiser step"""
+    data_seed: int = 0
+    """model init and data stream: the same for every trial"""
+    ckpt_every: int = 4
+    """trainer checkpoint (and Tune checkpoint) cadence, in steps"""
+    num_samples: int = 12
+    """trials (sampled configurations)"""
+    search_seed: int = 0
+    """seed of the random search: the same configs for ASHA and random"""
+    lr_min: float = 1e-4
+    """learning rate, log-uniform from lr_min ..."""
+    lr_max: float = 3e-2
+    """... to lr_max"""
+    weight_decay_max: float = 0.3
+    """weight decay, uniform from 0"""
+    warmup_frac_max: float = 0.3
+    """warm-up steps as a fraction of max_steps, uniform from 0"""
+    scheduler: Literal["asha", "fifo"] = "asha"
+    """fifo: no early stopping (random search)"""
+    grace_steps: int = 4
+    """ASHA: steps before the first rung"""
+    reduction_factor: int = 2
+    """ASHA: keep the top 1/rf at each rung"""
+    compare_random: bool = True
+    """also run the same configs without early stopping"""
+    max_failures: int = 1
+    """Tune retries of a failed trial (from its last checkpoint) Tune checkpoints kept per trial; 0 keeps them all. Tune's experiment snapshot lags the trials by up to one snapshot interval: a driver killed right after a trial's older checkpoint was deleted finds the snapshot naming it and cannot restore that trial."""
     keep_checkpoints: int = 0
-    fail_at_step: int = 0  # > 0: every trial raises once at this step (first attempt only)
-    address: str = ""  # "" starts a local Ray; "auto" or "ray://host:10001" joins a cluster
-    num_cpus: int = 0  # local Ray only; 0: all cores
-    cpus_per_trial: float = 1.0  # CPUs reserved per trial (and its torch threads)
-    gpus_per_trial: float = 0.0  # fractional allowed: 0.5 puts two trials on one GPU
-    max_concurrent: int = 0  # 0: as many as the resources allow
-    object_store_mb: int = 256  # local Ray only
-    storage_path: str = ".scratch/project03_capstone_infra/tune"  # shared path or s3://... URI
-    name: str = "asha"  # experiment directory under storage_path
-    resume: bool = False  # Tuner.restore the experiment <storage_path>/<name> (must exist)
-    resume_if_exists: bool = False  # restore when it exists, else start it (restartable jobs)
-    report: bool = True  # write reports/project03_capstone_infra/<out_name>.*
-    out_name: str = "tune"  # stem of the report files
-    reports_dir: str = ""  # default: a new runs/<UTC time>/; reports/ only when named
-    verbose: bool = False  # Ray Tune's own status tables and Ray's start-up log (else one bar)
+    fail_at_step: int = 0
+    """> 0: every trial raises once at this step (first attempt only)"""
+    address: str = ""
+    """"" starts a local Ray; "auto" or "ray://host:10001" joins a cluster"""
+    num_cpus: int = 0
+    """local Ray only; 0: all cores"""
+    cpus_per_trial: float = 1.0
+    """CPUs reserved per trial (and its torch threads)"""
+    gpus_per_trial: float = 0.0
+    """fractional allowed: 0.5 puts two trials on one GPU"""
+    max_concurrent: int = 0
+    """0: as many as the resources allow"""
+    object_store_mb: int = 256
+    """local Ray only"""
+    storage_path: str = ".scratch/project03_capstone_infra/tune"
+    """shared path or s3://... URI"""
+    name: str = "asha"
+    """experiment directory under storage_path"""
+    resume: bool = False
+    """Tuner.restore the experiment <storage_path>/<name> (must exist)"""
+    resume_if_exists: bool = False
+    """restore when it exists, else start it (restartable jobs)"""
+    report: bool = True
+    """write reports/project03_capstone_infra/<out_name>.*"""
+    out_name: str = "tune"
+    """stem of the report files"""
+    reports_dir: str = ""
+    """default: a new runs/<UTC time>/; reports/ only when named"""
+    verbose: bool = False
+    """Ray Tune's own status tables and Ray's start-up log (else one bar)"""
 
     def validate(self) -> TuneRunConfig:
         from shared.cli import require_finite
