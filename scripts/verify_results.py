@@ -191,6 +191,8 @@ class Figure:
     """instead of `path`: the value computed from the record"""
     scale: float = 1.0
     """the record's unit times this is the figure's unit (a fraction shown in %)"""
+    gpus: int = 1
+    """GPUs the figure needs: with fewer, a re-run without it is 'not comparable here'"""
 
     def value(self, record: dict) -> Spread | None:
         s = self.extract(record) if self.extract else lookup(record, self.path)
@@ -291,10 +293,28 @@ def attention_ratio(
     return extract
 
 
-_NOT_WIRED = (
-    "{what}'s benchmark entry points are being reworked; its re-run at "
-    "reduced size is to be added here once they settle (re-measure with make {target})"
-)
+def visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # no torch, no driver: the caller's GPU check says why
+        return 0
+
+
+def p02_scaling_flags(committed: dict, gpus: int | None = None) -> list[str]:
+    """The training flags of project02's committed scaling record (its `train` config), and the
+    world sizes: 1, and 2 where two GPUs are visible (`gpus`: how many; default: this machine's)."""
+    train = (committed.get("config") or {}).get("train") or {}
+    out = ["--gpus", "1,2" if (visible_gpus() if gpus is None else gpus) >= 2 else "1"]
+    for key in ("preset", "global_batch", "micro_batch", "seq_len", "steps", "warmup_steps"):
+        if key in train:
+            out += _flag(key, train[key])
+    for key in ("compile", "attention"):
+        if key in train:
+            out += _flag(key, train[key])
+    return out
+
 
 RERUNS: dict[str, Rerun] = {
     r.key: r
@@ -413,12 +433,35 @@ RERUNS: dict[str, Rerun] = {
         Rerun(
             "p02-scaling",
             "project02_fsdp_scaling/scaling_gpu.json",
-            not_wired=_NOT_WIRED.format(what="project02", target="project02"),
+            "FSDP2 training of the committed preset, batch, steps, compile and attention on one "
+            "GPU, and on two where two are visible (the committed run: 1 and 2 GPUs), without the "
+            "one-GPU sweep and the profile",
+            "project02_fsdp_scaling",
+            "scaling",
+            ("--no-sweep", "--no-readme"),
+            derive=p02_scaling_flags,
+            timeout_s=900,
         ),
         Rerun(
             "p03-checkpoint",
             "project03_capstone_infra/checkpoint_bench.json",
-            not_wired=_NOT_WIRED.format(what="project03", target="project03"),
+            "sync and async checkpoints of the committed preset and batch on one GPU, as "
+            "committed (interval, write threads, steady saves, stager), without the pre-staging "
+            "and resume phases the figures do not read",
+            "project03_capstone_infra",
+            "bench-checkpoint",
+            ("--no-prestage", "--no-resume"),
+            (
+                "preset",
+                "global_batch",
+                "seq_len",
+                "ckpt_interval",
+                "warmup_steps",
+                "timed_steps",
+                "write_threads",
+                "steady_saves",
+                "stager",
+            ),
         ),
     )
 }
@@ -570,6 +613,7 @@ FIGURES: tuple[Figure, ...] = (
         "p02-scaling",
         ("results", "runs", dict(world_size=2), "efficiency"),
         scale=100.0,
+        gpus=2,
     ),
     Figure(
         "p03.ckpt.async_held",
@@ -673,6 +717,9 @@ def compare(fig: Figure, committed: dict | None, new: dict | None) -> Check:
         return Check(fig, "not_run", old)
     got = fig.value(new)
     if got is None:
+        have = (new.get("environment") or {}).get("gpu_count") or 0
+        if fig.gpus > 1 and have < fig.gpus:
+            return Check(fig, "not_comparable", old, detail=f"needs {fig.gpus} GPUs, {have} here")
         return Check(fig, "no_value", old, detail="the re-run's record does not hold this figure")
     why = comparable(fig, committed.get("environment") or {}, new.get("environment") or {})
     if why:

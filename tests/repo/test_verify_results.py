@@ -89,7 +89,7 @@ def test_the_registry_reads_every_committed_record_present():
     assert found > 0
     assert {f.rerun for f in vr.FIGURES} <= set(vr.RERUNS)
     assert len({f.key for f in vr.FIGURES}) == len(vr.FIGURES)
-    for project in ("p04.", "p01."):
+    for project in ("p04.", "p01.", "p02.", "p03."):
         wired = [f for f in vr.FIGURES if f.key.startswith(project)]
         assert wired and all(not vr.RERUNS[f.rerun].not_wired for f in wired), project
     for f in vr.FIGURES:
@@ -223,9 +223,9 @@ def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
         )
     ]
     v = vr.verify(figures, committed, out, runner)
-    # latency once for both of its figures; prefix ran and failed; throughput has no committed
-    # record (not run); project02's scaling is not wired
-    assert [k for k, _ in ran] == ["p04-latency", "p04-prefix"]
+    # latency once for both of its figures; prefix and project02's scaling ran and failed;
+    # throughput has no committed record (not run)
+    assert [k for k, _ in ran] == ["p04-latency", "p04-prefix", "p02-scaling"]
     latency_argv = dict(ran)["p04-latency"]
     assert latency_argv[:2] == [P04, "latency"] and "--decode-steps" in latency_argv
     assert latency_argv[latency_argv.index("--max-model-len") + 1] == "8352"  # the committed plan's
@@ -235,12 +235,12 @@ def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
         "p04.decode.b256": "disagree",
         "p04.prefix.overhead": "rerun_failed",
         "p04.throughput": "no_record",
-        "p02.mfu.ws1": "not_wired",
+        "p02.mfu.ws1": "rerun_failed",
     }
     assert vr.exit_code(v.checks) == vr.EXIT_DISAGREE
     text = vr.report(v)
     assert "1.41 (1 run)" in text and "1.45 (1.4–1.5, n=3)" in text
-    assert "not checked: re-run not wired yet" in text and "CUDA out of memory" in text
+    assert "FAILED: the re-run failed" in text and "CUDA out of memory" in text
     assert "Tolerances:" in text and vr.ABSOLUTE.reason in text
     # a record left by an earlier run in the same folder is not taken for the new one
     (out / f"{P04}/prefix_caching.json").parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +252,7 @@ def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
     ran.clear()
     # no GPU: nothing runs, the committed values are still shown
     v = vr.verify(figures, committed, None, runner)
-    assert not ran and {c.status for c in v.checks} == {"not_run", "no_record", "not_wired"}
+    assert not ran and {c.status for c in v.checks} == {"not_run", "no_record"}
 
 
 def test_main_without_a_gpu_says_so_and_exits_3(monkeypatch, capsys):
@@ -484,3 +484,51 @@ def test_p01_reruns_each_run_once_for_their_figures(tmp_path):
     text = vr.report(v)
     assert "90.9 (1 run)" in text and "91 (89.5–92, n=5)" in text
     assert vr.GEMM_SHARE.reason in text and vr.ATTENTION_RATIO.reason in text
+
+
+def test_p02_and_p03_reruns_parse_with_their_own_command_lines(repo_root, tmp_path):
+    """The argv verify-results runs for project02's scaling and project03's checkpoint bench is
+    one their command lines accept (parsed here, no GPU), with the committed record's settings."""
+    import project02_fsdp_scaling.__main__ as p02
+    import project03_capstone_infra.__main__ as p03
+    from shared.cli import parse_subcommand
+
+    rr = vr.RERUNS["p02-scaling"]
+    committed = json.loads((repo_root / "reports" / rr.record).read_text())
+    train = committed["config"]["train"]
+    for gpus, sizes in ((1, "1"), (2, "1,2"), (8, "1,2")):
+        flags = vr.p02_scaling_flags(committed, gpus)
+        argv = [rr.module, rr.command, *rr.flags, *flags, "--reports-dir", str(tmp_path)]
+        name, cfg = parse_subcommand(p02.commands(), prog="p", description="", argv=argv[1:])
+        assert name == "scaling" and cfg.gpus == sizes and not cfg.sweep and not cfg.readme
+        for k in ("preset", "global_batch", "micro_batch", "steps", "warmup_steps", "compile"):
+            assert getattr(cfg.train, k) == train[k], k
+        assert cfg.train.attention == train["attention"] and cfg.reports_dir == str(tmp_path)
+
+    rr = vr.RERUNS["p03-checkpoint"]
+    committed = json.loads((repo_root / "reports" / rr.record).read_text())
+    argv = rr.argv(committed) + ["--reports-dir", str(tmp_path)]
+    name, cfg = parse_subcommand(p03.commands(), prog="p", description="", argv=argv[1:])
+    assert name == "bench-checkpoint" and not cfg.prestage and not cfg.resume
+    for k in rr.from_committed:
+        assert getattr(cfg, k) == committed["config"][k], k
+    assert cfg.reports_dir == str(tmp_path)
+
+
+def test_a_figure_needing_more_gpus_than_the_rerun_had_is_not_comparable_here():
+    f = fig("p02.efficiency.ws2")
+    committed = {
+        "environment": H200,
+        "results": {"runs": [{"world_size": 1, "mfu": 0.5}, {"world_size": 2, "efficiency": 0.95}]},
+    }
+    one_gpu = {
+        "environment": {**H200, "gpu_count": 1},
+        "results": {"runs": [{"world_size": 1, "mfu": 0.5}]},
+    }
+    c = vr.compare(f, committed, one_gpu)
+    assert c.status == "not_comparable" and c.detail == "needs 2 GPUs, 1 here"
+    two_gpus = {**one_gpu, "environment": {**H200, "gpu_count": 2}}
+    assert (
+        vr.compare(f, committed, two_gpus).status == "no_value"
+    )  # two GPUs and no figure: a fault
+    assert vr.compare(fig("p02.mfu.ws1"), committed, one_gpu).status == "agree"
