@@ -92,7 +92,7 @@ gpu-smoke: $(SETUP)  ## the GPU smoke tests, any CUDA extensions built first (mi
 
 # Re-measure the headline figures on this GPU at reduced size and compare them with reports/:
 # exit 0 all agree, 1 a disagreement, 3 no GPU, 4 some not checkable here (each said why).
-# e.g. VERIFY_ARGS="--only p04" (the figures whose re-runs are wired), or --list.
+# e.g. VERIFY_ARGS="--only p04" (one project's figures), or --list.
 VERIFY_ARGS ?=
 .PHONY: verify-results
 
