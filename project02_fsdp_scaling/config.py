@@ -211,7 +211,8 @@ class TrainConfig(JobConfig):
     attention: AttentionName = "sdpa"
     """SDPA backend: sdpa (PyTorch's choice), cudnn or flash (forced; CUDA only)"""
     reshard_after_forward: bool = True
-    """free gathered parameters after forward (ZeRO-3); False keeps them for backward"""
+    """free gathered parameters after forward (ZeRO-3); False keeps them for backward, and between
+    the micro-batches of a step (one gather per step: ZeRO-2's memory, none of its re-gathers)"""
     sync_every_microbatch: bool = False
     """reduce-scatter gradients after every micro-batch instead of once per step"""
     profile: bool = False

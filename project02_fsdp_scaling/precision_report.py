@@ -80,6 +80,17 @@ def _parity_lines(rec: dict, h: str, name: str) -> list[str]:
     return out
 
 
+def _micro(phase: dict) -> str:
+    """', micro-batch 16, parameters gathered for the step' (records from before they were kept
+    say nothing)."""
+    if not phase.get("micro_batch"):
+        return ""
+    kept = phase.get("reshard_after_forward") is False
+    return f", micro-batch {phase['micro_batch']}" + (
+        ", parameters gathered for the whole step" if kept else ""
+    )
+
+
 def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
     thr = rec["results"].get("throughput")
     if not thr:
@@ -107,7 +118,7 @@ def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
     price = next((r["price_source"] for r in ok if r.get("price_source")), None)
     out = [
         f"{h}# Throughput and cost: `{thr['preset']}`, global batch {thr['global_batch']} x "
-        f"{thr['seq_len']} tokens, {thr['steps_total']} steps",
+        f"{thr['seq_len']} tokens{_micro(thr)}, {thr['steps_total']} steps",
         "",
         markdown_table(rows, floatfmt=".4g"),
         "",

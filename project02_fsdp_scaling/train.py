@@ -337,6 +337,8 @@ def run_training(
             y = y_all[m * micro : (m + 1) * micro].to(info.device, non_blocking=True)
             if accum > 1 and not cfg.sync_every_microbatch:
                 model.set_requires_gradient_sync(m == accum - 1)  # reduce-scatter once a step
+            if accum > 1 and not cfg.reshard_after_forward:
+                model.set_reshard_after_backward(m == accum - 1)  # gathered until the last one
             logits = model(x)  # (micro, S, V) in the FSDP compute dtype
             if not compute_dtype:
                 compute_dtype.append(str(logits.dtype).removeprefix("torch."))

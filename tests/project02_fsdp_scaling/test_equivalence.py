@@ -94,10 +94,10 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def _two_ranks(tmp_path, *, entry=TRAIN, dtype=FP64, bug=()) -> tuple:
+def _two_ranks(tmp_path, *, entry=TRAIN, dtype=FP64, bug=(), extra=()) -> tuple:
     """Two gloo ranks of local batch 4 in micro-batches of 2 (also checks accumulation)."""
     outputs = ["--save-params", str(tmp_path / "p.pt"), "--out", str(tmp_path / "r.json")]
-    run_torchrun(2, *entry, *bug, *COMMON, *dtype, "--micro-batch", "2", *outputs)
+    run_torchrun(2, *entry, *bug, *COMMON, *dtype, "--micro-batch", "2", *extra, *outputs)
     rec = json.loads((tmp_path / "r.json").read_text())
     assert rec["world_size"] == 2 and rec["backend"] == "gloo"
     return _params(tmp_path / "p.pt"), _curves(tmp_path / "r.json"), rec
@@ -128,6 +128,15 @@ def test_fsdp_two_processes_match_one_process(reference, tmp_path):
     params, curves, rec = _two_ranks(tmp_path)
     assert rec["grad_accum_steps"] == 2 and rec["compute_dtype"] == "float64"
     assert rec["mfu"] is None  # no float64 peak: MFU is n/a, not made up
+    assert _max_diff(params, reference[0]) < ATOL
+    assert max(_curve_gaps(curves, reference[1])) < REL_F64
+
+
+def test_parameters_kept_gathered_through_the_step_match_one_process(reference, tmp_path):
+    """--no-reshard-after-forward keeps the gathered parameters through both micro-batches of a
+    step (resharded after the last backward only): the same arithmetic, so the same bound."""
+    params, curves, rec = _two_ranks(tmp_path, extra=["--no-reshard-after-forward"])
+    assert rec["grad_accum_steps"] == 2 and rec["config"]["reshard_after_forward"] is False
     assert _max_diff(params, reference[0]) < ATOL
     assert max(_curve_gaps(curves, reference[1])) < REL_F64
 

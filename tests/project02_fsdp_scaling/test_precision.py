@@ -143,6 +143,20 @@ def test_the_plan_runs_bf16_first_and_fp16_without_scaling_too(tmp_path):
     if not plan.on_gpu:
         assert {j.preset for _, j in plan.jobs} == {"tiny"}
         assert not any(j.compile for _, j in plan.jobs)
+    # the parameters stay gathered for the step; GPUs take micro-batches of 16, CPUs none
+    assert not any(j.reshard_after_forward for _, j in plan.jobs)
+    micro = {precision.GPU_MICRO_BATCH} if plan.on_gpu else {0}
+    assert {j.micro_batch for _, j in plan.jobs} == micro
+
+
+def test_the_throughput_heading_names_the_micro_batch_and_gathering():
+    from project02_fsdp_scaling.precision_report import _micro
+
+    assert _micro({"micro_batch": 16, "reshard_after_forward": False}) == (
+        ", micro-batch 16, parameters gathered for the whole step"
+    )
+    assert _micro({"micro_batch": 8, "reshard_after_forward": True}) == ", micro-batch 8"
+    assert _micro({"micro_batch": 0}) == "" and _micro({}) == ""  # CPU, or an older record
 
 
 @pytest.mark.parametrize(
