@@ -1,8 +1,8 @@
 """FlashAttention-2 forward and backward in CUDA C++, as a drop-in for SDPA on CUDA tensors.
 
 `flash_attention(q, k, v, *, causal=False, softmax_scale=None)` computes
-`softmax(scale * q @ k^T [+ causal mask]) @ v` for (B, H, S, D) tensors, like
-`torch.nn.functional.scaled_dot_product_attention`. It runs through the operators
+`softmax(scale * q @ k^T [+ causal mask]) @ v` for q (B, H, Sq, D) and k, v (B, Hk, Sk, D), like
+`torch.nn.functional.scaled_dot_product_attention` (with `enable_gqa=True` when Hk < H). It runs through the operators
 `project01::flash_attn_fwd` / `project01::flash_attn_bwd` (ops.py), so torch.compile sees one
 operator; on CUDA tensors they run our kernels in both directions:
 
@@ -19,10 +19,32 @@ operator; on CUDA tensors they run our kernels in both directions:
   atomics.
   No S x S tensor is ever stored.
 
-Supported: float16 and bfloat16; head dims 64 and 128; any sequence lengths; k/v length may
-differ from q's when not causal. `causal=True` is the top-left aligned mask of SDPA's
-`is_causal=True` (query i sees keys 0..i) and needs equal q and k lengths: with unequal lengths
-SDPA and FlashAttention disagree on where the diagonal lies, so we refuse rather than guess.
+Supported: float16 and bfloat16; head dims 64 and 128; any sequence lengths (k/v's may differ
+from q's).
+
+Grouped-query and multi-query attention (Llama-3's 8 k/v heads for 32 or 64 query heads): k and
+v may have Hk heads, Hk dividing H; query head h attends with k/v head h // (H / Hk) (each k/v
+head serves H / Hk consecutive query heads, as `repeat_interleave` or SDPA's `enable_gqa` would
+expand them). The kernels read the shared k/v head in place, nothing is repeated in memory; the
+backward computes dk, dv per query head and sums each group (an extra (B, H, Sk, D) buffer
+only when Hk < H).
+
+Causal masks (`causal`), for query row i (0-based, of Sq) and key j (of Sk):
+
+- `False`: no mask.
+- `"top_left"`: i sees keys j <= i, the diagonal starting at the top-left corner. This is
+  SDPA's `is_causal=True` (and `torch.tril`) whatever the lengths.
+- `"bottom_right"`: i sees keys j <= i + (Sk - Sq), the diagonal ending at the bottom-right
+  corner: the last query sees every key. This is FlashAttention's `causal=True` (>= 2.1) and what
+  a decoder wants when q holds the last Sq tokens of a sequence whose keys are all in k (chunked
+  prefill, decoding with a cache).
+- `True`: the two agree when Sq == Sk, which `True` requires (a one-line ValueError otherwise):
+  with unequal lengths SDPA and FlashAttention disagree on where the diagonal lies, so `True`
+  refuses rather than guess; name the alignment you mean.
+
+A query row that sees no key (bottom-right with Sq > Sk: rows i < Sq - Sk; top-left never has
+one) outputs 0 and passes no gradient, FlashAttention's convention (SDPA gives NaN there); its
+log-sum-exp is +inf.
 
 Layout: any strides along B, H and S that are multiples of 8 elements, stride 1 along D and a
 16-byte aligned start are used in place (the q/k/v views a fused QKV projection produces, for
@@ -45,6 +67,9 @@ from ._build import is_hopper, load_extension
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 128)
+# The values `causal` takes (see the module docstring). The operators in ops.py carry the index
+# into this tuple (an int in their schema: 0 False, 1 True, 2 "top_left", 3 "bottom_right").
+CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA: our kernels; CPU: the operators' reference (ops.py)
 _MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensions
 # Forward kernel variant: 16-row MMA tiles per warp. 2 = FlashAttention-2's layout (32 query rows
@@ -93,8 +118,42 @@ def resolve_softmax_scale(softmax_scale, head_dim: int) -> float:
     return scale
 
 
+def check_causal(causal) -> None:
+    """Raise TypeError/ValueError unless `causal` is one of CAUSAL_VALUES."""
+    if not isinstance(causal, (bool, str)):
+        raise TypeError(
+            f"causal must be a bool or one of 'top_left', 'bottom_right', got "
+            f"{type(causal).__name__}"
+        )
+    if isinstance(causal, str) and causal not in CAUSAL_VALUES:
+        raise ValueError(
+            f"causal must be False, True, 'top_left' or 'bottom_right', got {causal!r}"
+        )
+
+
+def causal_code(causal) -> int:
+    """The operators' int for a checked `causal` value: its index in CAUSAL_VALUES."""
+    check_causal(causal)
+    return CAUSAL_VALUES.index(causal)
+
+
+def causal_mask_args(causal) -> tuple[bool, bool]:
+    """(masked, bottom_right) for the kernels: the mask is on unless causal is False, and aligned
+    bottom-right only for "bottom_right" (True and "top_left" are both top-left)."""
+    return causal is not False, causal == "bottom_right"
+
+
+def causal_offset(causal, seqlen_q: int, seqlen_k: int) -> int | None:
+    """Query row i sees keys j <= i + offset: 0 for True and "top_left", Sk - Sq for
+    "bottom_right"; None when causal is False (no mask)."""
+    masked, bottom_right = causal_mask_args(causal)
+    if not masked:
+        return None
+    return seqlen_k - seqlen_q if bottom_right else 0
+
+
 def check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, softmax_scale
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | str, softmax_scale
 ) -> float:
     """Validate the arguments of `flash_attention`; return the softmax scale to use.
 
@@ -106,8 +165,7 @@ def check_inputs(
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    check_causal(causal)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
@@ -129,10 +187,10 @@ def check_inputs(
         raise ValueError(
             f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}"
         )
-    if k.shape[0] != B or k.shape[1] != H:
+    if k.shape[0] != B or k.shape[1] < 1 or H % k.shape[1] != 0:
         raise ValueError(
-            f"k and v must have q's batch and heads ({B}, {H}), got {tuple(k.shape[:2])} "
-            "(broadcast or repeat k/v heads before calling)"
+            f"k and v must have q's batch {B} and a number of heads dividing q's {H} "
+            f"(grouped-query attention), got (batch, heads) {tuple(k.shape[:2])}"
         )
     if k.shape[3] != D:
         raise ValueError(f"k and v must have q's head_dim {D}, got {k.shape[3]}")
@@ -145,10 +203,11 @@ def check_inputs(
         )
     if B > _MAX_GRID_YZ or H > _MAX_GRID_YZ:
         raise ValueError(f"batch and heads must each be at most {_MAX_GRID_YZ}, got {B}, {H}")
-    if causal and Sq != Sk:
+    if causal is True and Sq != Sk:
         raise ValueError(
             f"causal=True needs q and k of equal sequence length, got {Sq} and {Sk} "
-            "(with unequal lengths the top-left and bottom-right causal masks differ)"
+            "(with unequal lengths the top-left and bottom-right causal masks differ: pass "
+            "causal='top_left' (SDPA's is_causal) or 'bottom_right' (FlashAttention's))"
         )
     scale = resolve_softmax_scale(softmax_scale, D)
     devices = {t.device for t in (q, k, v)}
@@ -169,7 +228,7 @@ def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    causal: bool,
+    causal: bool | str,
     softmax_scale: float,
     *,
     out: torch.Tensor | None = None,
@@ -178,6 +237,8 @@ def flash_forward(
     kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel on checked, kernel-ready inputs: (o (B, H, Sq, D), lse (B, H, Sq) float32).
+
+    `causal` is one of CAUSAL_VALUES; k and v may have fewer heads than q (grouped-query).
 
     `out` and `lse` may be given to write into (the poisoned-output tests do); `kernel` is one of
     FWD_KERNELS; `m_tiles_per_warp` picks the FlashAttention-2 variant (1 or 2, see
@@ -191,10 +252,11 @@ def flash_forward(
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None:
         lse = torch.empty((B, H, Sq), dtype=torch.float32, device=q.device)
+    masked, bottom_right = causal_mask_args(causal)
     if kernel == "hopper":
-        _extension().fwd_hopper(q, k, v, out, lse, causal, softmax_scale)
+        _extension().fwd_hopper(q, k, v, out, lse, masked, bottom_right, softmax_scale)
     else:
-        _extension().fwd(q, k, v, out, lse, causal, softmax_scale, m_tiles_per_warp)
+        _extension().fwd(q, k, v, out, lse, masked, bottom_right, softmax_scale, m_tiles_per_warp)
     return out, lse
 
 
@@ -218,7 +280,7 @@ def flash_backward(
     v: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
-    causal: bool,
+    causal: bool | str,
     softmax_scale: float,
     *,
     dq: torch.Tensor | None = None,
@@ -226,15 +288,19 @@ def flash_backward(
     dv: torch.Tensor | None = None,
     warps: int = BWD_WARPS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward kernels on kernel-ready inputs: (dq, dk, dv); `warps` picks the variant (8 or 4,
-    see BWD_WARPS)."""
+    """Backward kernels on kernel-ready inputs: (dq, dk, dv), each shaped like its input (dk, dv
+    summed over each group of query heads when k/v have fewer heads); `warps` picks the variant
+    (8 or 4, see BWD_WARPS)."""
     if warps not in (4, 8):
         raise ValueError(f"warps must be 4 or 8, got {warps!r}")
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if dk is None else dk
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if dv is None else dv
+    masked, bottom_right = causal_mask_args(causal)
     _extension().bwd(
-        _kernel_layout(dout), q, k, v, out, lse, dq, dk, dv, causal, softmax_scale, warps
+        _kernel_layout(dout),
+        *(q, k, v, out, lse, dq, dk, dv),
+        *(masked, bottom_right, softmax_scale, warps),
     )
     return dq, dk, dv
 
@@ -244,12 +310,15 @@ def flash_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool = False,
+    causal: bool | str = False,
     softmax_scale: float | None = None,
 ) -> torch.Tensor:
-    """Fused attention, (B, H, Sq, D) x (B, H, Sk, D) x (B, H, Sk, D) -> (B, H, Sq, D).
+    """Fused attention, (B, H, Sq, D) x (B, Hk, Sk, D) x (B, Hk, Sk, D) -> (B, H, Sq, D).
 
-    softmax_scale defaults to 1 / sqrt(D). Runs the operator `project01::flash_attn_fwd`,
+    Hk divides H (grouped-query attention; Hk == H is multi-head). causal: False, "top_left"
+    (SDPA's is_causal: query i sees keys 0..i), "bottom_right" (FlashAttention's: query i sees
+    keys 0..i + Sk - Sq; rows that see no key output 0), or True (either: needs Sq == Sk). See
+    the module docstring. softmax_scale defaults to 1 / sqrt(D). Runs the operator `project01::flash_attn_fwd`,
     differentiable through `project01::flash_attn_bwd`: our kernels on CUDA tensors, the float32
     reference on CPU tensors (slow; see the module docstring). Raises TypeError/ValueError
     naming a bad argument (`check_inputs`); on CUDA tensors, CudaUnavailableError when the
@@ -258,4 +327,4 @@ def flash_attention(
     scale = check_inputs(q, k, v, causal, softmax_scale)
     from .ops import flash_attn_fwd
 
-    return flash_attn_fwd(q, k, v, causal, scale)[0]
+    return flash_attn_fwd(q, k, v, causal_code(causal), scale)[0]

@@ -3,13 +3,18 @@
 `attention.flash_attention` and `gemm.matmul` call these operators, so eager code, autograd and
 `torch.compile` (fullgraph, no graph break) all see one operator per call:
 
-- `project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, float softmax_scale)
-  -> (Tensor, Tensor)`: (out, lse); out like q (contiguous), lse (B, H, Sq) float32, the natural
-  log-sum-exp of each row of scaled scores. Differentiable in q, k and v (lse is marked
-  non-differentiable): the backward runs `flash_attn_bwd`.
+- `project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale)
+  -> (Tensor, Tensor)`: (out, lse); q (B, H, Sq, D), k and v (B, Hk, Sk, D) with Hk dividing H
+  (grouped-query attention); out like q (contiguous), lse (B, H, Sq) float32, the natural
+  log-sum-exp of each row of scaled scores (+inf for a row that sees no key). `causal` is the
+  index of `flash_attention`'s causal argument in `attention.CAUSAL_VALUES`: 0 no mask, 1 True
+  (top-left, equal lengths only), 2 "top_left", 3 "bottom_right" (a Python bool passes as 0 or
+  1 with its old meaning). Differentiable in q, k and v (lse is marked non-differentiable): the
+  backward runs `flash_attn_bwd`.
 - `project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-  bool causal, float softmax_scale) -> (Tensor, Tensor, Tensor)`: (dq, dk, dv), each like its
-  input (contiguous).
+  int causal, float softmax_scale) -> (Tensor, Tensor, Tensor)`: (dq, dk, dv), each like its
+  input (contiguous): dk and dv have k's Hk heads, each the sum over the H / Hk query heads that
+  share it.
 - `project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor`: a @ b with the ladder kernel
   `kernel` ("auto" or a `gemm.GEMM_KERNELS` name). Differentiable: dA = dC B^T and dB = A^T dC,
   two products through this same operator and kernel (the inputs made contiguous first, as the
@@ -23,8 +28,9 @@ Each operator has two implementations and a fake (shape) function:
   kernel-ready layout (`attention._kernel_layout`) and `gemm.launch`. Autograd saves the
   operator's inputs, so a q/k/v layout the kernels cannot read in place is copied in the
   forward and again in the backward (views of a fused QKV projection are read in place).
-- CPU: the float32 reference math (attention: softmax(scale q k^T [+ causal mask]) v and its
-  log-sum-exp, backward by the standard formulas, S x S materialised; matmul: `torch.matmul` in
+- CPU: the float32 reference math (attention: k/v heads repeated over their query heads,
+  softmax(scale q k^T [+ causal mask]) v and its log-sum-exp, backward by the standard formulas
+  with dk/dv summed back over each group, S x S materialised; matmul: `torch.matmul` in
   float32), rounded once to the input dtype. It is slow and is not a product: it exists so the
   schema, the fake functions, the autograd registration and torch.compile integration run and
   are tested (`torch.library.opcheck`) on machines without a GPU.
@@ -50,11 +56,36 @@ __all__ = ["flash_attn_bwd", "flash_attn_fwd", "matmul", "matmul_out"]
 # FlashAttention
 
 
+_FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale) -> (Tensor, Tensor)"
+_BWD_SCHEMA = (
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, int causal, "
+    "float softmax_scale) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _causal_value(code: int) -> bool | str:
+    """`flash_attention`'s causal value for the operators' int (attention.CAUSAL_VALUES)."""
+    if isinstance(code, bool) or (isinstance(code, int) and 0 <= code < 4):
+        return attention.CAUSAL_VALUES[int(code)]
+    raise ValueError(
+        "causal must be 0 (False), 1 (True), 2 ('top_left') or 3 ('bottom_right') in the "
+        f"operator, got {code!r}"
+    )
+
+
+def _check_fwd_inputs(q: Tensor, k: Tensor, v: Tensor, causal: int, scale) -> bool | str:
+    """check_inputs on (q, k, v) with the causal value the operator's int stands for; returns
+    that value."""
+    value = _causal_value(causal)
+    attention.check_inputs(q, k, v, value, scale)
+    return value
+
+
 def _check_bwd_inputs(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale
-) -> None:
-    """check_inputs on (q, k, v), plus: dout and out like q, lse (B, H, Sq) float32."""
-    attention.check_inputs(q, k, v, causal, scale)
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: int, scale
+) -> bool | str:
+    """_check_fwd_inputs, plus: dout and out like q, lse (B, H, Sq) float32."""
+    value = _check_fwd_inputs(q, k, v, causal, scale)
     for name, t in (("dout", dout), ("out", out)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
             raise ValueError(
@@ -66,19 +97,25 @@ def _check_bwd_inputs(
             f"lse must be a {tuple(q.shape[:3])} float32 tensor on {q.device}, got "
             f"{tuple(lse.shape)} {lse.dtype} on {lse.device}"
         )
+    return value
 
 
-@torch.library.custom_op("project01::flash_attn_fwd", mutates_args=(), device_types="cuda")
+# The schema is spelled out so that `causal` is a plain int (an annotation would make it SymInt).
+@torch.library.custom_op(
+    "project01::flash_attn_fwd", mutates_args=(), device_types="cuda", schema=_FWD_SCHEMA
+)
 def flash_attn_fwd(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float
+    q: Tensor, k: Tensor, v: Tensor, causal: int, softmax_scale: float
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(softmax_scale q k^T [+ causal mask]) v: our forward kernels."""
-    attention.check_inputs(q, k, v, causal, softmax_scale)
+    value = _check_fwd_inputs(q, k, v, causal, softmax_scale)
     q, k, v = (attention._kernel_layout(t) for t in (q, k, v))
-    return attention.flash_forward(q, k, v, causal, softmax_scale)
+    return attention.flash_forward(q, k, v, value, softmax_scale)
 
 
-@torch.library.custom_op("project01::flash_attn_bwd", mutates_args=(), device_types="cuda")
+@torch.library.custom_op(
+    "project01::flash_attn_bwd", mutates_args=(), device_types="cuda", schema=_BWD_SCHEMA
+)
 def flash_attn_bwd(
     dout: Tensor,
     q: Tensor,
@@ -86,34 +123,49 @@ def flash_attn_bwd(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
-    causal: bool,
+    causal: int,
     softmax_scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) from the forward's out and lse: our backward kernels."""
-    _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
+    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
     q, k, v, out = (attention._kernel_layout(t) for t in (q, k, v, out))
-    return attention.flash_backward(dout, q, k, v, out, lse.contiguous(), causal, softmax_scale)
+    return attention.flash_backward(dout, q, k, v, out, lse.contiguous(), value, softmax_scale)
 
 
-def _scores(q: Tensor, k: Tensor, causal: bool, scale: float) -> Tensor:
-    """scale q k^T in float32, -inf above the diagonal when causal (top-left aligned)."""
-    s = torch.matmul(q.float(), k.float().transpose(-2, -1)) * scale
-    if causal:
-        sq, sk = s.shape[-2:]
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril()
+def _expand_kv(t: Tensor, heads: int) -> Tensor:
+    """k or v (B, Hk, Sk, D) with each head repeated over its H / Hk query heads, in float32."""
+    return t.float().repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _scores(q: Tensor, k: Tensor, causal: bool | str, scale: float) -> Tensor:
+    """scale q k^T in float32 (k already expanded to q's heads), -inf where the causal mask
+    hides key j from query i (j > i + offset: 0 top-left, Sk - Sq bottom-right)."""
+    s = torch.matmul(q.float(), k.transpose(-2, -1)) * scale
+    sq, sk = s.shape[-2:]
+    offset = attention.causal_offset(causal, sq, sk)
+    if offset is not None:
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(diagonal=offset)
         s = s.masked_fill(~keep, float("-inf"))
     return s
 
 
+def _lse(s: Tensor) -> Tensor:
+    """The row log-sum-exp, +inf (not -inf) for a row that sees no key, as the kernels write it:
+    then exp(s - lse) is 0 on that row (not NaN), so its output and gradients are 0."""
+    lse = torch.logsumexp(s, dim=-1)
+    return lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
 @flash_attn_fwd.register_kernel("cpu")
 def _flash_attn_fwd_cpu(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float
+    q: Tensor, k: Tensor, v: Tensor, causal: int, softmax_scale: float
 ) -> tuple[Tensor, Tensor]:
-    attention.check_inputs(q, k, v, causal, softmax_scale)
-    s = _scores(q, k, causal, softmax_scale)
-    lse = torch.logsumexp(s, dim=-1)
+    value = _check_fwd_inputs(q, k, v, causal, softmax_scale)
+    h = q.shape[1]
+    s = _scores(q, _expand_kv(k, h), value, softmax_scale)
+    lse = _lse(s)
     p = torch.exp(s - lse.unsqueeze(-1))
-    out = torch.matmul(p, v.float()).to(q.dtype)
+    out = torch.matmul(p, _expand_kv(v, h)).to(q.dtype)
     return out.contiguous(), lse.contiguous()
 
 
@@ -125,25 +177,30 @@ def _flash_attn_bwd_cpu(
     v: Tensor,
     out: Tensor,
     lse: Tensor,
-    causal: bool,
+    causal: int,
     softmax_scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     # The FlashAttention backward in float32: P from the saved lse, D = rowsum(dO * O),
-    # dS = P * (dP - D), then dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
-    _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
-    p = torch.exp(_scores(q, k, causal, softmax_scale) - lse.unsqueeze(-1))
+    # dS = P * (dP - D), then dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; with grouped
+    # k/v heads, dK and dV per query head, summed over each group.
+    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
+    b, h, _, _ = q.shape
+    hk, sk, d = k.shape[1:]
+    ke, ve = _expand_kv(k, h), _expand_kv(v, h)
+    p = torch.exp(_scores(q, ke, value, softmax_scale) - lse.unsqueeze(-1))
     do = dout.float()
     dv = torch.matmul(p.transpose(-2, -1), do)
-    dp = torch.matmul(do, v.float().transpose(-2, -1))
+    dp = torch.matmul(do, ve.transpose(-2, -1))
     ds = p * (dp - (do * out.float()).sum(dim=-1, keepdim=True))
-    dq = torch.matmul(ds, k.float()) * softmax_scale
+    dq = torch.matmul(ds, ke) * softmax_scale
     dk = torch.matmul(ds.transpose(-2, -1), q.float()) * softmax_scale
+    dk, dv = (g.view(b, hk, h // hk, sk, d).sum(dim=2) for g in (dk, dv))
     return tuple(g.to(t.dtype).contiguous() for g, t in ((dq, q), (dk, k), (dv, v)))
 
 
 @flash_attn_fwd.register_fake
 def _flash_attn_fwd_fake(q, k, v, causal, softmax_scale):
-    attention.check_inputs(q, k, v, causal, softmax_scale)
+    _check_fwd_inputs(q, k, v, causal, softmax_scale)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty(q.shape[:3], dtype=torch.float32)
 
@@ -151,6 +208,7 @@ def _flash_attn_fwd_fake(q, k, v, causal, softmax_scale):
 @flash_attn_bwd.register_fake
 def _flash_attn_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale):
     _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
+    # dq like q; dk, dv like k and v (Hk heads, summed over each group of query heads).
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 

@@ -45,16 +45,17 @@ plus a floor of twice the float32 rounding of the reference's own values
 stricter reading: 2x for the output and all three gradients, with the 1e-5 floor of the
 upstream causal tests (the one tests/project01_cuda_kernel/test_attention_gpu.py already uses).
 
-The causal mask is the one `flash_attention` documents: top-left aligned, SDPA's
-`is_causal=True` (query i sees keys 0..i). FlashAttention >= 2.1 aligns it bottom-right when
-seqlen_q != seqlen_k (query i sees keys 0..i + seqlen_k - seqlen_q), so the two disagree there;
-that is why `flash_attention` refuses causal with unequal lengths, and those cases are refused
-here rather than compared against either mask.
+The causal mask is upstream's: FlashAttention >= 2.1 aligns the diagonal bottom-right (query i
+sees keys 0..i + seqlen_k - seqlen_q), so a causal case runs `flash_attention(...,
+causal="bottom_right")` and the references mask the same way (SDPA's `is_causal` is top-left;
+the two agree only for equal lengths). With seqlen_q > seqlen_k the first seqlen_q - seqlen_k
+query rows see no key: upstream's reference (and `flash_attention`) output 0 there, with no
+gradient, and so do ours. GQA/MQA cases pass k and v with their 2 or 1 heads; `flash_attention`
+reads them in place.
 
 Inputs `flash_attention` does not support (`attention.check_inputs`: head dims other than 64
-and 128, fewer k/v heads than q heads, causal with unequal lengths) raise a one-line
-TypeError/ValueError; such a case is "refused" with that message, and `run_matrix` groups the
-refusals by the message with its case-specific numbers normalised.
+and 128) raise a one-line TypeError/ValueError; such a case is "refused" with that message, and
+`run_matrix` groups the refusals by the message with its case-specific numbers normalised.
 
 On CPU tensors `flash_attention` runs its operator's float32 reference, so a CPU run checks this
 harness (inputs, references, rule, grouping), not the CUDA kernels. Importing this module needs
@@ -184,8 +185,9 @@ def make_inputs(
 def attention_math(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> torch.Tensor:
-    """softmax(scale q k^T [+ causal mask]) v, explicitly, in the inputs' dtype (no casts: call it
-    on float32 tensors for the float32 reference, on half tensors for the same-dtype one).
+    """softmax(scale q k^T [+ causal mask, bottom-right]) v, explicitly, in the inputs' dtype (no
+    casts: call it on float32 tensors for the float32 reference, on half tensors for the
+    same-dtype one).
 
     GQA/MQA: each k/v head serves nheads / nheads_kv consecutive query heads; they are expanded
     here, in the references only (autograd sums each expanded head's gradient back onto it).
@@ -195,15 +197,17 @@ def attention_math(
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if causal:
-        # Top-left aligned, as SDPA's is_causal=True and `flash_attention` document: query i sees
-        # keys 0..i. FlashAttention >= 2.1 aligns the diagonal bottom-right when seqlen_q !=
-        # seqlen_k (query i sees keys 0..i + seqlen_k - seqlen_q); the two masks agree only for
-        # equal lengths, which is why flash_attention refuses unequal causal (so do we, then).
-        sq, sk = s.shape[-2:]
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v)
+    if not causal:
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+    # Bottom-right aligned, as FlashAttention >= 2.1: query i sees keys 0..i + seqlen_k -
+    # seqlen_q. A row that sees no key (seqlen_q > seqlen_k) is 0 with no gradient, upstream's
+    # convention: its scores stay unmasked and its probabilities are multiplied by 0, so that
+    # autograd gives 0 there rather than the NaN of a softmax over nothing.
+    sq, sk = s.shape[-2:]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq)
+    live = keep.any(dim=-1, keepdim=True)
+    s = s.masked_fill(~(keep | ~live), float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1) * live, v)
 
 
 def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -266,7 +270,7 @@ def run_case(
 
     leaves = _leaves(q, k, v)
     try:
-        out = attention_fn(*leaves, causal=case.causal)
+        out = attention_fn(*leaves, causal="bottom_right" if case.causal else False)
     except (TypeError, ValueError) as e:
         return {"status": "refused", "reason": str(e), "error_type": type(e).__name__}
     ours = _out_and_grads(out, leaves, dout)

@@ -309,3 +309,153 @@ def test_backward_variants_match_reference(warps, d, sq, sk, causal):
         assert torch.isfinite(x).all(), f"{name} has NaN/inf"
         err, err_sdpa = max_err(x, r), max_err(y, r)
         assert err <= 2 * err_sdpa + 1e-5, f"{name}: {err:.3e} vs SDPA's {err_sdpa:.3e}"
+
+
+# --------------------------------------------------------------------------------------------
+# Grouped-query / multi-query k/v heads and the two causal alignments
+
+# (heads, kv heads): MHA (the unchanged path, as a control), GQA ratios 2, 4 and 8, MQA.
+GQA_HEADS = [(8, 8), (8, 4), (8, 2), (16, 2), (8, 1)]
+# (seq_q, seq_k): Sq < Sk and Sq > Sk (bottom-right then hides every key from rows i < Sq - Sk,
+# whole query tiles of both forward kernels among them), equal, a single query row, and three
+# keys. (Not a single key without a mask: P = 1 exactly, so the exact dK is 0 and the half-dtype
+# math gets exactly 0, while the kernel's D = rowsum(dO * O) reads O rounded to the dtype: a
+# rounding-sized dK, ~1e-5 summed over a group, that the rule's floor would fail.)
+GQA_LENGTHS = [(100, 333), (333, 100), (257, 257), (1, 200), (200, 3)]
+CAUSAL_MODES = [False, "top_left", "bottom_right"]
+
+
+def reference_gqa(q, k, v, causal, scale):
+    """softmax(scale q k^T [+ mask]) v explicitly in the inputs' dtype (float32 for the reference,
+    the half dtype for PyTorch's own same-dtype math): k/v heads repeated over their query heads
+    (repeat_interleave: query head h uses k/v head h // (H / Hk)); mask j <= i + offset. A row
+    that sees no key is 0 with no gradient (FlashAttention's convention): its scores are left
+    unmasked and its probabilities multiplied by 0, so autograd gives 0 there, not NaN."""
+    from project01_cuda_kernel.attention import causal_offset
+
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    s = (q @ k.transpose(-2, -1)) * scale
+    sq, sk = s.shape[-2:]
+    offset = causal_offset(causal, sq, sk)
+    if offset is None:
+        return torch.softmax(s, dim=-1) @ v
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(offset)
+    live = keep.any(dim=-1, keepdim=True)
+    s = s.masked_fill(~(keep | ~live), -math.inf)
+    return (torch.softmax(s, dim=-1) * live).to(v.dtype) @ v
+
+
+def check_gqa(kernel, dtype, d, h, hk, sq, sk, causal, *, ref_fn=reference_gqa, seed=7):
+    """Forward with the given kernel (out, lse) and the backward from its out and lse, against
+    the float32 reference, by FlashAttention's rule: max error at most twice that of the same
+    math run by PyTorch in the half dtype, plus 1e-5 absolute (the existing tests' rule). Why it
+    fits: the half-dtype math rounds q k^T, P and P V to the dtype (relative u each, u = 2^-8
+    bf16, 2^-11 fp16), so its error is the unavoidable rounding of this very case; our kernels
+    round only their inputs and outputs (float32 accumulators), so a correct kernel is at most
+    as far off, and a wrong k/v head, mask or group sum errs by O(1). dk and dv also carry the
+    group sum: one more rounding of the summed value (u), which the same-dtype reference (its
+    autograd sums the repeated heads' gradients in the half dtype) pays too.
+    Returns the list of failures (empty when every tensor passes)."""
+    from project01_cuda_kernel.attention import causal_offset, flash_backward, flash_forward
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b = 2
+    q = torch.randn(b, h, sq, d, device="cuda", generator=gen, dtype=dtype)
+    k = torch.randn(b, hk, sk, d, device="cuda", generator=gen, dtype=dtype)
+    v = torch.randn(b, hk, sk, d, device="cuda", generator=gen, dtype=dtype)
+    do = torch.randn(b, h, sq, d, device="cuda", generator=gen, dtype=dtype)
+    scale = d**-0.5
+    out, lse = flash_forward(q, k, v, causal, scale, kernel=kernel)
+    dq, dk, dv = flash_backward(do, q, k, v, out, lse, causal, scale)
+    ref = run_with_grads(
+        lambda q, k, v: ref_fn(q, k, v, causal, scale), *(t.float() for t in (q, k, v, do))
+    )
+    same = run_with_grads(lambda q, k, v: ref_fn(q, k, v, causal, scale), q, k, v, do)
+    failures = []
+    for name, x, y, r in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), same, ref):
+        assert x.shape == r.shape and x.dtype == dtype, name
+        if not torch.isfinite(x).all():
+            failures.append(f"{name} has NaN/inf")
+            continue
+        err, err_same = max_err(x, r), max_err(y, r)
+        if err > 2 * err_same + 1e-5:
+            failures.append(f"{name}: max error {err:.3e} vs same-dtype math's {err_same:.3e}")
+    # lse: float32 log-sum-exp of the float32 scores of the half inputs; +inf on rows that see
+    # no key. Tolerance as test_forward_variants_match_reference's.
+    s = (q.float() @ k.float().repeat_interleave(h // hk, dim=1).transpose(-2, -1)) * scale
+    offset = causal_offset(causal, sq, sk)
+    if offset is not None:
+        s = s.masked_fill(
+            ~torch.ones(sq, sk, dtype=torch.bool, device="cuda").tril(offset), -math.inf
+        )
+    want = torch.logsumexp(s, dim=-1).nan_to_num(neginf=math.inf)
+    if not torch.allclose(lse, want, atol=2e-3, rtol=1e-4, equal_nan=False):
+        failures.append(f"lse: max error {(lse - want).nan_to_num().abs().max().item():.3e}")
+    if offset is not None and offset < 0:
+        dead = -offset  # rows 0 .. dead - 1 see no key: exactly 0, no gradient, lse +inf
+        if out[:, :, :dead].abs().max() != 0 or dq[:, :, :dead].abs().max() != 0:
+            failures.append("rows that see no key are not 0")
+        if not torch.isposinf(lse[:, :, :dead]).all():
+            failures.append("rows that see no key: lse is not +inf")
+    return failures
+
+
+GQA_FWD_KERNELS = [
+    "fa2",
+    pytest.param(
+        "hopper",
+        marks=pytest.mark.skipif(not _on_hopper(), reason="the Hopper kernel needs CC 9.0"),
+    ),
+]
+
+
+@pytest.mark.parametrize("kernel", GQA_FWD_KERNELS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("h,hk", GQA_HEADS, ids=lambda x: str(x))
+@pytest.mark.parametrize("causal", CAUSAL_MODES, ids=str)
+@pytest.mark.parametrize("sq,sk", GQA_LENGTHS, ids=lambda x: str(x))
+def test_gqa_and_causal_alignment_match_reference(kernel, dtype, d, h, hk, causal, sq, sk):
+    failures = check_gqa(kernel, dtype, d, h, hk, sq, sk, causal)
+    assert not failures, failures
+
+
+@pytest.mark.smoke  # grouped k/v heads and the bottom-right mask, forward and backward, once
+def test_gqa_bottom_right_smoke():
+    kernel = "hopper" if _on_hopper() else "fa2"
+    assert not check_gqa(kernel, torch.bfloat16, 128, 8, 2, 333, 100, "bottom_right")
+
+
+@pytest.mark.parametrize("kernel", GQA_FWD_KERNELS)
+def test_gqa_check_catches_planted_errors(kernel):
+    """The comparison above is not vacuous: a reference that groups the heads the other way
+    (k/v head h % Hk, torch.repeat's tiling) or aligns the mask top-left where the kernel was
+    asked for bottom-right fails it."""
+
+    def tiled_heads(q, k, v, causal, scale):
+        group = q.shape[1] // k.shape[1]
+        k, v = (t.repeat(1, group, 1, 1) for t in (k, v))
+        return reference_gqa(q, k, v, causal, scale)
+
+    assert check_gqa(kernel, torch.bfloat16, 64, 8, 2, 100, 333, False, ref_fn=tiled_heads)
+
+    def top_left(q, k, v, causal, scale):
+        return reference_gqa(q, k, v, "top_left", scale)
+
+    assert check_gqa(kernel, torch.bfloat16, 64, 8, 2, 100, 333, "bottom_right", ref_fn=top_left)
+
+
+def test_gqa_reads_strided_kv_views_in_place():
+    """k/v views with fewer heads (a fused projection's q | k | v split) give the same answer as
+    contiguous copies: the k/v head strides are the views' own."""
+    from project01_cuda_kernel import flash_attention
+
+    b, s, h, hk, d = 2, 200, 8, 2, 128
+    fused = torch.randn(b, s, h + 2 * hk, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = fused.transpose(1, 2).split([h, hk, hk], dim=1)  # (B, heads, S, D) views
+    assert not k.is_contiguous()
+    for causal in (False, "bottom_right"):
+        out = flash_attention(q, k, v, causal=causal)
+        expect = flash_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal)
+        assert torch.equal(out, expect)

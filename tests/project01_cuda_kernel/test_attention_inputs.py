@@ -15,11 +15,13 @@ from project01_cuda_kernel.attention import (
 )
 
 
-def qkv(b=2, h=3, sq=17, sk=17, d=64, dtype=torch.bfloat16, device="cpu"):
-    """Tensors of the given shape; CPU by default (metadata checks need no GPU)."""
+def qkv(b=2, h=3, sq=17, sk=17, d=64, dtype=torch.bfloat16, device="cpu", hk=None):
+    """Tensors of the given shape (k/v with hk heads, h by default); CPU by default (metadata
+    checks need no GPU)."""
+    hk = h if hk is None else hk
     q = torch.randn(b, h, sq, d, device=device).to(dtype)
-    k = torch.randn(b, h, sk, d, device=device).to(dtype)
-    v = torch.randn(b, h, sk, d, device=device).to(dtype)
+    k = torch.randn(b, hk, sk, d, device=device).to(dtype)
+    v = torch.randn(b, hk, sk, d, device=device).to(dtype)
     return q, k, v
 
 
@@ -83,13 +85,25 @@ def test_k_v_shapes_differ():
         flash_attention(q, k, v[:, :, :19])
 
 
-@pytest.mark.parametrize("bad", ["batch", "heads"])
-def test_batch_heads_mismatch(bad):
+@pytest.mark.parametrize("kb,kh", [(1, 3), (2, 2), (2, 6)])
+def test_batch_heads_mismatch(kb, kh):
+    """k/v heads must divide q's (3 here): 2 and 6 do not; the batch must match."""
     q, _, _ = qkv(b=2, h=3)
-    kb, kh = (1, 3) if bad == "batch" else (2, 1)
     k = torch.randn(kb, kh, 17, 64).bfloat16()
-    with pytest.raises(ValueError, match="must have q's batch and heads"):
+    with pytest.raises(ValueError, match="must have q's batch 2 and a number of heads dividing"):
         flash_attention(q, k, k.clone())
+
+
+@pytest.mark.parametrize("hk", [1, 2, 4, 8])
+def test_grouped_kv_heads_are_accepted(hk):
+    """Grouped-query (Hk = 2, 4) and multi-query (Hk = 1) k/v heads; dk, dv keep k's shape."""
+    q, k, v = qkv(h=8, hk=hk)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out = flash_attention(q, k, v, causal="bottom_right")
+    assert out.shape == q.shape
+    out.float().sum().backward()
+    assert k.grad.shape == v.grad.shape == (2, hk, 17, 64)
 
 
 def test_head_dim_mismatch():
@@ -113,21 +127,50 @@ def test_empty_sequences(sq, sk):
         flash_attention(q, k, v)
 
 
-def test_causal_needs_equal_lengths():
+def test_causal_true_needs_equal_lengths():
+    """True keeps its meaning (top-left = bottom-right when Sq == Sk) and refuses unequal
+    lengths, pointing at the two explicit alignments."""
     q, k, v = qkv(sq=17, sk=33)
-    with pytest.raises(ValueError, match="causal=True needs q and k of equal sequence length"):
+    with pytest.raises(
+        ValueError, match="causal=True needs q and k of equal sequence length.*'bottom_right'"
+    ):
         flash_attention(q, k, v, causal=True)
 
 
-def test_unequal_lengths_are_accepted_when_not_causal():
-    q, k, v = qkv(sq=17, sk=33)
-    assert flash_attention(q, k, v, causal=False).shape == q.shape
+@pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
+@pytest.mark.parametrize("sq,sk", [(17, 33), (33, 17)])
+def test_unequal_lengths_are_accepted_when_not_causal_or_aligned(causal, sq, sk):
+    q, k, v = qkv(sq=sq, sk=sk)
+    assert flash_attention(q, k, v, causal=causal).shape == q.shape
 
 
-def test_causal_must_be_bool():
+def test_alignments_agree_on_equal_lengths_and_differ_otherwise():
+    q, k, v = qkv(sq=17, sk=17)
+    same = [flash_attention(q, k, v, causal=c) for c in (True, "top_left", "bottom_right")]
+    assert torch.equal(same[0], same[1]) and torch.equal(same[0], same[2])
+    q, k, v = qkv(sq=9, sk=17)
+    assert not torch.equal(
+        flash_attention(q, k, v, causal="top_left"), flash_attention(q, k, v, causal="bottom_right")
+    )
+
+
+@pytest.mark.parametrize("causal", [1, 0, None, 1.0])
+def test_causal_must_be_bool_or_alignment(causal):
     q, k, v = qkv()
-    with pytest.raises(TypeError, match="causal must be a bool, got int"):
-        flash_attention(q, k, v, causal=1)
+    with pytest.raises(
+        TypeError, match="causal must be a bool or one of 'top_left', 'bottom_right'"
+    ):
+        flash_attention(q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("causal", ["bottom-right", "TOP_LEFT", "", "true"])
+def test_unknown_causal_alignment(causal):
+    q, k, v = qkv()
+    with pytest.raises(
+        ValueError,
+        match=f"causal must be False, True, 'top_left' or 'bottom_right', got '{causal}'",
+    ):
+        flash_attention(q, k, v, causal=causal)
 
 
 @pytest.mark.parametrize(

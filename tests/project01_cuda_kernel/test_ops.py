@@ -19,21 +19,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from project01_cuda_kernel import flash_attention, matmul, ops
+from project01_cuda_kernel.attention import CAUSAL_VALUES, causal_offset
 from project01_cuda_kernel.gemm import available_kernels
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 # Unit roundoff (half the spacing of numbers in [1, 2)) of the 16-bit dtypes.
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-# (batch, heads, seq_q, seq_k, head_dim, causal): both head dims, causal and not, Sq != Sk.
+# (batch, heads, kv heads, seq_q, seq_k, head_dim, causal): both head dims, every causal value,
+# Sq != Sk both ways, grouped-query (ratios 2 and 3) and multi-query k/v heads; the MQA case
+# aligned bottom-right with Sq > Sk has query rows that see no key (output 0, lse +inf).
 ATTENTION_CASES = [
-    (1, 2, 16, 16, 64, True),
-    (2, 1, 8, 24, 64, False),
-    (1, 1, 24, 8, 128, False),
-    (1, 2, 12, 12, 128, True),
+    (1, 2, 2, 16, 16, 64, True),
+    (2, 1, 1, 8, 24, 64, False),
+    (1, 1, 1, 24, 8, 128, False),
+    (1, 2, 2, 12, 12, 128, True),
+    (1, 4, 2, 8, 20, 64, "bottom_right"),
+    (2, 4, 1, 20, 8, 128, "bottom_right"),
+    (1, 6, 2, 12, 20, 64, "top_left"),
 ]
-CASE_IDS = [
-    f"b{b}h{h}q{sq}k{sk}d{d}{'-causal' if c else ''}" for b, h, sq, sk, d, c in ATTENTION_CASES
-]
+CASE_IDS = [f"b{b}h{h}kv{hk}q{sq}k{sk}d{d}-{c}" for b, h, hk, sq, sk, d, c in ATTENTION_CASES]
 # (dtype, kernel) for matmul: every kernel name is accepted on CPU (one reference product).
 MATMUL_CASES = [
     (torch.float32, "auto"),
@@ -44,16 +48,16 @@ MATMUL_CASES = [
 
 
 def attention_inputs(case, dtype, device, requires_grad=True, seed=0):
-    b, h, sq, sk, d, _ = case
+    b, h, hk, sq, sk, d, _ = case
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, s, d, generator=gen) for s in (sq, sk, sk))
+    q, k, v = (torch.randn(b, n, s, d, generator=gen) for n, s in ((h, sq), (hk, sk), (hk, sk)))
     return tuple(t.to(device, dtype).requires_grad_(requires_grad) for t in (q, k, v))
 
 
 def opcheck_attention(case, dtype, device, **tolerances):
     """opcheck on flash_attn_fwd (inputs requiring grad, so the autograd tests run) and on
-    flash_attn_bwd with the forward's own out and lse."""
-    causal, scale = case[5], case[4] ** -0.5
+    flash_attn_bwd with the forward's own out and lse; `causal` as the operators' int."""
+    causal, scale = CAUSAL_VALUES.index(case[6]), case[5] ** -0.5
     q, k, v = attention_inputs(case, dtype, device)
     torch.library.opcheck(ops.flash_attn_fwd, (q, k, v, causal, scale), **tolerances)
     q, k, v = (t.detach() for t in (q, k, v))
@@ -80,10 +84,10 @@ def test_the_operators_and_their_schemas():
         str(op._opoverload._schema) for op in ops.__dict__.values() if hasattr(op, "_opoverload")
     }
     assert schemas == {
-        "project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, "
+        "project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, "
         "float softmax_scale) -> (Tensor, Tensor)",
         "project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
-        "Tensor lse, bool causal, float softmax_scale) -> (Tensor, Tensor, Tensor)",
+        "Tensor lse, int causal, float softmax_scale) -> (Tensor, Tensor, Tensor)",
         "project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor",
         "project01::matmul_out(Tensor a, Tensor b, str kernel, Tensor(a3!) out) -> ()",
     }
@@ -112,16 +116,24 @@ def test_cpu_reference_matches_sdpa_in_float64(case, dtype):
     (at most u |x|, u = its unit roundoff). The gradients also read the forward's output already
     rounded to the 16-bit dtype, in D = rowsum(dout * out) (relative error u in D), which enters
     dS = P (dP - D): of the order of u times the gradient's magnitude. So each tensor must be
-    within 2 u max|exact| + 2^-16 of the exact one (measured: at most 0.9 u max|exact|). lse is
-    float32 throughout: 1e-5 relative.
+    within 2 u max|exact| + 2^-16 of the exact one (measured: at most 0.9 u max|exact|). Grouped
+    k/v heads add one float32 sum of at most 3 per-head gradients before that rounding (relative
+    ~2^-23, inside the additive term). lse is float32 throughout: 1e-5 relative.
+
+    SDPA gets the k/v heads through enable_gqa and the causal mask as an explicit boolean mask
+    (tril with the alignment's offset); its math backend, like ours, outputs 0 and passes no
+    gradient on a row that sees no key.
     """
-    causal = case[5]
+    causal = case[6]
     q, k, v = attention_inputs(case, dtype, "cpu")
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
     out = flash_attention(q, k, v, causal=causal)
     out.backward(dout)
     exact_in = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
-    exact = F.scaled_dot_product_attention(*exact_in, is_causal=causal)
+    sq, sk = q.shape[2], k.shape[2]
+    offset = causal_offset(causal, sq, sk)
+    mask = None if offset is None else torch.ones(sq, sk, dtype=torch.bool).tril(offset)
+    exact = F.scaled_dot_product_attention(*exact_in, attn_mask=mask, enable_gqa=True)
     exact.backward(dout.double())
 
     u = UNIT_ROUNDOFF[dtype]
@@ -133,12 +145,16 @@ def test_cpu_reference_matches_sdpa_in_float64(case, dtype):
         bound = 2 * u * y.abs().max().item() + 2.0**-16
         assert err <= bound, f"{name}: max error {err:.3e} > {bound:.3e}"
 
-    scale = case[4] ** -0.5
-    _, lse = ops.flash_attn_fwd(q.detach(), k.detach(), v.detach(), causal, scale)
-    scores = exact_in[0].detach() @ exact_in[1].detach().transpose(-2, -1) * scale
-    if causal:
-        scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), -torch.inf)
-    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), rtol=1e-5, atol=1e-6)
+    scale = case[5] ** -0.5
+    code = CAUSAL_VALUES.index(causal)
+    _, lse = ops.flash_attn_fwd(q.detach(), k.detach(), v.detach(), code, scale)
+    k64 = exact_in[1].detach().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = exact_in[0].detach() @ k64.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf)
+    # A row that sees no key: logsumexp -inf, ours +inf (the kernels' convention).
+    want = torch.logsumexp(scores, -1).nan_to_num(neginf=torch.inf)
+    torch.testing.assert_close(lse.double(), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(("dtype", "kernel"), MATMUL_CASES, ids=str)
@@ -173,15 +189,16 @@ def test_matmul_out_refuses_autograd():
         ({"dtype": torch.float32}, TypeError, "q must be torch.float16 or torch.bfloat16"),
         ({"d": 96}, ValueError, r"head_dim \(q.shape\[-1\]\) must be one of \(64, 128\)"),
         ({"sk": 9}, ValueError, "causal=True needs q and k of equal sequence length"),
+        ({"hk": 3}, ValueError, "k and v must have q's batch 1 and a number of heads dividing"),
     ],
 )
 def test_bad_inputs_are_one_clear_error_through_the_operator(change, exc, match):
     """The same checks run in the public function, in the operator's CPU implementation and in
     its fake function (so torch.compile refuses at trace time with the same message)."""
-    dims = {"b": 1, "h": 2, "sq": 8, "sk": 8, "d": 64, "dtype": torch.bfloat16, **change}
+    dims = {"b": 1, "h": 2, "hk": 2, "sq": 8, "sk": 8, "d": 64, "dtype": torch.bfloat16, **change}
     q, k, v = (
-        torch.randn(dims["b"], dims["h"], s, dims["d"]).to(dims["dtype"])
-        for s in (dims["sq"], dims["sk"], dims["sk"])
+        torch.randn(dims["b"], dims[h], s, dims["d"]).to(dims["dtype"])
+        for h, s in (("h", dims["sq"]), ("hk", dims["sk"]), ("hk", dims["sk"]))
     )
     with pytest.raises(exc, match=match):
         flash_attention(q, k, v, causal=True)
@@ -200,6 +217,65 @@ def test_bwd_operator_checks_its_extra_inputs():
         ops.flash_attn_bwd(out[..., :32], q, k, v, out, lse, True, 0.125)
     with pytest.raises(ValueError, match="lse must be a"):
         ops.flash_attn_bwd(out, q, k, v, out, lse.half(), True, 0.125)
+
+
+def test_operator_causal_int():
+    """The operators carry causal as its index in CAUSAL_VALUES; a bool keeps its old meaning
+    (True: top-left, equal lengths only), anything else is one clear error."""
+    q, k, v = attention_inputs((1, 2, 1, 8, 12, 64, False), torch.bfloat16, "cpu", False)
+    by_value = [flash_attention(q, k, v, causal=c) for c in (False, "top_left", "bottom_right")]
+    for code, want in zip((0, 2, 3), by_value):
+        assert torch.equal(ops.flash_attn_fwd(q, k, v, code, 0.125)[0], want)
+    assert not torch.equal(by_value[1], by_value[2])  # the two alignments differ when Sq != Sk
+    assert torch.equal(ops.flash_attn_fwd(q, k, v, False, 0.125)[0], by_value[0])
+    with pytest.raises(ValueError, match="causal=True needs q and k of equal sequence length"):
+        ops.flash_attn_fwd(q, k, v, 1, 0.125)
+    with pytest.raises(ValueError, match=r"causal must be 0 \(False\), 1 \(True\)"):
+        ops.flash_attn_fwd(q, k, v, 4, 0.125)
+
+
+def test_fake_shapes_follow_k_and_v_heads():
+    """Under fake tensors (what torch.compile traces with) dk and dv take k's and v's
+    (B, Hk, Sk, D), out and dq q's (B, H, Sq, D), lse (B, H, Sq)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 5, 64, dtype=torch.bfloat16)
+        k = torch.empty(2, 2, 7, 64, dtype=torch.bfloat16)
+        v = torch.empty(2, 2, 7, 64, dtype=torch.bfloat16)
+        out, lse = ops.flash_attn_fwd(q, k, v, 3, 0.125)
+        dq, dk, dv = ops.flash_attn_bwd(out, q, k, v, out, lse, 3, 0.125)
+    assert out.shape == dq.shape == (2, 8, 5, 64) and lse.shape == (2, 8, 5)
+    assert dk.shape == dv.shape == (2, 2, 7, 64)
+    assert lse.dtype == torch.float32 and dk.dtype == torch.bfloat16
+
+
+def test_rows_that_see_no_key_output_zero_with_zero_gradient():
+    """Bottom-right with Sq > Sk: query rows i < Sq - Sk see no key. FlashAttention's convention:
+    output 0, no gradient through them, lse +inf; nothing is NaN."""
+    q, k, v = attention_inputs((1, 4, 2, 11, 4, 64, False), torch.bfloat16, "cpu")
+    out = flash_attention(q, k, v, causal="bottom_right")
+    out.float().square().sum().backward()
+    for t in (out, q.grad, k.grad, v.grad):
+        assert torch.isfinite(t).all()
+    assert torch.equal(out[:, :, :7], torch.zeros_like(out[:, :, :7]))
+    assert torch.equal(q.grad[:, :, :7], torch.zeros_like(q.grad[:, :, :7]))
+    assert out[:, :, 7:].abs().amax(-1).min() > 0
+    _, lse = ops.flash_attn_fwd(q.detach(), k.detach(), v.detach(), 3, 0.125)
+    assert torch.isinf(lse[:, :, :7]).all() and (lse[:, :, :7] > 0).all()
+    assert torch.isfinite(lse[:, :, 7:]).all()
+
+
+def test_grouped_heads_read_their_own_kv_head():
+    """Query head h attends with k/v head h // (H / Hk) (repeat_interleave's grouping): changing
+    k/v head 1 changes exactly query heads 2 and 3 of 4 (Hk = 2)."""
+    q, k, v = attention_inputs((1, 4, 2, 6, 6, 64, False), torch.bfloat16, "cpu", False)
+    before = flash_attention(q, k, v)
+    v2 = v.clone()
+    v2[:, 1] += 1
+    after = flash_attention(q, k, v2)
+    changed = [not torch.equal(before[:, h], after[:, h]) for h in range(4)]
+    assert changed == [False, False, True, True]
 
 
 def test_lse_is_not_differentiable():
@@ -288,7 +364,7 @@ def test_compiled_with_dynamic_shapes_and_a_varying_scale():
 
     compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
     for sq, sk, m, scale in ((9, 13, 5, 0.3), (17, 4, 8, 0.7)):
-        q, k, v = attention_inputs((1, 2, sq, sk, 64, False), torch.bfloat16, "cpu")
+        q, k, v = attention_inputs((1, 2, 2, sq, sk, 64, False), torch.bfloat16, "cpu")
         a, b = torch.randn(m, 7, requires_grad=True), torch.randn(7, 3, requires_grad=True)
         grads = []
         for f in (compiled, fn):

@@ -1,9 +1,20 @@
 // Plain C++ entry points of the FlashAttention kernels: raw pointers, strides in elements, sizes
 // and a CUDA stream. No torch headers here, so the .cu files compile on their own.
 //
-// Layout: q (B, H, Sq, D), k and v (B, H, Sk, D), o and do (B, H, Sq, D), any strides for the B,
-// H and S dimensions (multiples of 8 elements) and stride 1 along D, base pointers 16-byte aligned.
-// lse and dpre (B, H, Sq) float32, contiguous. dq_accum (B, H, Sq, D) float32, contiguous, zeroed.
+// Layout: q (B, H, Sq, D), k and v (B, Hk, Sk, D) with Hk dividing H, o and do (B, H, Sq, D), any
+// strides for the B, H and S dimensions (multiples of 8 elements) and stride 1 along D, base
+// pointers 16-byte aligned. lse and dpre (B, H, Sq) float32, contiguous. dq_accum (B, H, Sq, D)
+// float32, contiguous, zeroed.
+//
+// Grouped-query attention: query head h reads k/v head h / h_h_k_ratio (h_h_k_ratio = H / Hk; 1
+// is multi-head attention), through the k/v head strides; K/V are never repeated in memory.
+// The backward writes dK/dV per *query* head (dk/dv have H heads, the caller sums each group of
+// h_h_k_ratio heads; with ratio 1 they are the gradients themselves).
+//
+// Causal mask: query row i (0-based) may attend key j iff j <= i + causal_offset. 0 aligns the
+// diagonal top-left (SDPA's is_causal), seqlen_k - seqlen_q bottom-right (FlashAttention >= 2.1).
+// A row that sees no key (i + causal_offset < 0) gets O = 0 and lse = +inf, so the backward's
+// exp(S - lse) is 0 there and its gradients are 0.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,8 +35,12 @@ struct FwdParams {
   int64_t v_batch_stride, v_head_stride, v_row_stride;
   int64_t o_batch_stride, o_head_stride, o_row_stride;
   int batch, heads, seqlen_q, seqlen_k, head_dim;
+  int heads_k;      // k/v heads; heads % heads_k == 0
+  int h_h_k_ratio;  // heads / heads_k: query heads per k/v head
+  uint64_t h_h_k_ratio_inv;  // kv_head_inverse(h_h_k_ratio), for kv_head_of (flash_common.cuh)
   float softmax_scale;
-  bool causal;  // top-left aligned; callers require seqlen_q == seqlen_k
+  bool causal;
+  int causal_offset;  // causal: row i sees keys j <= i + causal_offset (see above)
   DType dtype;
   // 16-row MMA tiles per warp: 1 (Q held in registers) or 2 (Q re-read from shared memory, the
   // FlashAttention-2 layout; the default). Kept selectable so the benchmark can compare them.
@@ -41,7 +56,7 @@ struct BwdParams {
   const float* lse;  // (B, H, Sq) from the forward
   float* dpre;       // (B, H, Sq) scratch: rowsum(dO * O), written by the pre-pass
   float* dq_accum;   // (B, H, Sq, D) float32, zero on entry; holds dQ on return
-  void* dk;
+  void* dk;  // (B, H, Sk, D): per query head (summed over each group by the caller)
   void* dv;
   int64_t q_batch_stride, q_head_stride, q_row_stride;
   int64_t k_batch_stride, k_head_stride, k_row_stride;
@@ -51,12 +66,22 @@ struct BwdParams {
   int64_t dk_batch_stride, dk_head_stride, dk_row_stride;
   int64_t dv_batch_stride, dv_head_stride, dv_row_stride;
   int batch, heads, seqlen_q, seqlen_k, head_dim;
+  int heads_k;      // k/v heads; heads % heads_k == 0
+  int h_h_k_ratio;  // heads / heads_k
+  uint64_t h_h_k_ratio_inv;  // kv_head_inverse(h_h_k_ratio)
   float softmax_scale;
   bool causal;
+  int causal_offset;  // as in FwdParams
   DType dtype;
   // Warps per CTA of the main kernel, 16 keys each: 8 (128 keys a CTA, the default) or 4 (64).
   int warps;
 };
+
+// ceil(2^32 / ratio), so that head / ratio = (head * inverse) >> 32 (kv_head_of): exact for
+// head * ratio < 2^32, which heads < 65536 (the grid's limit) guarantees.
+inline uint64_t kv_head_inverse(int ratio) {
+  return ((uint64_t(1) << 32) + static_cast<uint64_t>(ratio) - 1) / static_cast<uint64_t>(ratio);
+}
 
 // Per head-dimension launchers (one .cu file each, so they compile in parallel). Each returns
 // cudaSuccess or the first CUDA error met.

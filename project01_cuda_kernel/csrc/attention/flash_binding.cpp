@@ -36,10 +36,24 @@ void check_f32(const at::Tensor& t, at::IntArrayRef shape, const char* name) {
   TORCH_CHECK(t.sizes() == shape, name, " has shape ", t.sizes(), ", expected ", shape);
 }
 
+// Grouped-query attention: k/v heads (dividing q's heads) and the causal mask's offset (row i
+// sees keys j <= i + offset: 0 top-left, Sk - Sq bottom-right).
+void check_kv_heads(const at::Tensor& q, const at::Tensor& k) {
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0 &&
+                  k.size(3) == q.size(3),
+              "k must be (B, Hk, Sk, D) with Hk dividing q's heads");
+  // The grid's y dimension; also what makes kv_head_of's multiply exact (flash_api.h).
+  TORCH_CHECK(q.size(1) <= 65535, "at most 65535 heads, got ", q.size(1));
+}
+
+int causal_offset(bool causal, bool bottom_right, int64_t Sq, int64_t Sk) {
+  return causal && bottom_right ? static_cast<int>(Sk - Sq) : 0;
+}
+
 // The forward's checks and parameters (both kernels read the same ones).
 flash::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            at::Tensor& o, at::Tensor& lse, bool causal, double softmax_scale,
-                            int64_t m_tiles_per_warp) {
+                            at::Tensor& o, at::Tensor& lse, bool causal, bool bottom_right,
+                            double softmax_scale, int64_t m_tiles_per_warp) {
   check_kernel_layout(q, "q");
   check_kernel_layout(k, "k");
   check_kernel_layout(v, "v");
@@ -48,12 +62,13 @@ flash::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::
   check_same(v, q, "v");
   check_same(o, q, "o");
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2);
+  const int64_t Hk = k.size(1);
   TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
-  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k must be (B, H, Sk, D)");
+  check_kv_heads(q, k);
   TORCH_CHECK(o.sizes() == q.sizes(), "o must have q's shape");
   TORCH_CHECK(D == 64 || D == 128, "head dim must be 64 or 128, got ", D);
-  TORCH_CHECK(!causal || Sq == Sk, "causal attention needs equal q and k lengths");
-  TORCH_CHECK(Sq > 0 && Sk > 0 && Sq < INT32_MAX && Sk < INT32_MAX, "bad sequence lengths");
+  TORCH_CHECK(Sq > 0 && Sk > 0 && Sq < INT32_MAX / 2 && Sk < INT32_MAX / 2,
+              "bad sequence lengths");
   check_f32(lse, {B, H, Sq}, "lse");
 
   flash::FwdParams p{};
@@ -71,30 +86,37 @@ flash::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::
   p.seqlen_q = static_cast<int>(Sq);
   p.seqlen_k = static_cast<int>(Sk);
   p.head_dim = static_cast<int>(D);
+  p.heads_k = static_cast<int>(Hk);
+  p.h_h_k_ratio = static_cast<int>(H / Hk);
+  p.h_h_k_ratio_inv = flash::kv_head_inverse(p.h_h_k_ratio);
   p.softmax_scale = static_cast<float>(softmax_scale);
   p.causal = causal;
+  p.causal_offset = causal_offset(causal, bottom_right, Sq, Sk);
   p.dtype = to_dtype(q);
   p.m_tiles_per_warp = static_cast<int>(m_tiles_per_warp);
   return p;
 }
 
-// Forward (FlashAttention-2 kernel): writes o (B, H, Sq, D) and lse (B, H, Sq) float32.
+// Forward (FlashAttention-2 kernel): writes o (B, H, Sq, D) and lse (B, H, Sq) float32. k, v
+// (B, Hk, Sk, D). causal with bottom_right: the diagonal aligned bottom-right (else top-left).
 // m_tiles_per_warp: 1 or 2 (the kernel variant; see flash_api.h).
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
-         at::Tensor& lse, bool causal, double softmax_scale, int64_t m_tiles_per_warp) {
+         at::Tensor& lse, bool causal, bool bottom_right, double softmax_scale,
+         int64_t m_tiles_per_warp) {
   TORCH_CHECK(m_tiles_per_warp == 1 || m_tiles_per_warp == 2,
               "m_tiles_per_warp must be 1 or 2, got ", m_tiles_per_warp);
   const c10::cuda::CUDAGuard guard(q.device());
-  const flash::FwdParams p = fwd_params(q, k, v, o, lse, causal, softmax_scale, m_tiles_per_warp);
+  const flash::FwdParams p =
+      fwd_params(q, k, v, o, lse, causal, bottom_right, softmax_scale, m_tiles_per_warp);
   const cudaError_t err = flash::flash_fwd(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "flash_fwd launch failed: ", cudaGetErrorString(err));
 }
 
 // Forward (Hopper kernel, compute capability 9.0 only): same outputs as fwd.
 void fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
-                at::Tensor& lse, bool causal, double softmax_scale) {
+                at::Tensor& lse, bool causal, bool bottom_right, double softmax_scale) {
   const c10::cuda::CUDAGuard guard(q.device());
-  const flash::FwdParams p = fwd_params(q, k, v, o, lse, causal, softmax_scale, 2);
+  const flash::FwdParams p = fwd_params(q, k, v, o, lse, causal, bottom_right, softmax_scale, 2);
   const cudaError_t err = flash::flash_fwd_hopper(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err != cudaErrorNotSupported,
               "the Hopper forward needs a GPU of compute capability 9.0 (H100/H200)");
@@ -102,10 +124,13 @@ void fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
 }
 
 // Backward: writes dq, dk, dv (shapes of q, k, v). dq is accumulated in float32 and cast.
+// Grouped-query attention (Hk < H): the kernel writes dK, dV per query head into (B, H, Sk, D)
+// buffers of the input dtype, summed here over each group of H / Hk heads; with Hk == H it
+// writes dk, dv directly (no buffer, no copy).
 // warps: 8 or 4 warps (128 or 64 keys) per CTA of the main kernel (see flash_api.h).
 void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
-         at::Tensor& dv, bool causal, double softmax_scale, int64_t warps) {
+         at::Tensor& dv, bool causal, bool bottom_right, double softmax_scale, int64_t warps) {
   TORCH_CHECK(warps == 4 || warps == 8, "warps must be 4 or 8, got ", warps);
   const std::pair<const at::Tensor*, const char*> tensors[] = {
       {&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
@@ -115,19 +140,25 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
     check_same(*t, q, name);
   }
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2);
+  const int64_t Hk = k.size(1);
   TORCH_CHECK(k.sizes() == v.sizes() && dk.sizes() == k.sizes() && dv.sizes() == k.sizes(),
               "k, v, dk, dv must have the same shape");
-  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == D, "k must be (B, H, Sk, D)");
+  check_kv_heads(q, k);
   TORCH_CHECK(o.sizes() == q.sizes() && dout.sizes() == q.sizes() && dq.sizes() == q.sizes(),
               "o, dout, dq must have q's shape");
   TORCH_CHECK(D == 64 || D == 128, "head dim must be 64 or 128, got ", D);
-  TORCH_CHECK(!causal || Sq == Sk, "causal attention needs equal q and k lengths");
+  TORCH_CHECK(Sq > 0 && Sk > 0 && Sq < INT32_MAX / 2 && Sk < INT32_MAX / 2,
+              "bad sequence lengths");
   check_f32(lse, {B, H, Sq}, "lse");
 
   const c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(at::kFloat);
   at::Tensor dpre = at::empty({B, H, Sq}, f32);
   at::Tensor dq_accum = at::zeros({B, H, Sq, D}, f32);
+  // Per-query-head dK, dV for grouped-query attention; dk, dv themselves otherwise.
+  const bool grouped = Hk != H;
+  at::Tensor dk_heads = grouped ? at::empty({B, H, Sk, D}, q.options()) : dk;
+  at::Tensor dv_heads = grouped ? at::empty({B, H, Sk, D}, q.options()) : dv;
 
   flash::BwdParams p{};
   p.q = q.data_ptr();
@@ -138,30 +169,43 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   p.lse = lse.data_ptr<float>();
   p.dpre = dpre.data_ptr<float>();
   p.dq_accum = dq_accum.data_ptr<float>();
-  p.dk = dk.data_ptr();
-  p.dv = dv.data_ptr();
+  p.dk = dk_heads.data_ptr();
+  p.dv = dv_heads.data_ptr();
   p.q_batch_stride = q.stride(0), p.q_head_stride = q.stride(1), p.q_row_stride = q.stride(2);
   p.k_batch_stride = k.stride(0), p.k_head_stride = k.stride(1), p.k_row_stride = k.stride(2);
   p.v_batch_stride = v.stride(0), p.v_head_stride = v.stride(1), p.v_row_stride = v.stride(2);
   p.o_batch_stride = o.stride(0), p.o_head_stride = o.stride(1), p.o_row_stride = o.stride(2);
   p.do_batch_stride = dout.stride(0), p.do_head_stride = dout.stride(1);
   p.do_row_stride = dout.stride(2);
-  p.dk_batch_stride = dk.stride(0), p.dk_head_stride = dk.stride(1);
-  p.dk_row_stride = dk.stride(2);
-  p.dv_batch_stride = dv.stride(0), p.dv_head_stride = dv.stride(1);
-  p.dv_row_stride = dv.stride(2);
+  p.dk_batch_stride = dk_heads.stride(0), p.dk_head_stride = dk_heads.stride(1);
+  p.dk_row_stride = dk_heads.stride(2);
+  p.dv_batch_stride = dv_heads.stride(0), p.dv_head_stride = dv_heads.stride(1);
+  p.dv_row_stride = dv_heads.stride(2);
   p.batch = static_cast<int>(B);
   p.heads = static_cast<int>(H);
   p.seqlen_q = static_cast<int>(Sq);
   p.seqlen_k = static_cast<int>(Sk);
   p.head_dim = static_cast<int>(D);
+  p.heads_k = static_cast<int>(Hk);
+  p.h_h_k_ratio = static_cast<int>(H / Hk);
+  p.h_h_k_ratio_inv = flash::kv_head_inverse(p.h_h_k_ratio);
   p.softmax_scale = static_cast<float>(softmax_scale);
   p.causal = causal;
+  p.causal_offset = causal_offset(causal, bottom_right, Sq, Sk);
   p.dtype = to_dtype(q);
   p.warps = static_cast<int>(warps);
   const cudaError_t err = flash::flash_bwd(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "flash_bwd launch failed: ", cudaGetErrorString(err));
   dq.copy_(dq_accum);
+  if (grouped) {
+    // Query heads g * H / Hk .. (g + 1) * H / Hk - 1 share k/v head g: sum them (in float32,
+    // rounded once to the input dtype).
+    const int64_t G = H / Hk;
+    const int64_t group_dim[] = {2};
+    const at::IntArrayRef dims(group_dim);
+    dk.copy_(dk_heads.view({B, Hk, G, Sk, D}).sum(dims, /*keepdim=*/false, at::kFloat));
+    dv.copy_(dv_heads.view({B, Hk, G, Sk, D}).sum(dims, /*keepdim=*/false, at::kFloat));
+  }
 }
 
 }  // namespace
@@ -169,9 +213,12 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "FlashAttention forward (FlashAttention-2, Hopper) and backward, fp16 and bf16";
   m.def("fwd", &fwd,
-        "forward: (q, k, v, o, lse, causal, softmax_scale, m_tiles_per_warp) -> None");
+        "forward: (q, k, v, o, lse, causal, bottom_right, softmax_scale, m_tiles_per_warp) -> "
+        "None");
   m.def("fwd_hopper", &fwd_hopper,
-        "forward, Hopper wgmma/TMA kernel: (q, k, v, o, lse, causal, softmax_scale) -> None");
+        "forward, Hopper wgmma/TMA kernel: (q, k, v, o, lse, causal, bottom_right, "
+        "softmax_scale) -> None");
   m.def("bwd", &bwd,
-        "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, softmax_scale, warps) -> None");
+        "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, bottom_right, softmax_scale, "
+        "warps) -> None");
 }

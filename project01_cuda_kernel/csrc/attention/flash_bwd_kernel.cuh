@@ -16,6 +16,13 @@
 //                                        query rows; float32 atomicAdd into dq_accum)
 // Working on S^T rather than S keeps every product an mma with the operand already in the layout
 // ldmatrix gives: no register transposes.
+//
+// Grouped-query attention: the CTA of query head h reads K and V of k/v head h / h_h_k_ratio and
+// writes its dK, dV to query head h of dk/dv (B, H, Sk, D), which the caller sums over each group
+// (FlashAttention-2's design: no atomics across the CTAs of a group). Causal: key j is seen by
+// query rows i >= j - causal_offset, so the CTA starts at the query block holding the first row
+// that sees its first key (none left: dK = dV = 0); rows that see no key at all have lse = +inf
+// from the forward, so their P is 0 (and masked anyway).
 // compile-check: no-spill
 #pragma once
 
@@ -99,10 +106,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   const int n0 = n_block * BN;
 
   const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head * p.k_head_stride +
-               n0 * p.k_row_stride;
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride +
-               n0 * p.v_row_stride;
+  const int head_k = kv_head_of(head, p.h_h_k_ratio_inv);  // grouped-query attention: this head's k/v head
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride +
+               head_k * p.k_head_stride + n0 * p.k_row_stride;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride +
+               head_k * p.v_head_stride + n0 * p.v_row_stride;
   const T* dout =
       static_cast<const T*>(p.dout) + batch * p.do_batch_stride + head * p.do_head_stride;
   const int64_t bh = static_cast<int64_t>(batch) * p.heads + head;
@@ -111,7 +119,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   float* dq = p.dq_accum + bh * p.seqlen_q * D;
 
   const int m_blocks = (p.seqlen_q + BM - 1) / BM;
-  const int m_begin = CAUSAL ? n0 / BM : 0;  // earlier query rows see none of these keys
+  // Causal: query rows before n0 - causal_offset see none of these keys.
+  const int m_begin = CAUSAL ? max(0, n0 - p.causal_offset) / BM : 0;
 
   auto load_q_block = [&](int mb, int stage) {
     const int m0 = mb * BM;
@@ -188,7 +197,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
     // P^T from the saved log-sum-exp; masked where the key is past the end, the query row past
     // the end, or (causal) the key after the query.
     const bool need_mask =
-        (n0 + BN > p.seqlen_k) || (m0 + BM > p.seqlen_q) || (CAUSAL && m0 < n0 + BN - 1);
+        (n0 + BN > p.seqlen_k) || (m0 + BM > p.seqlen_q) ||
+        (CAUSAL && m0 + p.causal_offset < n0 + BN - 1);
 #pragma unroll
     for (int j = 0; j < QTILES; ++j) {
 #pragma unroll
@@ -197,7 +207,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
         float pv = exp2f(fmaf(st[j][e], scale_log2, -s_lse_st[m] * kLog2e));
         if (need_mask) {
           const int key = key0 + (e >> 1) * 8;
-          if (key >= p.seqlen_k || m0 + m >= p.seqlen_q || (CAUSAL && key > m0 + m)) pv = 0.f;
+          if (key >= p.seqlen_k || m0 + m >= p.seqlen_q ||
+              (CAUSAL && key > m0 + m + p.causal_offset)) {
+            pv = 0.f;
+          }
         }
         st[j][e] = pv;
       }
@@ -311,7 +324,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   }
   cp_async_wait<0>();
 
-  // Store dK (times scale) and dV: rows key0 and key0 + 8, columns 8i + 2t.
+  // Store dK (times scale) and dV: rows key0 and key0 + 8, columns 8i + 2t; query head `head` of
+  // dk/dv (the k/v head itself when h_h_k_ratio is 1).
   T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
   T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
 #pragma unroll

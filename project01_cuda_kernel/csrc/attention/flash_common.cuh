@@ -94,6 +94,15 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
   }
 }
 
+// ---- grouped-query attention -------------------------------------------------------------------
+// The k/v head of query head `head`: head / h_h_k_ratio as one wide multiply by the host's
+// kv_head_inverse(h_h_k_ratio) (flash_api.h). An integer division here is a dozen instructions
+// whose registers, at the start of kernels that use all 255, were enough to make the backward
+// spill.
+__device__ __forceinline__ int kv_head_of(int head, uint64_t ratio_inv) {
+  return static_cast<int>((static_cast<uint64_t>(head) * ratio_inv) >> 32);
+}
+
 // ---- warp reductions over the 4 lanes of a quad (the lanes holding one row of a C fragment) ---
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

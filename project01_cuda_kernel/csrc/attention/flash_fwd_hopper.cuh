@@ -25,6 +25,11 @@
 //   rescaling O.
 // - Key blocks run from the last to the first, so the masked blocks (the causal diagonal and the
 //   ragged end of the keys) come first and the rest run without mask arithmetic.
+// - Grouped-query attention: the K/V tensor maps span the k/v heads (D, Sk, Hk, B) and the
+//   producer loads k/v head h / h_h_k_ratio for query head h. Causal: row i sees keys j <= i +
+//   causal_offset (0 top-left, Sk - Sq bottom-right); a tile whose rows all see no key has no key
+//   block: its Q is still loaded and released (the Q ring's phases stay in step) and it writes
+//   O = 0, lse = +inf.
 //
 // Structure, as FlashAttention-3's hopper/ lays it out: `Smem` (the shared-memory layout and its
 // barriers), `TileScheduler` (the tile order), `producer` (the TMA loads), `consumer_mainloop`
@@ -137,7 +142,8 @@ struct Smem {
   }
 };
 
-// One tile of work: a block of query rows of one (batch, head), and how many key blocks it sees.
+// One tile of work: a block of query rows of one (batch, head), and how many key blocks it sees
+// (0 when causal hides every key from all its rows).
 struct Tile {
   int m_block, head, batch, n_blocks;
 };
@@ -163,7 +169,12 @@ struct TileScheduler {
     t.m_block = m_blocks - 1 - tile % m_blocks;
     t.head = (tile / m_blocks) % p.heads;
     t.batch = (tile / m_blocks) / p.heads;
-    t.n_blocks = p.causal ? min(blocks_k, ((t.m_block + 1) * kBM + kBN - 1) / kBN) : blocks_k;
+    // Causal: the tile's last row, (m_block + 1) kBM - 1 at most, sees keys up to that plus
+    // causal_offset; none when that is negative.
+    t.n_blocks =
+        p.causal
+            ? min(blocks_k, max(0, ((t.m_block + 1) * kBM + p.causal_offset + kBN - 1) / kBN))
+            : blocks_k;
     return t;
   }
 };
@@ -180,6 +191,7 @@ __device__ __forceinline__ void producer(const Smem<D>& sm, const TileScheduler<
   int kv_it = 0, q_it = 0;
   for (int tile = blockIdx.x; tile < sched.num_tiles; tile += gridDim.x, ++q_it) {
     const Tile t = sched.get(tile);
+    const int head_k = kv_head_of(t.head, sched.p.h_h_k_ratio_inv);  // grouped-query attention
     const int qb = q_it & 1;
     mbar_wait(sm.q_empty(qb), ((q_it >> 1) & 1) ^ 1);  // the first round passes at once
     mbar_expect_tx(sm.q_full(qb), C::kQBytes);
@@ -195,7 +207,7 @@ __device__ __forceinline__ void producer(const Smem<D>& sm, const TileScheduler<
 #pragma unroll
       for (int c = 0; c < kChunks; ++c)
         tma_load_4d(smem_u32(ring + s * C::kKVBytes + c * kBN * 128), map, c * 64, n * kBN,
-                    t.head, t.batch, full);
+                    head_k, t.batch, full);
     };
     for (int i = 0; i < t.n_blocks; ++i, ++kv_it) {
       const int n = t.n_blocks - 1 - i, s = kv_it % kStages;
@@ -267,14 +279,15 @@ __device__ __forceinline__ void consumer_mainloop(const Smem<D>& sm, const FwdPa
   // row sums, and the factor corr by which the O accumulated so far must be rescaled.
   auto softmax = [&](int n) {
     const int col_end = (n + 1) * kBN;  // one past the block's last key
-    if (col_end > p.seqlen_k || (p.causal && col_end - 1 > wg_row_min)) {
+    if (col_end > p.seqlen_k || (p.causal && col_end - 1 > wg_row_min + p.causal_offset)) {
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = n * kBN + 8 * j + 2 * (lane % 4) + (e & 1);
           const int row = row0 + (e >> 1) * 8;
-          if (col >= p.seqlen_k || (p.causal && col > row)) s[4 * j + e] = -INFINITY;
+          if (col >= p.seqlen_k || (p.causal && col > row + p.causal_offset))
+            s[4 * j + e] = -INFINITY;
         }
     }
 #pragma unroll
@@ -312,6 +325,10 @@ __device__ __forceinline__ void consumer_mainloop(const Smem<D>& sm, const FwdPa
   auto phase_of = [&](int i) { return static_cast<uint32_t>(((kv_it + i) / kStages) & 1); };
 
   mbar_wait(sm.q_full(qb), (q_it >> 1) & 1);
+  if (n_blocks == 0) {  // causal: every row of the tile sees no key; O = 0, lse = +inf
+    mbar_arrive(sm.q_empty(qb));
+    return;
+  }
   // First block (the last keys): S, softmax, P. O is still empty.
   mbar_wait(sm.k_full(stage_of(0)), phase_of(0));
   issue_qk(stage_of(0));
@@ -464,11 +481,12 @@ template <typename T, int D>
 cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
   using C = Config<D>;
   CUtensorMap mq, mk, mv;
+  // K and V span the k/v heads (heads_k of them); the producer picks query head h's.
   if (!make_map(&mq, p.q, D, p.seqlen_q, p.heads, p.batch, p.q_row_stride, p.q_head_stride,
                 p.q_batch_stride, C::kBM, p.dtype) ||
-      !make_map(&mk, p.k, D, p.seqlen_k, p.heads, p.batch, p.k_row_stride, p.k_head_stride,
+      !make_map(&mk, p.k, D, p.seqlen_k, p.heads_k, p.batch, p.k_row_stride, p.k_head_stride,
                 p.k_batch_stride, C::kBN, p.dtype) ||
-      !make_map(&mv, p.v, D, p.seqlen_k, p.heads, p.batch, p.v_row_stride, p.v_head_stride,
+      !make_map(&mv, p.v, D, p.seqlen_k, p.heads_k, p.batch, p.v_row_stride, p.v_head_stride,
                 p.v_batch_stride, C::kBN, p.dtype))
     return cudaErrorInvalidValue;
   auto kernel = flash_fwd_hopper_kernel<T, D>;
@@ -505,7 +523,8 @@ cudaError_t dispatch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
     err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
   if (major != 9 || minor != 0) return cudaErrorNotSupported;
-  if (p.head_dim != D || (p.causal && p.seqlen_q != p.seqlen_k)) return cudaErrorInvalidValue;
+  if (p.head_dim != D || p.heads_k < 1 || p.heads != p.heads_k * p.h_h_k_ratio)
+    return cudaErrorInvalidValue;
   return p.dtype == DType::kBFloat16 ? launch_fwd_hopper<__nv_bfloat16, D>(p, stream)
                                      : launch_fwd_hopper<__half, D>(p, stream);
 }

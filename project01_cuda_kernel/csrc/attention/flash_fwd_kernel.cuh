@@ -13,8 +13,11 @@
 //   4. P (converted to T in registers: the S accumulator layout *is* the A fragment layout) times
 //      V (ldmatrix .trans) accumulates into O.
 //   5. O / l is staged through shared memory for 16-byte coalesced stores; lse = m * scale + log l.
-// Causal (top-left aligned, Sq == Sk): key blocks past the CTA's last row are never loaded, and
-// only blocks that cross the diagonal pay for the mask.
+// Causal (row i sees keys j <= i + causal_offset: 0 top-left, Sk - Sq bottom-right): key blocks
+// past the CTA's last row's last key are never loaded (none at all for a CTA whose rows all see
+// no key: it writes O = 0 and lse = +inf), and only blocks that cross the diagonal pay for the
+// mask.
+// Grouped-query attention: the CTA of query head h reads k/v head h / h_h_k_ratio.
 // compile-check: no-spill
 #pragma once
 
@@ -57,11 +60,14 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   const int m0 = m_block * BM;
   const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
                m0 * p.q_row_stride;
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head * p.k_head_stride;
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride;
+  const int head_k = kv_head_of(head, p.h_h_k_ratio_inv);  // grouped-query attention: this head's k/v head
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
 
   int n_blocks = (p.seqlen_k + BN - 1) / BN;
-  if (CAUSAL) n_blocks = min(n_blocks, (m0 + BM + BN - 1) / BN);
+  // Causal: the CTA's last row (at most m0 + BM - 1) sees keys up to m0 + BM - 1 + causal_offset;
+  // no block at all when that is negative (every row of the CTA fully masked).
+  if (CAUSAL) n_blocks = min(n_blocks, max(0, (m0 + BM + p.causal_offset + BN - 1) / BN));
 
   // Prologue: Q and the first K/V block in one group.
   load_tile_async<BM, D, NTHREADS>(s_q, q, p.q_row_stride, p.seqlen_q - m0, tid);
@@ -154,7 +160,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
     }
 
     // Mask keys past the end and, on blocks crossing the diagonal, keys after the query.
-    const bool need_mask = (n0 + BN > p.seqlen_k) || (CAUSAL && n0 + BN - 1 > m0);
+    const bool need_mask =
+        (n0 + BN > p.seqlen_k) || (CAUSAL && n0 + BN - 1 > m0 + p.causal_offset);
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -164,7 +171,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
           for (int e = 0; e < 4; ++e) {
             const int col = n0 + j * 8 + 2 * t + (e & 1);
             const int row = row0 + mt * WROWS + (e >> 1) * 8;
-            if (col >= p.seqlen_k || (CAUSAL && col > row)) s[mt][j][e] = -INFINITY;
+            if (col >= p.seqlen_k || (CAUSAL && col > row + p.causal_offset)) {
+              s[mt][j][e] = -INFINITY;
+            }
           }
         }
       }
