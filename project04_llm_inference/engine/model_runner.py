@@ -520,7 +520,7 @@ class ModelRunner:
         plan, t = plan_t.numpy(), tables_t.numpy()
         t.fill(0)
         plan[0] = 0
-        plan[1] = np.tile(np.arange(q), width)  # padding sequences: positions 0..q-1
+        plan[1].reshape(width, q)[:] = np.arange(q)  # padding sequences: positions 0..q-1
         plan[2] = -1
         plan[3] = q
         rows: list[int] = []

@@ -6,7 +6,9 @@ proposed. The copy may run into the suffix itself (a repeating pattern shorter t
 continues the pattern, as an overlapping copy does. No match: no proposal, and the sequence
 decodes normally. The proposal is a point mass, so the verifier uses q = one-hot.
 
-Cost: a vectorised scan of the sequence per n, O(length) per sequence per step on the host.
+Cost, per sequence and step on the host: one comparison of the sequence with its last token
+(the candidates), then at most max_n - 1 comparisons over the candidates only; a handful of
+numpy calls whatever the length, since this runs before every speculative step.
 """
 
 from __future__ import annotations
@@ -21,18 +23,25 @@ def propose(tokens: list[int] | np.ndarray, k: int, min_n: int, max_n: int) -> l
         return []
     arr = np.asarray(tokens, dtype=np.int64)
     length = len(arr)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = arr[length - n :]
-        # candidate starts 0 .. length - n - 1 (the suffix's own position excluded)
-        windows = np.lib.stride_tricks.sliding_window_view(arr[: length - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n  # the most recent occurrence's continuation
-            ext = arr.tolist()
-            for j in range(k):
-                ext.append(ext[start + j])  # start + j < len(ext) always: an overlapping copy
-            return ext[length:]
-    return []
+    top = min(max_n, length - 1)
+    if top < max(min_n, 1):
+        return []
+    # an earlier n-gram equal to the suffix ends at e <= length - 2 with arr[e] == arr[-1]
+    ends = np.flatnonzero(arr[: length - 1] == arr[-1])
+    if ends.size == 0:
+        return []
+    matched = np.ones(ends.size, dtype=np.int64)  # how many tokens back each one matches
+    for m in range(1, top):
+        back = ends - m
+        ok = (matched == m) & (back >= 0)
+        ok[ok] = arr[back[ok]] == arr[length - 1 - m]
+        matched += ok
+    n = int(matched.max())
+    if n < min_n:
+        return []
+    start = int(ends[matched >= n].max()) + 1  # the most recent occurrence's continuation
+    # past the end the copy runs into what it copies: period length - start
+    return arr[start + np.arange(k) % (length - start)].tolist()
 
 
 class NgramProposer:

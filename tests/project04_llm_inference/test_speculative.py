@@ -238,6 +238,38 @@ def test_ngram_proposals(tokens, k, lo, hi, want):
     assert ngram.propose(tokens, k, lo, hi) == want
 
 
+def _ngram_by_scan(tokens, k, lo, hi):
+    """The definition, spelled out: each n from hi down to lo, every earlier window compared."""
+    for n in range(min(hi, len(tokens) - 1), lo - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        starts = [s for s in range(len(tokens) - n) if tokens[s : s + n] == suffix]
+        if starts:
+            ext = list(tokens)
+            for j in range(k):
+                ext.append(ext[starts[-1] + n + j])  # an overlapping copy continues the pattern
+            return ext[len(tokens) :]
+    return []
+
+
+def test_ngram_lookup_equals_the_definition_on_random_sequences():
+    """The candidate-based lookup against the window-by-window scan, on short sequences over a
+    small alphabet (many repeats, overlaps and ties between occurrences)."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2000):
+        length = int(torch.randint(1, 40, (1,), generator=gen))
+        alphabet = int(torch.randint(2, 6, (1,), generator=gen))
+        tokens = torch.randint(0, alphabet, (length,), generator=gen).tolist()
+        k = int(torch.randint(1, 9, (1,), generator=gen))
+        lo = int(torch.randint(1, 4, (1,), generator=gen))
+        hi = lo + int(torch.randint(0, 4, (1,), generator=gen))
+        assert ngram.propose(tokens, k, lo, hi) == _ngram_by_scan(tokens, k, lo, hi), (
+            tokens,
+            k,
+            lo,
+            hi,
+        )
+
+
 # --- the engine ----------------------------------------------------------------------------------
 
 
