@@ -4,7 +4,9 @@
     python -m project02_fsdp_scaling report --reports-dir runs/<time> --no-readme
 
 Nothing here measures: every number comes from a JSON record written by `scaling`, `sweep` or
-`compare`, which carry their environment (GPU, driver, torch, CUDA, date, commit).
+`compare`, which carry their environment (GPU, driver, torch, CUDA, date, commit). A scaling
+figure measured over repetitions (`_min`, `_max`, `_reps` beside it, `shared.repeat.flat`) shows
+as "median (min–max)"; a record of one run renders as it always did. Charts plot the medians.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from project02_fsdp_scaling import PROJECT
 from project02_fsdp_scaling.compare_report import compare_charts, compare_markdown
 from project02_fsdp_scaling.precision_report import precision_charts, precision_markdown
+from shared.repeat import ranged
 from shared.results import (
     REPORTS_DIR,
     atomic_write_text,
@@ -48,6 +51,21 @@ def mfu_all_params(mfu: float | None, preset: str, seq_len: int) -> float | None
     a = ModelArgs.from_preset(preset)
     attn = 6.0 * a.n_layers * a.dim * seq_len  # 12·L·d·S halved (causal)
     return mfu * (6.0 * a.num_params() + attn) / (6.0 * matmul_params(a) + attn)
+
+
+def _g(fmt: str):
+    return lambda v: format(v, fmt)
+
+
+def _repeated(res: dict) -> int:
+    """How many repetitions the record's runs hold (1 for a record of one run per world size)."""
+    return (
+        max(
+            [len(r.get("tokens_per_s_reps") or ()) for r in res["runs"] if r["status"] == "ok"]
+            or [1]
+        )
+        or 1
+    )
 
 
 def _dev(tier: str, n: int) -> str:
@@ -134,6 +152,20 @@ def render_scaling(path: str | Path) -> list[Path]:
     return [*files, md]
 
 
+def read_step(r: dict) -> dict:
+    """The step-time cell of a world size's row: median [p20, p80] of its timed steps for one
+    run; the median (min–max) of the runs' medians for repeated runs."""
+    if len(r.get("step_time_s_reps") or ()) < 2:
+        return {
+            "step time (s), median [p20, p80]": f"{r['step_time_s']:.4g} "
+            f"[{r['step_time_p20_s']:.4g}, {r['step_time_p80_s']:.4g}] of {r['timed_steps']}"
+        }
+    return {
+        "step time (s), median (min–max) of the runs' medians": ranged(r, "step_time_s", _g(".4g"))
+        + f", {len(r['step_time_s_reps'])} runs of {r['timed_steps']} steps"
+    }
+
+
 def _cost_label(c: dict) -> str:
     return c["config"] + ("" if c["measured"] else "\n(projected)")
 
@@ -153,21 +185,26 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
         "",
     ]
     rows = []
+    n_reps = _repeated(res)
+    g = _g(",.3g")
     for r in res["runs"]:
         if r["status"] != "ok":
             continue
+        step = read_step(r)
         rows.append(
             {
                 "world size": r["world_size"],
-                "tokens/s": round(r["tokens_per_s"]),
-                "tokens/s per device": round(r["tokens_per_s_per_device"]),
-                "step time (s), median [p20, p80]": f"{r['step_time_s']:.4g} "
-                f"[{r['step_time_p20_s']:.4g}, {r['step_time_p80_s']:.4g}] of {r['timed_steps']}",
-                "speed-up": r.get("speedup"),
-                "efficiency (%)": _pct(r.get("efficiency")),
-                "MFU (%)": _pct(r.get("mfu")),
-                "MFU, all-param 6N (%)": _pct(
-                    mfu_all_params(r.get("mfu"), res["preset"], res["seq_len"])
+                "tokens/s": ranged(r, "tokens_per_s", str, round),
+                "tokens/s per device": ranged(r, "tokens_per_s_per_device", str, round),
+                **step,
+                "speed-up": ranged(r, "speedup", g),
+                "efficiency (%)": ranged(r, "efficiency", g, _pct),
+                "MFU (%)": ranged(r, "mfu", g, _pct),
+                "MFU, all-param 6N (%)": ranged(
+                    r,
+                    "mfu",
+                    g,
+                    lambda m: _pct(mfu_all_params(m, res["preset"], res["seq_len"])),
                 ),
                 "peak memory (GiB)": r["peak_memory_gib"],
                 "micro-batch x accumulation": f"{r['micro_batch']} x {r['grad_accum_steps']}",
@@ -183,6 +220,15 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
         f"throughput / (N x baseline). Step time is wall time between device synchronisations, "
         f"median of the timed steps after warm-up. Peak memory: {mem_kind} (max over ranks). "
         + (
+            f"Each world size ran {n_reps} times, each a separate job, the world sizes "
+            "interleaved (order reversed on alternate repetitions): cells show the median "
+            "(min–max) over the repetitions, and speed-up and efficiency are the medians of the "
+            "per-repetition ratios (repetition i of N devices over repetition i of one); the "
+            "profiled steps below ran in the first repetition. "
+            if n_reps > 1
+            else ""
+        )
+        + (
             "MFU against the dense bf16 peak of `shared.hardware`."
             if tier == "gpu"
             else "MFU: n/a on CPU (no peak in the GPU table)."
@@ -194,7 +240,9 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
             "",
             f"Host load average (1 min) {load['before']:.1f} before and {load['after']:.1f} after "
             f"the runs, on {rec['environment'].get('cpu_count')} cores: on a shared machine the "
-            "CPU tier's step times spread widely (see p20/p80). It shows the pipeline end to "
+            "CPU tier's step times spread widely (see "
+            + ("the min–max" if n_reps > 1 else "p20/p80")
+            + "). It shows the pipeline end to "
             "end; its speed figures are not a performance result.",
         ]
     notes = [f"- {r['note']}" for r in res["runs"] if r["status"] == "skipped"]
@@ -449,21 +497,25 @@ def summary_markdown(out_dir: Path) -> str:
             continue
         rec = load_result(path)
         res = rec["results"]
+        g = _g(",.4g")
         rows = [
             {
                 "world size": r["world_size"],
-                "tokens/s": _round(r.get("tokens_per_s")),
-                "tokens/s per device": _round(r.get("tokens_per_s_per_device")),
-                "MFU %": 100 * r["mfu"] if r.get("mfu") is not None else None,
-                "efficiency %": 100 * r["efficiency"] if r.get("efficiency") is not None else None,
+                "tokens/s": ranged(r, "tokens_per_s", str, _round),
+                "tokens/s per device": ranged(r, "tokens_per_s_per_device", str, _round),
+                "MFU %": ranged(r, "mfu", g, _pct),
+                "efficiency %": ranged(r, "efficiency", g, _pct),
                 "peak GiB": r.get("peak_memory_gib"),
             }
             for r in res["runs"]
             if r.get("status") == "ok"
         ]
+        n_reps = _repeated(res)
         parts += [
             f"**Strong scaling, {res['preset']} on {what}** (global batch {res['global_batch']} x "
-            f"{res['seq_len']} tokens; {environment_line(rec['environment'])}):",
+            f"{res['seq_len']} tokens; {environment_line(rec['environment'])}"
+            + (f"; median (min–max) of {n_reps} runs" if n_reps > 1 else "")
+            + "):",
             "",
             markdown_table(rows, floatfmt=",.4g"),
             "",
@@ -492,7 +544,7 @@ def render_all(out_dir: Path) -> None:
     import re
 
     for path in sorted(out_dir.glob("scaling_*.json")):
-        if not re.search(r"_ws\d+$", path.stem):
+        if not re.search(r"_ws\d+(_rep\d+)?$", path.stem):
             render_scaling(path)
     kinds = (("sweep", sweep_markdown), ("compare", compare_markdown))
     for kind, fn in (*kinds, ("precision", precision_markdown)):

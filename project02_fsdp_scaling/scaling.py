@@ -9,9 +9,17 @@ torch.profiler trace is analysed (compute vs collective vs exposed communication
 larger than the machine are skipped with a note. The one-device run of the same job is the
 baseline: speed-up and efficiency (throughput / (N x one-device throughput)) are against it.
 
+Headline figures are medians over repetitions (`shared.repeat`): with --repeats N (default 5
+on GPUs, 1 on CPU) every world size's job runs N times, each time a fresh torchrun job, the world
+sizes interleaved and their order reversed on alternate repetitions (ws1 ws2, ws2 ws1, ...), so
+that a drift of the machine's state falls on every world size alike. A world size's record keeps
+its fields with the median under the old name and `_min`, `_max`, `_reps` beside it; speed-up and
+efficiency are computed per repetition (repetition i of N devices over repetition i of one) and
+summarised the same way. The profiled steps run in the first repetition only.
+
 On a GPU the one-GPU variants (eager / compiled, with and without activation checkpointing,
-attention backends) are swept first (`project02_fsdp_scaling sweep`) and the best by MFU is the
-configuration every world size runs, unless --no-sweep.
+attention backends) are swept first (`project02_fsdp_scaling sweep`, once) and the best by MFU is
+the configuration every world size runs, unless --no-sweep.
 
 Results: <reports-dir>/project02_fsdp_scaling/<name>.json (with the environment), one JSON and
 one trace per world size, charts and <name>.md (`project02_fsdp_scaling report` renders them).
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -41,6 +50,7 @@ from project02_fsdp_scaling.config import (
     set_by_harness,
 )
 from shared.cli import writable_dir
+from shared.repeat import DEFAULT_REPEATS, Spread, flat, interleave, ratio, read_flat
 from shared.results import output_root
 
 # Cost configurations: (GPU table key, number of GPUs).
@@ -69,12 +79,15 @@ class ScalingConfig:
     world size and cost per million tokens. Training flags left at auto or 0 take the tier's
     value: preset 1b on GPUs and tiny on CPU; global batch 64 and 8; micro-batch min(8, local
     batch) on GPUs and the local batch on CPU; steps 5 and 30 (short, noisy steps on CPU).
-    torch.compile runs on GPUs only; the device and each job's output files are the harness's."""
+    torch.compile runs on GPUs only; the device and each job's output files are the harness's.
+    Figures are medians over --repeats runs of each job (5 on GPUs, 1 on CPU) with their
+    min-max; the one-GPU sweep and the profiled steps (--profile) run once."""
 
     gpus: str = "auto"
     """comma-separated world sizes; auto = 1,2,4,8 on GPUs, 1,2 CPU processes without a GPU"""
     sweep: bool = True
-    """on a GPU, first sweep the one-GPU variants and run the scaling with the best by MFU"""
+    """on a GPU, first sweep the one-GPU variants (once, whatever --repeats) and run the scaling
+    with the best by MFU"""
     sweep_variants: str = "eager,eager+ac,compile,compile+ac,compile+cudnn"
     """variants the one-GPU sweep tries (see the sweep command)"""
     sweep_global_batch: int = 32
@@ -90,7 +103,12 @@ class ScalingConfig:
     name: str = ""
     """result file stem; default scaling_gpu or scaling_cpu"""
     timeout_s: int = 1800
-    """wall-clock limit of one world size's job"""
+    """wall-clock limit of one world size's job (of each repetition)"""
+    repeats: int = 0
+    """runs of each world size's job, each a fresh torchrun job, world sizes interleaved (order
+    reversed on alternate repetitions); figures are the medians with their min-max. 0: the
+    tier's default, 5 on GPUs, 1 on CPU. The one-GPU sweep and the profiled steps run once (the
+    profile in the first repetition). A 1b job takes about a minute on an H200"""
     readme: bool = True
     """regenerate project02_fsdp_scaling/README.md when writing to the repository's reports/"""
     train: Train = field(default_factory=lambda: replace(SCALING_TRAIN))
@@ -115,6 +133,10 @@ class ScalingConfig:
         )
         check_reports_dir(self.reports_dir)
         parse_variants(self.sweep_variants)
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 0:
+            raise ValueError(
+                f"repeats must be an integer >= 0 (0: the tier's default), got {self.repeats!r}"
+            )
         for name in ("sweep_steps", "timeout_s", "sweep_global_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -175,6 +197,7 @@ class Plan:
     train: TrainConfig
     out_dir: Path
     name: str
+    repeats: int = 1
 
 
 def make_plan(cfg: ScalingConfig) -> Plan:
@@ -197,7 +220,8 @@ def make_plan(cfg: ScalingConfig) -> Plan:
     root = output_root(cfg.reports_dir)
     writable_dir("--reports-dir", root / PROJECT)  # before the first launch, not after it
     name = cfg.name or ("scaling_gpu" if on_gpu else "scaling_cpu")
-    return Plan(on_gpu, available, sizes, train, root / PROJECT, name)
+    repeats = cfg.repeats or (DEFAULT_REPEATS if on_gpu else 1)
+    return Plan(on_gpu, available, sizes, train, root / PROJECT, name, repeats)
 
 
 def _micro_batch(cfg: ScalingConfig, train: TrainConfig, ws: int, on_gpu: bool) -> int:
@@ -275,30 +299,7 @@ def run(cfg: ScalingConfig) -> Path:
             print(f"one-GPU sweep: best variant {sweep_info['best']['variant']!r} -> {best}")
 
     load_before = _load_average()
-    runs = []
-    for ws in plan.world_sizes:
-        unit = "GPUs" if plan.on_gpu else "CPU cores"
-        if ws > plan.available:
-            note = f"skipped: world size {ws} needs {ws} {unit}, this machine has {plan.available}"
-            print(note, flush=True)
-            runs.append({"world_size": ws, "status": "skipped", "note": note})
-            continue
-        run_json = plan.out_dir / f"{plan.name}_ws{ws}.json"
-        run_cfg = replace(
-            train,
-            micro_batch=_micro_batch(cfg, train, ws, plan.on_gpu),
-            out=str(run_json),
-            trace_dir=str(plan.out_dir),
-        )
-        run_json.unlink(missing_ok=True)
-        rc, tail = launch(
-            ws, "train", cli_flags(run_cfg), on_gpu=plan.on_gpu, timeout_s=cfg.timeout_s
-        )
-        if rc != 0 or not run_json.is_file():
-            runs.append({"world_size": ws, "status": "failed", "returncode": rc, "log_tail": tail})
-            continue
-        rec = json.loads(run_json.read_text())
-        runs.append({"world_size": ws, "status": "ok", "file": run_json.name, **_summary(rec)})
+    runs = run_world_sizes(cfg, plan, train)
 
     results = build_results(runs, plan, cfg, train, sweep_info)
     # Other work on the host skews short CPU steps: keep the load next to the numbers.
@@ -316,10 +317,111 @@ def run(cfg: ScalingConfig) -> Path:
     if cfg.readme and plan.out_dir.parent.resolve() == _default_reports_root().resolve():
         report.refresh_readme(plan.out_dir)
     print(report.scaling_markdown(load_result(path), name=plan.name), flush=True)
-    failed = [r["world_size"] for r in runs if r["status"] == "failed"]
+    failed = [
+        r["world_size"] for r in runs if r["status"] == "failed" or r.get("failed_repetition")
+    ]
     if failed:
         raise RuntimeError(f"world sizes {failed} failed; their log tails are in {path}")
     return path
+
+
+class JobFailed(RuntimeError):
+    """A world size's training job exited non-zero or wrote no record."""
+
+
+def run_file(name: str, ws: int, rep: int) -> str:
+    """The record of repetition `rep` (1-based) of world size `ws`: the first keeps the name
+    a single run always had."""
+    return f"{name}_ws{ws}.json" if rep == 1 else f"{name}_ws{ws}_rep{rep}.json"
+
+
+def run_world_sizes(cfg: ScalingConfig, plan: Plan, train: TrainConfig) -> list[dict]:
+    """Every world size's job `plan.repeats` times, interleaved (`shared.repeat.interleave`):
+    one entry per world size, skipped (larger than the machine), failed (its first repetition
+    failed) or ok (`merge_repetitions` of its runs). A world size whose job fails is not run
+    again; the repetitions it completed stand, with the failure beside them."""
+    unit = "GPUs" if plan.on_gpu else "CPU cores"
+    skipped, todo = {}, []
+    for ws in plan.world_sizes:
+        if ws > plan.available:
+            note = f"skipped: world size {ws} needs {ws} {unit}, this machine has {plan.available}"
+            print(note, flush=True)
+            skipped[ws] = {"world_size": ws, "status": "skipped", "note": note}
+        else:
+            todo.append(ws)
+    done: dict[int, list[dict]] = {ws: [] for ws in todo}
+    failures: dict[int, dict] = {}
+
+    def job(ws: int):
+        def measure() -> float:
+            rep = len(done[ws]) + 1
+            run_json = plan.out_dir / run_file(plan.name, ws, rep)
+            run_cfg = replace(
+                train,
+                micro_batch=_micro_batch(cfg, train, ws, plan.on_gpu),
+                out=str(run_json),
+                trace_dir=str(plan.out_dir),
+                profile=train.profile and rep == 1,  # one profile per world size
+            )
+            run_json.unlink(missing_ok=True)
+            if plan.repeats > 1:
+                print(f"\n=== repetition {rep} of {plan.repeats}: world size {ws}", flush=True)
+            rc, tail = launch(
+                ws, "train", cli_flags(run_cfg), on_gpu=plan.on_gpu, timeout_s=cfg.timeout_s
+            )
+            if rc != 0 or not run_json.is_file():
+                failures[ws] = {"repetition": rep, "returncode": rc, "log_tail": tail}
+                raise JobFailed(f"world size {ws} exited {rc}")
+            rec = json.loads(run_json.read_text())
+            done[ws].append({"file": run_json.name, **_summary(rec)})
+            return rec["tokens_per_s"]
+
+        return measure
+
+    if todo:
+        interleave({f"ws{ws}": job(ws) for ws in todo}, plan.repeats, catch=(JobFailed,))
+    runs = []
+    for ws in plan.world_sizes:
+        if ws in skipped:
+            runs.append(skipped[ws])
+        elif not done[ws]:
+            f = failures[ws]
+            runs.append({"world_size": ws, "status": "failed", **f})
+        else:
+            r = {"world_size": ws, "status": "ok", **merge_repetitions(done[ws])}
+            if ws in failures:
+                r["failed_repetition"] = failures[ws]
+            runs.append(r)
+    return runs
+
+
+# Per-run figures summarised over repetitions with their range (shared.repeat.flat).
+SPREAD_FIELDS = (
+    "tokens_per_s",
+    "tokens_per_s_per_device",
+    "step_time_s",
+    "mfu",
+    "achieved_tflops_per_device",
+)
+
+
+def merge_repetitions(runs: list[dict]) -> dict:
+    """One world size's repeated runs (`_summary` each, in repetition order) as one entry: the
+    figures of SPREAD_FIELDS are the medians with `_min`, `_max` and `_reps`; the step time's
+    p20/p80 the medians of the runs' (each below/above its run's median, so theirs are too);
+    peak memory the largest; the rest (losses, the profile) the first run's. One run is
+    returned as it is."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {**runs[0], "repeats": len(runs), "files": [r["file"] for r in runs]}
+    for key in SPREAD_FIELDS:
+        vals = [r.get(key) for r in runs]
+        if all(v is not None for v in vals):
+            out.update(flat(key, Spread.of(vals)))
+    for key in ("step_time_p20_s", "step_time_p80_s"):
+        out[key] = statistics.median(r[key] for r in runs)
+    out["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
+    return out
 
 
 def _run_sweep(cfg: ScalingConfig, plan: Plan) -> dict:
@@ -394,8 +496,13 @@ def build_results(runs, plan: Plan, cfg: ScalingConfig, train: TrainConfig, swee
     base = ok.get(1)
     for r in ok.values():
         if base:
-            r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
-            r["efficiency"] = r["speedup"] / r["world_size"]
+            # per repetition: repetition i of N devices over repetition i of one
+            speedup = ratio(read_flat(r, "tokens_per_s"), read_flat(base, "tokens_per_s"))
+            eff = speedup.map(lambda v, n=r["world_size"]: v / n)
+            if speedup.n > 1:
+                r.update({**flat("speedup", speedup), **flat("efficiency", eff)})
+            else:
+                r["speedup"], r["efficiency"] = speedup.median, eff.median
         else:
             r["speedup"] = r["efficiency"] = None
     return {
@@ -405,12 +512,14 @@ def build_results(runs, plan: Plan, cfg: ScalingConfig, train: TrainConfig, swee
         "global_batch": train.global_batch,
         "seq_len": train.resolved_seq_len(),
         "tokens_per_step": train.global_batch * train.resolved_seq_len(),
+        "repeats": plan.repeats,
         "runs": runs,
         "baseline": (
             {
                 "world_size": 1,
                 "tokens_per_s": base["tokens_per_s"],
-                "what": "one-device run of the same job in this harness run",
+                "what": "one-device run of the same job in this harness run"
+                + (f" (median of {plan.repeats} runs)" if plan.repeats > 1 else ""),
             }
             if base
             else None

@@ -17,6 +17,17 @@ trains the preset with the project's trainer (FSDP2, bf16, AdamW) and measures:
   first save is a steady-state one): the steps' excess over the baseline during that build is
   its cost, and one more save follows. Step times while a background write runs are recorded
   (the writer's CPU work can slow the training loop: reported as interference, part of held).
+With --repeats N (default 5 on GPUs, 1 on CPU) the sync save and the steady async saves are
+measured N times in the same process, interleaved (sync, async saves, async saves, sync, sync,
+...: the order reversed on alternate repetitions, `shared.repeat.repetition_order`); the model,
+the baseline and the staging buffers are set up once, and the first (cold) async save, the
+background build and the resume are measured once. Before each sync save after the first, the
+committed checkpoints are removed outside the timed save (so that, like the first, it deletes
+nothing) and a training step is run if the last save was of the same step. The headline figures
+`derived.sync.held_s` and `derived.steady_state.median_held_s` are then the medians over the
+repetitions (a repetition's steady figure: the median of its steady saves; the save after the
+background build counts with the last repetition), with `_min`, `_max` and `_reps` beside them
+(`shared.repeat.flat`).
 The fraction of time blocked at one checkpoint every `ckpt_interval` steps is
 blocking / (ckpt_interval x median step time + blocking): the steps in between are not run,
 they are extrapolated from the measured median.
@@ -47,6 +58,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from project03_capstone_infra import PROJECT
+from shared.repeat import DEFAULT_REPEATS, Spread, flat, repetition_order
 
 
 @dataclass
@@ -79,13 +91,26 @@ class BenchConfig:
     stager: str = "persistent"
     """or "dcp": DCP's DefaultStager, a fresh one per save"""
     budget_s: float = 0.0
-    """> 0: skip further async saves once phase 1 has run this long"""
+    """> 0: phase 1's time budget in seconds: in the first repetition no further steady async
+    save starts once phase 1 has run this long; a further repetition starts only if one more as
+    long as the longest so far fits; the background build is skipped once it is spent"""
+    repeats: int = 0
+    """repetitions of the sync save and of the --steady-saves steady async saves, interleaved
+    (sync, async, async, sync, ...) in one process; the headline figures are their medians with
+    min-max. 0: 5 on GPUs, 1 on CPU. The cold first async save, the background build and the
+    resume run once. On the 1b preset (H200) a repetition is ~20 s of sync save (training
+    held) plus ~15 s of writing per steady async save (training runs on): ~50 s with 2"""
     resume: bool = True
     """measure the resume in a second process"""
     from_json: str = ""
     """re-derive figures and the report from a saved raw record, no training"""
     code_commit: str = ""
     """with from_json: the commit the record was measured with"""
+
+    def resolved_repeats(self) -> int:
+        import torch
+
+        return self.repeats or (DEFAULT_REPEATS if torch.cuda.is_available() else 1)
 
     def validate(self) -> BenchConfig:
         from shared.cli import input_file, require_nonempty, writable_dir
@@ -107,6 +132,10 @@ class BenchConfig:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
                 )
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 0:
+            raise ValueError(
+                f"--repeats must be an integer >= 0 (0: 5 on GPUs, 1 on CPU), got {self.repeats!r}"
+            )
         for name in ("seq_len", "warmup_steps", "steady_saves"):
             if getattr(self, name) < 0:
                 raise ValueError(
@@ -216,6 +245,21 @@ def _median(xs: list[float]) -> float | None:
     return xs[len(xs) // 2] if xs else None
 
 
+def _sync_keys(res: dict) -> list[str]:
+    """The sync saves' raw records in repetition order: `sync`, then `sync_2`, `sync_3`, ..."""
+    more = [k for k in res if k.startswith("sync_") and k[5:].isdigit()]
+    more.sort(key=lambda k: int(k[5:]))
+    return (["sync"] if "sync" in res else []) + more
+
+
+def _spread_fields(name: str, values: list[float], f=None) -> dict:
+    """{name: the value} for one value; with two or more, `shared.repeat.flat` of them (the
+    median under `name`, `_min`, `_max`, `_reps`): a record of one repetition stays as it was."""
+    s = Spread.of(values)
+    s = s.map(f) if f else s
+    return {name: s.values[0]} if s.n == 1 else flat(name, s)
+
+
 def _steady_keys(res: dict) -> list[str]:
     keys = [k for k in res if k.startswith("async_steady_")]
     keys.sort(key=lambda k: int(k.rsplit("_", 1)[1]))
@@ -235,9 +279,14 @@ def derive(res: dict, ckpt_interval: int) -> dict:
     median = res["baseline"]["median_step_s"]
     interval_s = ckpt_interval * median
     out = {"ckpt_interval_steps": ckpt_interval, "interval_s": interval_s}
-    if "sync" in res:
-        held = res["sync"]["blocking_s"]
-        out["sync"] = {"held_s": held, "fraction": held / (interval_s + held)}
+    sync = [res[k]["blocking_s"] for k in _sync_keys(res)]
+    if sync:
+        out["sync"] = {
+            **_spread_fields("held_s", sync),
+            **_spread_fields("fraction", sync, lambda h: h / (interval_s + h)),
+        }
+        if len(sync) > 1:
+            out["sync"]["saves"] = len(sync)
     steady = _steady_keys(res)
     for k in ("async_cold", *steady, "async_after_prestage"):
         if k not in res:
@@ -274,19 +323,34 @@ def derive(res: dict, ckpt_interval: int) -> dict:
     keys = [k for k in (*steady, "async_after_prestage") if k in out]
     if keys:
         ss = [out[k]["held_s"] for k in keys]
-        held = _median(ss)
-        frac = held / (interval_s + held)
+        # Each repetition's figure: the median of its steady saves (the save after the
+        # background build counts with the last repetition); one repetition: all of them.
+        rep_of = {k: res[k].get("repetition", 1) for k in steady if k in res}
+        last = max(rep_of.values(), default=1)
+        by_rep: dict[int, list[float]] = {}
+        for k in keys:
+            by_rep.setdefault(rep_of.get(k, last), []).append(out[k]["held_s"])
+        per_rep = [_median(v) for _, v in sorted(by_rep.items())]
+        held_f = _spread_fields("median_held_s", per_rep)
+        frac_f = _spread_fields("fraction", per_rep, lambda h: h / (interval_s + h))
+        held, frac = held_f["median_held_s"], frac_f["fraction"]
         out["steady_state"] = {
             "saves": len(ss),
-            "median_held_s": held,
+            **held_f,
             "max_held_s": max(ss),
             "median_net_held_s": _median([out[k]["net_held_s"] for k in keys]),
-            "fraction": frac,
+            **frac_f,
             "target_fraction": 0.01,
             "met": frac < 0.01,
         }
+        if len(per_rep) > 1:
+            out["steady_state"]["repetitions"] = len(per_rep)
         # The same figure under the name the cost model and the project summary read.
-        out["async_warm"] = {"held_s": held, "fraction": frac, "from": keys}
+        out["async_warm"] = {
+            **_spread_fields("held_s", per_rep),
+            "fraction": frac,
+            "from": keys,
+        }
     out["method"] = (
         "Held: a sync save holds training for the whole save; an async save for its call plus "
         "every training step's excess over the baseline median while it is staged and written "
@@ -320,6 +384,7 @@ RAW_ASYNC_KEYS = (
     "stage_call_s",
     "built_buffers",
     "build",
+    "repetition",
 )
 
 
@@ -382,18 +447,11 @@ def _measure(cfg: BenchConfig, train_cfg, out: dict, outs: list[Path], t_start: 
     )
     write(out, outs)
 
-    stats = tr.save("sync")
-    res["sync"] = {
-        "blocking_s": stats.blocking_s,
-        "to_commit_s": stats.total_s,
-        "bytes": stats.bytes,
-    }
-    say(f"sync save: {stats.blocking_s:.2f} s, {stats.bytes / 2**30:.2f} GiB", flush=True)
-    write(out, outs)
     tr.ckpt.stager_kind = cfg.stager
+    repeats = cfg.resolved_repeats()
 
-    def over_budget() -> bool:  # rank 0's clock decides, for every rank
-        late = main and bool(cfg.budget_s) and time.time() - t_start > cfg.budget_s
+    def over_budget(extra_s: float = 0.0) -> bool:  # rank 0's clock decides, for every rank
+        late = main and bool(cfg.budget_s) and time.time() - t_start + extra_s > cfg.budget_s
         return _any_rank(tr, late)
 
     def record(name: str, raw: dict) -> None:
@@ -407,11 +465,50 @@ def _measure(cfg: BenchConfig, train_cfg, out: dict, outs: list[Path], t_start: 
         )
         write(out, outs)
 
-    record("async_cold", _async_save(tr, cfg.max_steps_during_write))
-    for i in range(1, cfg.steady_saves + 1):
-        if over_budget():
+    def sync_save(rep: int) -> None:
+        if rep > 1:
+            _before_sync(tr)
+        stats = tr.save("sync")
+        res["sync" if rep == 1 else f"sync_{rep}"] = {
+            "blocking_s": stats.blocking_s,
+            "to_commit_s": stats.total_s,
+            "bytes": stats.bytes,
+            "repetition": rep,
+        }
+        res["derived"] = derive(res, cfg.ckpt_interval)
+        say(f"sync save: {stats.blocking_s:.2f} s, {stats.bytes / 2**30:.2f} GiB", flush=True)
+        write(out, outs)
+
+    def async_saves(rep: int) -> None:
+        if "async_cold" not in res:  # the first async save of the process, once
+            record("async_cold", _async_save(tr, cfg.max_steps_during_write))
+        for _ in range(cfg.steady_saves):
+            if rep == 1 and over_budget():
+                break
+            n = len(_steady_keys(res)) + 1
+            raw = _async_save(tr, cfg.max_steps_during_write)
+            record(f"async_steady_{n}", {**raw, "repetition": rep})
+
+    longest = 0.0
+    res["repeats"] = {"asked": repeats, "run": 0, "order": []}
+    for rep in range(repeats):
+        if rep and over_budget(longest):
+            res["repeats"]["note"] = (
+                f"stopped after {rep} of {repeats} repetitions: one more (the longest took "
+                f"{longest:.0f} s) would pass --budget-s {cfg.budget_s:g}"
+            )
+            say(res["repeats"]["note"], flush=True)
             break
-        record(f"async_steady_{i}", _async_save(tr, cfg.max_steps_during_write))
+        if repeats > 1:
+            say(f"repetition {rep + 1} of {repeats}", flush=True)
+        t_rep = time.time()
+        order = repetition_order(["sync", "async"], rep)
+        for name in order:
+            (sync_save if name == "sync" else async_saves)(rep + 1)
+        longest = max(longest, time.time() - t_rep)
+        res["repeats"]["run"] = rep + 1
+        res["repeats"]["order"].append(order)
+        write(out, outs)
     if cfg.prestage and cfg.stager == "persistent" and not over_budget():
         record("prestage", _prestage(tr, cfg.max_steps_during_write))
         record("async_after_prestage", _async_save(tr, cfg.max_steps_during_write))
@@ -423,6 +520,21 @@ def _measure(cfg: BenchConfig, train_cfg, out: dict, outs: list[Path], t_start: 
         torch.cuda.empty_cache()
     res["phase1_s"] = time.time() - t_start
     write(out, outs)
+
+
+def _before_sync(tr) -> None:
+    """Before a sync save that is not the process's first: one training step if the last save
+    was of this step (a re-save would replace that checkpoint inside the timed save), and the
+    committed checkpoints removed (rank 0), so that the save's retention deletes nothing while
+    it is timed, as for the first one."""
+    from .checkpoint.layout import list_checkpoints
+
+    if tr.saves and tr.saves[-1].step == tr.step:
+        tr.train_step()
+    if tr.rank == 0:
+        for path in list_checkpoints(tr.ckpt.root):
+            shutil.rmtree(path, ignore_errors=True)
+    _any_rank(tr, False)  # every rank waits for rank 0's removal
 
 
 def _free_port() -> int:

@@ -434,11 +434,12 @@ RERUNS: dict[str, Rerun] = {
             "p02-scaling",
             "project02_fsdp_scaling/scaling_gpu.json",
             "FSDP2 training of the committed preset, batch, steps, compile and attention on one "
-            "GPU, and on two where two are visible (the committed run: 1 and 2 GPUs), without the "
+            "GPU, and on two where two are visible (the committed run: 1 and 2 GPUs), 3 "
+            "interleaved repetitions of each (a 1b job takes about a minute), without the "
             "one-GPU sweep and the profile",
             "project02_fsdp_scaling",
             "scaling",
-            ("--no-sweep", "--no-readme"),
+            ("--no-sweep", "--no-readme", "--no-profile", "--repeats", "3"),
             derive=p02_scaling_flags,
             timeout_s=900,
         ),
@@ -446,11 +447,12 @@ RERUNS: dict[str, Rerun] = {
             "p03-checkpoint",
             "project03_capstone_infra/checkpoint_bench.json",
             "sync and async checkpoints of the committed preset and batch on one GPU, as "
-            "committed (interval, write threads, steady saves, stager), without the pre-staging "
-            "and resume phases the figures do not read",
+            "committed (interval, write threads, steady saves, stager), 3 interleaved repetitions "
+            "(a sync save holds training ~20 s on 1b), without the pre-staging and resume phases "
+            "the figures do not read",
             "project03_capstone_infra",
             "bench-checkpoint",
-            ("--no-prestage", "--no-resume"),
+            ("--no-prestage", "--no-resume", "--repeats", "3"),
             (
                 "preset",
                 "global_batch",

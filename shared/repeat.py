@@ -17,6 +17,10 @@ summarises them.
 - `flat(name, spread)`: the record fields `name` (the median), `name_min`, `name_max` and
   `name_reps` (every value): the median keeps the field's old name, so code reading records
   written before repetitions existed reads the new ones unchanged.
+- `repetition_order(names, rep)`: the order `interleave` calls its measurements in, for a
+  benchmark that runs its own loop (a time budget, measurements that share a process's state).
+- `ranged(row, name, fmt)`: a table cell, the plain number for a record of one run (so tables of
+  such records render as before) and "median (min–max)" for two or more repetitions.
 """
 
 from __future__ import annotations
@@ -114,6 +118,27 @@ def read_flat(record: Mapping, name: str) -> Spread | None:
     return None
 
 
+def ranged(row: Mapping | None, name: str, fmt: Callable[[float], str], f=None):
+    """The table cell of figure `name` of record row `row`: f(row[name]) as it is (None when
+    absent) for a row of one run, or 'fmt(median) (fmt(min)–fmt(max))' with f applied to each
+    (its ends sorted: a decreasing f swaps them) when the row holds two or more repetitions."""
+    f = f or (lambda v: v)
+    value = (row or {}).get(name)
+    if value is None:
+        return None
+    s = read_flat(row, name)
+    if s is None or s.n < 2:
+        return f(value)
+    lo, hi = sorted((f(s.min), f(s.max)))
+    return f"{fmt(f(value))} ({fmt(lo)}–{fmt(hi)})"
+
+
+def repetition_order(names: list[str], rep: int) -> list[str]:
+    """The order of the measurements `names` in repetition `rep` (0-based): as given on even
+    repetitions, reversed on odd ones (A B, B A, A B, ...)."""
+    return list(names) if rep % 2 == 0 else list(names)[::-1]
+
+
 @dataclass
 class Repeats:
     """What `interleave` measured: each name's values in repetition order, the error that
@@ -162,7 +187,7 @@ def interleave(
     names = list(fns)
     out = Repeats(values={k: [] for k in names})
     for rep in range(n):
-        order = [k for k in (names if rep % 2 == 0 else names[::-1]) if k not in out.errors]
+        order = [k for k in repetition_order(names, rep) if k not in out.errors]
         out.order.append(order)
         for name in order:
             try:

@@ -2,12 +2,17 @@
 derived from them): `<name>.png` (% of training time each kind of save holds) and `<name>.md`
 (the saves, the steady state against the 1% target, the staging-buffer builds, the resume). A
 record of several ranks (`checkpoint_bench_ws<N>`) sets its headline figures beside those of the
-one-rank record found in the same folder."""
+one-rank record found in the same folder. A record of repeated measurements (`--repeats`: the
+`_min`, `_max`, `_reps` fields beside a figure, `shared.repeat.flat`) shows the sync save and the
+steady state as "median (min–max)" over the repetitions and its chart one bar for the steady
+saves; a record of one repetition renders as it always did."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from shared.repeat import ranged
 
 from ..bench_checkpoint import _median, _steady_keys, bench_name
 
@@ -20,11 +25,29 @@ def render(record: dict, out_dir: Path) -> list[Path]:
 _ORDINAL = {1: "2nd", 2: "3rd"}
 
 
+def text(x: dict | None, key: str, spec: str, f=None) -> str:
+    """Figure `key` of `x` formatted with `spec`: 'median (min–max)' when `x` holds two or more
+    repetitions of it; 'n/a' when absent."""
+    fmt = lambda v: format(v, spec)  # noqa: E731
+    v = ranged(x, key, fmt, f)
+    return "n/a" if v is None else v if isinstance(v, str) else fmt(v)
+
+
+def repetitions(d: dict) -> int:
+    """The repetitions of the record's steady state and sync save (1: a record of one)."""
+    st, sync = d.get("steady_state") or {}, d.get("sync") or {}
+    return max(st.get("repetitions", 1), len(sync.get("held_s_reps") or ()) or 1)
+
+
 def _rows(res: dict, d: dict) -> list[tuple[str, str, dict]]:
     """(short label, description, derived figures) per measured save, in measuring order."""
     rows = []
+    n = repetitions(d)
     if "sync" in d:
-        rows.append(("sync", "sync", d["sync"]))
+        saves = d["sync"].get("saves", 1)
+        rows.append(
+            ("sync", f"sync, median of {saves} (min–max)" if saves > 1 else "sync", d["sync"])
+        )
     if "async_cold" in d:
         rows.append(
             (
@@ -35,8 +58,11 @@ def _rows(res: dict, d: dict) -> list[tuple[str, str, dict]]:
         )
     for i, k in enumerate(_steady_keys(res), start=1):
         if k in d:
-            n = _ORDINAL.get(i, f"{i + 1}th")
-            rows.append((f"async {n}", f"async, {n} of the process (buffers reused)", d[k]))
+            nth = _ORDINAL.get(i, f"{i + 1}th")
+            rep = f", repetition {res[k].get('repetition', 1)}" if n > 1 else ""
+            rows.append(
+                (f"async {nth}", f"async, {nth} of the process (buffers reused{rep})", d[k])
+            )
     if "prestage" in d:
         rows.append(
             (
@@ -65,7 +91,15 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
     env, n = record["environment"], d["ckpt_interval_steps"]
     gib = res["sync"]["bytes"] / 2**30
     labels, pct = [], []
-    for label, _, x in _rows(res, d):
+    rows = _rows(res, d)
+    st = d.get("steady_state") or {}
+    if repetitions(d) > 1 and st:  # the steady saves as one bar: their median
+        steady = [r for r in rows if r[0].startswith("async ") and r[0] != "async 1st"]
+        rows = [r for r in rows if r not in steady]
+        at = next((i for i, r in enumerate(rows) if r[0] not in ("sync", "async 1st")), len(rows))
+        label = f"async steady\n(median of {st['repetitions']})"
+        rows.insert(at, (label, "", {"held_s": st["median_held_s"], "fraction": st["fraction"]}))
+    for label, _, x in rows:
         labels.append(label)
         pct.append(100 * x.get("fraction", x["held_s"] / (d["interval_s"] + x["held_s"])))
     ranks = res.get("world_size", 1)
@@ -108,7 +142,7 @@ def _side_by_side(records: list[dict]) -> str:
         r, st = res.get("resume") or {}, d.get("steady_state") or {}
 
         def held(x: dict | None) -> str:
-            return "n/a" if not x else f"{x['held_s']:.3g} s ({100 * x['fraction']:.2f}%)"
+            return "n/a" if not x else f"{text(x, 'held_s', '.3g')} s ({100 * x['fraction']:.2f}%)"
 
         def sec(x) -> str:
             return "n/a" if x is None else f"{x:.1f} s"
@@ -125,7 +159,8 @@ def _side_by_side(records: list[dict]) -> str:
             "1st async save of a process, held": held(d.get("async_cold")),
             "steady-state async save, held (median)": "n/a"
             if not st
-            else f"{st['median_held_s']:.3g} s ({100 * st['fraction']:.2f}%) of {st['saves']}",
+            else f"{text(st, 'median_held_s', '.3g')} s ({100 * st['fraction']:.2f}%) of "
+            f"{st['saves']}",
             "async save, to committed": sec(_median(commits)),
             "resume: launch to first new step": sec(r.get("to_first_new_step_s")),
             "resume: verify + load + reshard": sec(r.get("load_s")),
@@ -152,18 +187,21 @@ def write_markdown(record: dict, out_dir: Path) -> Path:
     gib = res["sync"]["bytes"] / 2**30
     pct_col = f"% of time at 1 per {n} steps"
     rows = []
+    g = lambda v: format(v, ".3g")  # noqa: E731  the table's number format
     for label, desc, x in _rows(res, d):
         frac = x.get("fraction", x["held_s"] / (d["interval_s"] + x["held_s"]))
         rows.append(
             {
                 "save": desc,
-                "held (s)": x["held_s"],
-                pct_col: 100 * frac,
+                "held (s)": ranged(x, "held_s", g),
+                pct_col: ranged(x, "fraction", g, lambda v: 100 * v)
+                if "fraction" in x
+                else 100 * frac,
                 "1st step excess (s)": x.get("first_step_excess_s", float("nan")),
                 "later steps excess (s)": x.get("later_steps_excess_s", float("nan")),
-                "to committed (s)": x.get(
-                    "write_to_commit_s", x["held_s"] if label == "sync" else float("nan")
-                ),
+                "to committed (s)": x.get("write_to_commit_s", float("nan"))
+                if label != "sync"
+                else ranged(x, "held_s", g),
             }
         )
     r = res.get("resume") or {}
@@ -175,10 +213,17 @@ def write_markdown(record: dict, out_dir: Path) -> Path:
             if st["met"]
             else f"not met ({100 * st['fraction']:.2f}%, {st['fraction'] / 0.01:.1f}x the target)"
         )
+        reps = st.get("repetitions", 1)
         lines.append(
             f"Steady state (async saves with the staging buffers already built, {st['saves']} "
-            f"saves): median {st['median_held_s']:.3f} s held (max {st['max_held_s']:.3f} s) = "
-            f"{100 * st['fraction']:.2f}% of the time at one checkpoint per {n} steps; target "
+            + (
+                f"saves): median {st['median_held_s']:.3f} s held (max {st['max_held_s']:.3f} s) = "
+                if reps < 2
+                else f"saves in {reps} repetitions): median over the repetitions "
+                f"{text(st, 'median_held_s', '.3f')} s held (each repetition's figure: the "
+                f"median of its saves; the largest single save {st['max_held_s']:.3f} s) = "
+            )
+            + f"{100 * st['fraction']:.2f}% of the time at one checkpoint per {n} steps; target "
             f"< 1%: **{verdict}**. Net of step-time noise (steps below the median offsetting "
             f"those above): median {st.get('median_net_held_s', float('nan')):.3f} s."
         )

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from project03_capstone_infra import PROJECT
+from project03_capstone_infra.report.checkpoint_bench import text as figure_text
 
 
 def _chaos_summary(d: Path, stem: str) -> list[str]:
@@ -105,20 +106,29 @@ def write_summary(reports_dir: str | Path | None = None) -> Path:
         line = [
             f"**Checkpoints, {rec['config']['preset']} on {rec['environment'].get('gpu') or 'CPU'}** "
             f"({res['sync']['bytes'] / 2**30:.1f} GiB, one every {der['ckpt_interval_steps']} steps): "
-            f"sync save holds training {der['sync']['held_s']:.1f} s ({100 * der['sync']['fraction']:.1f}% of the time)"
+            f"sync save holds training {figure_text(der['sync'], 'held_s', '.1f')} s ({100 * der['sync']['fraction']:.1f}% of the time)"
         ]
         for k, label in (
             ("async_cold", "first async save of a process"),
             ("async_warm", "steady-state async save"),
         ):
             if k in der:
-                line.append(f"{label} {der[k]['held_s']:.2f} s ({100 * der[k]['fraction']:.2f}%)")
+                line.append(
+                    f"{label} {figure_text(der[k], 'held_s', '.2f')} s ({100 * der[k]['fraction']:.2f}%)"
+                )
         resume = res.get("resume") or {}
         if resume.get("to_first_new_step_s") is not None:
             line.append(
                 f"resume to the first new step {resume['to_first_new_step_s']:.1f} s after launch"
             )
-        parts += ["; ".join(line) + f". [Details](reports/{PROJECT}/checkpoint_bench.md)", ""]
+        reps = max(len(der["sync"].get("held_s_reps") or ()), 1)
+        tail = (
+            f"; sync and steady state: median (min–max) of {reps} repetitions" if reps > 1 else ""
+        )
+        parts += [
+            "; ".join(line) + f"{tail}. [Details](reports/{PROJECT}/checkpoint_bench.md)",
+            "",
+        ]
     parts += _determinism_summary(d)
     others = [
         f"[{p.stem}](reports/{PROJECT}/{p.name})"

@@ -41,6 +41,7 @@ CASES = [
     (["scaling", "--name", "a/b"], "name"),
     (["scaling", "--sweep-variants", "eager+bogus"], "bogus"),
     (["scaling", "--timeout-s", "0"], "timeout_s"),
+    (["scaling", "--repeats", "-1"], "repeats"),
     (["scaling", "--reports-dir", "{bad}"], "--reports-dir"),
     (["scaling", "--device", "cpu"], "--device"),
     (["scaling", "--out", "r.json"], "--out"),

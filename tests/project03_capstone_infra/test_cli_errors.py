@@ -75,6 +75,7 @@ CASES = [
     (["bench-checkpoint", "--timed-steps", "-1"], "--timed-steps"),
     (["bench-checkpoint", "--preset", "bogus"], "--preset"),
     (["bench-checkpoint", "--budget-s", "nan"], "--budget-s"),
+    (["bench-checkpoint", "--repeats", "-2"], "--repeats"),
     (["bench-checkpoint", "--run-dir", ""], "--run-dir"),
     (["bench-checkpoint", "--from-json", "{missing}.json"], "--from-json"),
 ]

@@ -501,6 +501,7 @@ def test_p02_and_p03_reruns_parse_with_their_own_command_lines(repo_root, tmp_pa
         argv = [rr.module, rr.command, *rr.flags, *flags, "--reports-dir", str(tmp_path)]
         name, cfg = parse_subcommand(p02.commands(), prog="p", description="", argv=argv[1:])
         assert name == "scaling" and cfg.gpus == sizes and not cfg.sweep and not cfg.readme
+        assert cfg.repeats == 3 and not cfg.train.profile  # medians of 3, no profiled steps
         for k in ("preset", "global_batch", "micro_batch", "steps", "warmup_steps", "compile"):
             assert getattr(cfg.train, k) == train[k], k
         assert cfg.train.attention == train["attention"] and cfg.reports_dir == str(tmp_path)
@@ -510,6 +511,7 @@ def test_p02_and_p03_reruns_parse_with_their_own_command_lines(repo_root, tmp_pa
     argv = rr.argv(committed) + ["--reports-dir", str(tmp_path)]
     name, cfg = parse_subcommand(p03.commands(), prog="p", description="", argv=argv[1:])
     assert name == "bench-checkpoint" and not cfg.prestage and not cfg.resume
+    assert cfg.repeats == 3
     for k in rr.from_committed:
         assert getattr(cfg, k) == committed["config"][k], k
     assert cfg.reports_dir == str(tmp_path)
@@ -532,3 +534,53 @@ def test_a_figure_needing_more_gpus_than_the_rerun_had_is_not_comparable_here():
         vr.compare(f, committed, two_gpus).status == "no_value"
     )  # two GPUs and no figure: a fault
     assert vr.compare(fig("p02.mfu.ws1"), committed, one_gpu).status == "agree"
+
+
+def scaling_record(mfu: list[float], eff: list[float] | None = None, env=H200) -> dict:
+    """A scaling record as the harness writes it: one run (plain fields) or repetitions
+    (`shared.repeat.flat`: the median under the old name, `_min`, `_max`, `_reps`)."""
+
+    def field(name, values):
+        return {name: values[0]} if len(values) == 1 else flat(name, Spread.of(values))
+
+    runs = [{"world_size": 1, "status": "ok", **field("mfu", mfu)}]
+    if eff:
+        runs.append({"world_size": 2, "status": "ok", **field("efficiency", eff)})
+    return {"environment": {**env, "gpu_count": 2}, "results": {"runs": runs}}
+
+
+def checkpoint_record(sync: list[float], steady: list[float], env=H200) -> dict:
+    def field(name, values):
+        return {name: values[0]} if len(values) == 1 else flat(name, Spread.of(values))
+
+    derived = {"sync": field("held_s", sync), "steady_state": field("median_held_s", steady)}
+    return {"environment": env, "results": {"derived": derived}}
+
+
+def test_p02_and_p03_figures_compare_medians_of_repeated_records_with_single_run_ones():
+    """Committed single-run records against re-runs of 3 repetitions (and back): the figure is
+    the median, its range comes along, and the paths resolve in both layouts."""
+    old_p02 = scaling_record([0.532], [0.950])
+    new_p02 = scaling_record([0.50, 0.53, 0.40], [0.94, 0.96, 0.70])
+    c = vr.compare(fig("p02.mfu.ws1"), old_p02, new_p02)
+    assert c.status == "agree" and c.new.n == 3 and c.new.median == pytest.approx(50.0)
+    assert c.committed.values == (pytest.approx(53.2),)  # x100: MFU in %
+    c = vr.compare(fig("p02.efficiency.ws2"), old_p02, new_p02)
+    assert c.status == "agree" and c.new.median == pytest.approx(94.0)
+    assert (c.new.min, c.new.max) == (pytest.approx(70.0), pytest.approx(96.0))
+    # the median decides, not an outlying repetition; a slow median disagrees
+    slow = scaling_record([0.44, 0.45, 0.60])
+    assert vr.compare(fig("p02.mfu.ws1"), old_p02, slow).status == "disagree"
+    # a repeated committed record against a single-run re-run
+    assert vr.compare(fig("p02.mfu.ws1"), new_p02, old_p02).status == "agree"
+
+    old_p03 = checkpoint_record([20.48], [0.30])
+    new_p03 = checkpoint_record([21.0, 19.5, 30.0], [0.28, 0.33, 0.90])
+    for key, median in (("p03.ckpt.sync_held", 21.0), ("p03.ckpt.async_held", 0.33)):
+        c = vr.compare(fig(key), old_p03, new_p03)
+        assert c.status == "agree" and c.new.n == 3 and c.new.median == median, key
+        assert c.committed.n == 1
+    text = vr.table([vr.compare(fig("p03.ckpt.sync_held"), old_p03, new_p03)])
+    assert "20.5 (1 run)" in text and "21 (19.5–30, n=3)" in text
+    late = checkpoint_record([26.0, 27.0, 25.9], [0.3])
+    assert vr.compare(fig("p03.ckpt.sync_held"), old_p03, late).status == "disagree"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from shared.repeat import Spread, flat, interleave, ratio, read_flat
+from shared.repeat import Spread, flat, interleave, ranged, ratio, read_flat, repetition_order
 
 
 def _sequence(values, log, name):
@@ -73,6 +73,25 @@ def test_flat_fields_keep_the_old_name_for_the_median_and_round_trip():
     assert read_flat({"engine_ms": None}, "engine_ms") is None
     assert read_flat({}, "engine_ms") is None
     assert flat("x", None) == {"x": None}
+
+
+def test_repetition_order_is_interleaves_order():
+    assert [repetition_order(["a", "b", "c"], r) for r in range(3)] == [
+        ["a", "b", "c"],
+        ["c", "b", "a"],
+        ["a", "b", "c"],
+    ]
+
+
+def test_ranged_cell_is_the_plain_value_for_one_run_and_median_min_max_for_more():
+    fmt = lambda v: f"{v:.1f}"  # noqa: E731
+    one = {"ms": 2.0}
+    assert ranged(one, "ms", fmt) == 2.0 and ranged(one, "ms", fmt, lambda v: 10 * v) == 20.0
+    many = {"ms": 2.0, **flat("ms", Spread.of([3.0, 1.0, 2.0]))}
+    assert ranged(many, "ms", fmt) == "2.0 (1.0–3.0)"
+    assert ranged(many, "ms", fmt, lambda v: 1 / v) == "0.5 (0.3–1.0)"  # ends sorted
+    assert ranged({"ms": None}, "ms", fmt) is None and ranged(None, "ms", fmt) is None
+    assert ranged({"ms": 1.0, **flat("ms", Spread.of([1.0]))}, "ms", fmt) == 1.0
 
 
 def test_a_failing_measurement_is_recorded_and_not_called_again():
