@@ -307,10 +307,8 @@ def p02_scaling_flags(committed: dict, gpus: int | None = None) -> list[str]:
     world sizes: 1, and 2 where two GPUs are visible (`gpus`: how many; default: this machine's)."""
     train = (committed.get("config") or {}).get("train") or {}
     out = ["--gpus", "1,2" if (visible_gpus() if gpus is None else gpus) >= 2 else "1"]
-    for key in ("preset", "global_batch", "micro_batch", "seq_len", "steps", "warmup_steps"):
-        if key in train:
-            out += _flag(key, train[key])
-    for key in ("compile", "attention"):
+    keys = ("preset", "global_batch", "micro_batch", "seq_len", "steps", "warmup_steps")
+    for key in (*keys, "compile", "attention"):
         if key in train:
             out += _flag(key, train[key])
     return out
