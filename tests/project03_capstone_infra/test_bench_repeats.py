@@ -15,6 +15,8 @@ from project03_capstone_infra.__main__ import main as package_main
 from shared.repeat import read_flat
 from shared.results import REPORTS_DIR
 
+from .test_bench_checkpoint import SMALL as BENCH_SMALL
+
 BASE = {"baseline": {"median_step_s": 1.0}}
 
 
@@ -83,21 +85,8 @@ def test_the_committed_single_run_record_derives_unchanged():
     assert d["steady_state"] == res["derived"]["steady_state"]
 
 
-SMALL = [
-    "bench-checkpoint",
-    "--preset",
-    "tiny",
-    "--timed-steps",
-    "3",
-    "--warmup-steps",
-    "1",
-    "--steady-saves",
-    "1",
-    "--max-steps-during-write",
-    "20",
-    "--no-prestage",
-    "--no-resume",
-]
+# test_bench_checkpoint's small run, without the resume phase the repeated figures do not read
+SMALL = ["bench-checkpoint", *BENCH_SMALL, "--no-resume"]
 
 
 @pytest.mark.slow
