@@ -17,6 +17,16 @@ Two phases, one torchrun job per precision each, every job on the same seed, dat
   precision's own dense peak and against the bf16 peak, peak memory, speed-up over bf16, and cost
   per million tokens at this GPU's on-demand and spot prices (`shared.hardware`).
 
+The throughput figures are medians over repetitions (`shared.repeat`): with --repeats N (default 5
+on GPUs, 1 on CPU) every recipe's throughput job runs N times, each a fresh torchrun job, the
+recipes interleaved and their order reversed on alternate repetitions (bf16 fp8-tensorwise
+fp8-rowwise fp16, then fp16 ... bf16), so that a drift of the GPU over the run falls on every
+recipe alike. Each figure is stored as its median under its old name with its min, max and every
+repetition (`shared.repeat.flat`); the speed-up over bf16 is taken per repetition (repetition i of
+a recipe over repetition i of bf16) and summarised the same way; the cost comes from the median
+tokens/s. A recipe whose job fails is not run again; its completed repetitions stand, with the
+failure beside them. The parity phase runs once.
+
 Training flags left at 0 take the tier's value: global batch 64 on GPUs (micro-batch 16) and 8 on
 CPU (whole local batch). torch.compile and cuDNN attention run on GPUs only; parameters stay
 gathered for the whole step (`--no-reshard-after-forward`: ZeRO-2's memory, which these models
@@ -49,6 +59,7 @@ from project02_fsdp_scaling.config import (
 )
 from project02_fsdp_scaling.scaling import launch
 from shared.cli import writable_dir
+from shared.repeat import DEFAULT_REPEATS, Spread, flat, ratio, repetition_order
 
 BASELINE = "bf16"
 # The harness's own training defaults: 0 takes the tier's value (see PrecisionConfig).
@@ -63,7 +74,8 @@ PRECISION_TRAIN = TrainConfig(
 )
 # Micro-batch on GPUs when none is given: 16 sequences of the 1b preset fit an H200 without
 # activation checkpointing and halve the per-micro-batch casts and accumulation adds of 8 (with
-# the parameters kept gathered, measured once on an H200: bf16 55.1% MFU against 52.6%).
+# the parameters kept gathered, this harness measured bf16 at 55.9% MFU on an H200, against
+# 52.6% at micro-batch 8 with ZeRO-3 resharding).
 GPU_MICRO_BATCH = 16
 # The tail of a loss curve whose mean is the run's final loss.
 FINAL_FRACTION = 0.1
@@ -75,14 +87,15 @@ class PrecisionConfig:
     learnable stream (parity) and tokens/s, MFU and cost per million tokens (throughput), one
     record. Training flags left at 0 take the tier's value: global batch 64 on GPUs (micro-batch
     16), 8 on CPU; compile and cuDNN attention on GPUs only; each job's precision, preset, steps,
-    device and output files are the harness's."""
+    device and output files are the harness's. Throughput figures are medians over --repeats
+    runs of each recipe's job (5 on GPUs, 1 on CPU) with their min-max; parity runs once."""
 
     precisions: tuple[PrecisionName, ...] = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp16")
     """the recipes, each run in both phases; bf16, the baseline, is added first when missing"""
     world_size: int = 1
     """processes per job (GPUs, or CPU processes over gloo)"""
     parity: bool = True
-    """run the parity phase (--no-parity: throughput only)"""
+    """run the parity phase, once per recipe whatever --repeats (--no-parity: throughput only)"""
     parity_preset: str = "auto"
     """model of the parity phase; auto: 125m on GPUs, tiny on CPU"""
     parity_steps: int = 0
@@ -95,6 +108,11 @@ class PrecisionConfig:
     """model of the throughput phase; auto: 1b on GPUs, tiny on CPU"""
     throughput_steps: int = 0
     """timed steps of each throughput run (after the warm-up steps); 0: 10 on GPUs, 4 on CPU"""
+    repeats: int = 0
+    """runs of each recipe's throughput job, each a fresh torchrun job, the recipes interleaved
+    (order reversed on alternate repetitions); figures are the medians with their min-max, the
+    speed-up over bf16 per repetition. 0: the tier's default, 5 on GPUs, 1 on CPU. The parity
+    phase runs once"""
     reports_dir: str | None = None
     """results go to <reports-dir>/project02_fsdp_scaling/ (None: a new runs/<UTC time>/; reports/ only when named)"""
     name: str = ""
@@ -132,6 +150,10 @@ class PrecisionConfig:
         for name in ("world_size", "timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 0:
+            raise ValueError(
+                f"repeats must be an integer >= 0 (0: the tier's default), got {self.repeats!r}"
+            )
         for name in ("parity_steps", "throughput_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = the tier's default)")
@@ -162,6 +184,7 @@ class Plan:
     jobs: list[tuple[str, TrainConfig]]  # (phase, job) in run order
     out_dir: Path
     name: str
+    repeats: int = 1  # runs of each throughput job, interleaved (the jobs list holds them all)
 
 
 def make_plan(cfg: PrecisionConfig) -> Plan:
@@ -185,6 +208,7 @@ def make_plan(cfg: PrecisionConfig) -> Plan:
         device="cuda" if on_gpu else "cpu",
         log_every=given.log_every,
     )
+    repeats = cfg.repeats or (DEFAULT_REPEATS if on_gpu else 1)
     jobs: list[tuple[str, TrainConfig]] = []
     if cfg.parity:
         preset = (
@@ -203,8 +227,9 @@ def make_plan(cfg: PrecisionConfig) -> Plan:
             else ("1b" if on_gpu else "tiny")
         )
         steps = cfg.throughput_steps or (10 if on_gpu else 4)
-        for p in cfg.recipes():
-            jobs.append(("throughput", replace(base, preset=preset, precision=p, steps=steps)))
+        for rep in range(repeats):
+            for p in repetition_order(cfg.recipes(), rep):
+                jobs.append(("throughput", replace(base, preset=preset, precision=p, steps=steps)))
     for _, job in jobs:
         if job.steps < 1:
             raise ValueError(
@@ -213,7 +238,8 @@ def make_plan(cfg: PrecisionConfig) -> Plan:
         job.validate(cfg.world_size)
     root = output_root(cfg.reports_dir)
     out_dir = writable_dir("--reports-dir", root / PROJECT)
-    return Plan(on_gpu, jobs, out_dir, cfg.name or f"precision_{'gpu' if on_gpu else 'cpu'}")
+    name = cfg.name or f"precision_{'gpu' if on_gpu else 'cpu'}"
+    return Plan(on_gpu, jobs, out_dir, name, repeats)
 
 
 def final_loss(losses: list[float]) -> float:
@@ -256,17 +282,71 @@ def _summary(phase: str, job: TrainConfig, rec: dict) -> dict:
     return out
 
 
-def compare_to_baseline(runs: list[dict], phase: str) -> None:
-    """Fill each ok run's difference to the bf16 run of the same phase, in place: the final-loss
-    difference (parity) or the speed-up (throughput)."""
+def compare_to_baseline(runs: list[dict]) -> None:
+    """Fill each ok parity run's final-loss difference to the bf16 run's, in place."""
     base = next((r for r in runs if r["precision"] == BASELINE and r["status"] == "ok"), None)
     for r in runs:
-        if r["status"] != "ok" or base is None:
-            continue
-        if phase == "parity":
+        if r["status"] == "ok" and base is not None:
             r["final_loss_diff_vs_bf16"] = r["final_loss"] - base["final_loss"]
+
+
+# Throughput figures summarised over repetitions with their range (shared.repeat.flat).
+SPREAD_FIELDS = (
+    "tokens_per_s",
+    "step_time_s",
+    "mfu",
+    "mfu_bf16_peak",
+    "achieved_tflops_per_device",
+)
+
+
+def merge_repetitions(runs: list[dict]) -> dict:
+    """One recipe's throughput runs (`_summary` each, in repetition order) as one row: the
+    figures of SPREAD_FIELDS are the medians with `_min`, `_max` and `_reps`, peak memory the
+    largest, the rest (losses) the first run's. One run is returned as it is."""
+    out = dict(runs[0])
+    if len(runs) == 1:
+        return out
+    for key in SPREAD_FIELDS:
+        vals = [r.get(key) for r in runs]
+        if all(v is not None for v in vals):
+            out.update(flat(key, Spread.of(vals)))
+    out["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
+    return out
+
+
+def throughput_rows(
+    done: dict[str, list[dict]], failed: dict[str, dict], recipes: list[str], repeats: int
+) -> list[dict]:
+    """The throughput phase's rows in recipe order: each recipe's completed repetitions merged
+    (with `repeats`, their number, when more than one was planned, and `failed_repetition` when
+    one failed after them), or its failed entry when none completed; the speed-up over bf16 per
+    repetition (repetition i over bf16's repetition i, `shared.repeat.ratio`: a recipe that
+    stops on a failure stops for good, so the completed repetitions pair by position)."""
+    rows = []
+    for p in recipes:
+        if p not in done:
+            if p in failed:
+                rows.append({k: v for k, v in failed[p].items() if k != "repetition"})
+            continue
+        row = merge_repetitions(done[p])
+        if repeats > 1:
+            row["repeats"] = len(done[p])
+        if p in failed:
+            f = failed[p]
+            row["failed_repetition"] = {k: f[k] for k in ("repetition", "returncode", "note")}
+        rows.append(row)
+    base = done.get(BASELINE)
+    for row in rows:
+        if row["status"] != "ok" or not base:
+            continue
+        tps = [r["tokens_per_s"] for r in done[row["precision"]]]
+        speedup = ratio(Spread.of(tps), Spread.of(r["tokens_per_s"] for r in base))
+        if speedup.n > 1:
+            row.update(flat("speedup_vs_bf16", speedup))
         else:
-            r["speedup_vs_bf16"] = r["tokens_per_s"] / base["tokens_per_s"]
+            row["speedup_vs_bf16"] = speedup.median
+    return rows
 
 
 def cost_lines(runs: list[dict], world_size: int) -> None:
@@ -284,8 +364,9 @@ def cost_lines(runs: list[dict], world_size: int) -> None:
 
 
 def run(cfg: PrecisionConfig) -> Path:
-    """`precision`: the parity jobs, then the throughput jobs, as torchrun jobs; the JSON record,
-    Markdown and charts, rewritten after each job. Returns the JSON path."""
+    """`precision`: the parity jobs, then the throughput jobs (every recipe once per repetition,
+    interleaved), as torchrun jobs; the JSON record, Markdown and charts, rewritten after each
+    job. Returns the JSON path."""
     from shared.results import environment
 
     plan = make_plan(cfg)
@@ -300,6 +381,7 @@ def run(cfg: PrecisionConfig) -> Path:
                 "micro_batch": job.micro_batch,
                 "reshard_after_forward": job.reshard_after_forward,
                 "seq_len": job.resolved_seq_len(),
+                **({"repeats": plan.repeats} if phase == "throughput" else {}),
                 "runs": [],
             },
         )
@@ -319,36 +401,58 @@ def run(cfg: PrecisionConfig) -> Path:
     kept = _kept_phases(cfg, plan, set(phases))
     results |= kept
     path = None
+    done: dict[str, list[dict]] = {}  # throughput: each recipe's completed repetitions
+    failed: dict[str, dict] = {}  # throughput: each recipe's failed job (it is not run again)
+    reps: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (phase, job) in enumerate(plan.jobs):
+            where = phase
+            if phase == "throughput":
+                rep = reps[job.precision] = reps.get(job.precision, 0) + 1
+                if plan.repeats > 1:
+                    where += f", repetition {rep} of {plan.repeats}"
+                if job.precision in failed:
+                    print(f"\n=== {where}: {_label(job)} skipped (failed before)", flush=True)
+                    continue
+            print(f"\n=== {where}: {_label(job)} (job {i + 1} of {len(plan.jobs)})", flush=True)
             job = replace(job, out=f"{tmp}/{i}.json")
             rc, tail = launch(
                 cfg.world_size, "train", cli_flags(job), on_gpu=plan.on_gpu, timeout_s=cfg.timeout_s
             )
-            runs = results[phase]["runs"]
             if rc != 0 or not Path(job.out).is_file():
-                runs.append(
-                    {
-                        "precision": job.precision,
-                        "loss_scaling": job.loss_scaling if job.precision == "fp16" else None,
-                        "label": _label(job),
-                        "status": "failed",
-                        "returncode": rc,
-                        "note": tail[-2000:],
-                    }
-                )
+                entry = {
+                    "precision": job.precision,
+                    "loss_scaling": job.loss_scaling if job.precision == "fp16" else None,
+                    "label": _label(job),
+                    "status": "failed",
+                    "returncode": rc,
+                    "note": tail[-2000:],
+                }
             else:
-                runs.append(_summary(phase, job, json.loads(Path(job.out).read_text())))
-            compare_to_baseline(runs, phase)
-            if phase == "throughput":
+                entry = _summary(phase, job, json.loads(Path(job.out).read_text()))
+            if phase == "parity":
+                results[phase]["runs"].append(entry)
+                compare_to_baseline(results[phase]["runs"])
+            else:
+                if entry["status"] == "ok":
+                    done.setdefault(job.precision, []).append(entry)
+                else:
+                    failed[job.precision] = {**entry, "repetition": rep}
+                runs = throughput_rows(done, failed, cfg.recipes(), plan.repeats)
                 cost_lines(runs, cfg.world_size)
+                results[phase]["runs"] = runs
             path = _publish(results, config, env, plan)
     print(Path(path).with_suffix(".md").read_text(), flush=True)
-    failed = [
+    failures = [
         f"{p} {r['label']}" for p in phases for r in results[p]["runs"] if r["status"] != "ok"
     ]
-    if failed:
-        raise RuntimeError(f"{failed} failed; see {path}")
+    failures += [
+        f"throughput {r['label']} (repetition {r['failed_repetition']['repetition']})"
+        for r in results.get("throughput", {}).get("runs", [])
+        if "throughput" in phases and r.get("failed_repetition")
+    ]
+    if failures:
+        raise RuntimeError(f"{failures} failed; see {path}")
     return path
 
 

@@ -1,13 +1,16 @@
 """Mixed precision: the Markdown and charts of a `precision` record, from the JSON alone.
 
 A record holds a `parity` phase (loss curves of each recipe against bf16's) and a `throughput`
-phase (tokens/s, MFU, memory and cost of each recipe), either of which may be absent.
+phase (tokens/s, MFU, memory and cost of each recipe), either of which may be absent. A
+throughput phase of repeated runs shows "median (min–max)" in its cells (`shared.repeat.ranged`);
+a record of one run per recipe renders as it always did.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from shared.repeat import ranged
 from shared.results import environment_line, markdown_table
 
 RECIPE_NOTE = {
@@ -30,6 +33,15 @@ def _pct(x: float | None) -> float | None:
 
 def _ok(runs: list[dict]) -> list[dict]:
     return [r for r in runs if r.get("status") == "ok"]
+
+
+def _g(v: float) -> str:
+    return format(v, ".4g")
+
+
+def _repeated(runs: list[dict]) -> int:
+    """The most repetitions a throughput row holds (1 for a record of one run per recipe)."""
+    return max([len(r.get("tokens_per_s_reps") or ()) for r in _ok(runs)] or [1]) or 1
 
 
 def _parity_lines(rec: dict, h: str, name: str) -> list[str]:
@@ -95,6 +107,7 @@ def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
     thr = rec["results"].get("throughput")
     if not thr:
         return []
+    n_reps = _repeated(thr["runs"])
     rows = []
     for r in thr["runs"]:
         if r["status"] != "ok":
@@ -103,12 +116,13 @@ def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
         rows.append(
             {
                 "precision": r["label"],
-                "tokens/s": round(r["tokens_per_s"]),
-                "vs bf16": r.get("speedup_vs_bf16"),
-                "MFU % (own peak)": _pct(r.get("mfu")),
+                **({"runs": r.get("repeats") or 1} if n_reps > 1 else {}),
+                "tokens/s": ranged(r, "tokens_per_s", str, round),
+                "vs bf16": ranged(r, "speedup_vs_bf16", _g),
+                "MFU % (own peak)": ranged(r, "mfu", _g, _pct),
                 "peak": r.get("peak_kind"),
-                "MFU % (bf16 peak)": _pct(r.get("mfu_bf16_peak")),
-                "TFLOP/s per device": r["achieved_tflops_per_device"],
+                "MFU % (bf16 peak)": ranged(r, "mfu_bf16_peak", _g, _pct),
+                "TFLOP/s per device": ranged(r, "achieved_tflops_per_device", _g),
                 "peak memory (GiB)": r["peak_memory_gib"],
                 "USD / M tokens on-demand": r.get("usd_per_m_tokens_on_demand"),
                 "USD / M tokens spot": r.get("usd_per_m_tokens_spot"),
@@ -116,9 +130,19 @@ def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
         )
     ok = _ok(thr["runs"])
     price = next((r["price_source"] for r in ok if r.get("price_source")), None)
+    runs_note = (
+        f" Each recipe ran up to {n_reps} times (runs), each a separate job, the recipes "
+        "interleaved (order reversed on alternate repetitions): cells show the median (min–max) "
+        "over the runs; vs bf16 is the median of the per-repetition ratios (repetition i of the "
+        "recipe over repetition i of bf16), peak memory the largest of the runs, cost from the "
+        "median tokens/s."
+        if n_reps > 1
+        else ""
+    )
     out = [
         f"{h}# Throughput and cost: `{thr['preset']}`, global batch {thr['global_batch']} x "
-        f"{thr['seq_len']} tokens{_micro(thr)}, {thr['steps_total']} steps",
+        f"{thr['seq_len']} tokens{_micro(thr)}, {thr['steps_total']} steps"
+        + (f", median of up to {n_reps} runs" if n_reps > 1 else ""),
         "",
         markdown_table(rows, floatfmt=".4g"),
         "",
@@ -128,6 +152,7 @@ def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
         "bf16); MFU (bf16 peak): against the bf16 peak whatever the recipe, the number to compare "
         "across recipes. Peak memory: "
         f"{ok[0]['memory_kind'] if ok else 'n/a'} (max over ranks)."
+        + runs_note
         + (
             f" Prices: {price}." if price else " No cost: it needs a GPU listed in shared.hardware."
         ),
@@ -168,6 +193,12 @@ def precision_markdown(rec: dict, heading: str = "#", name: str | None = None) -
         for p in ("parity", "throughput")
         for r in res.get(p, {}).get("runs", [])
         if r["status"] != "ok"
+    ]
+    failed += [
+        f"throughput {r['label']}, repetition {f['repetition']} (the runs before it stand): "
+        f"exit {f.get('returncode')}; {(f.get('note') or '').strip()[-300:]}"
+        for r in res.get("throughput", {}).get("runs", [])
+        if (f := r.get("failed_repetition"))
     ]
     if failed:
         lines += ["Failed:", "", *(f"- {f}" for f in failed), ""]

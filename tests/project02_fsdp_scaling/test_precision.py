@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from project02_fsdp_scaling.config import TrainConfig, record_precision
 from project02_fsdp_scaling.precision_report import precision_charts, precision_markdown
 from shared.model import build_model
 from shared.parallelize import apply_float8, float8_filter
+from shared.results import REPORTS_DIR
 
 # ---- float8 linears -----------------------------------------------------------------------------
 E4M3_MAX = 448.0
@@ -169,6 +171,7 @@ def test_the_throughput_heading_names_the_micro_batch_and_gathering():
         ({"parity_steps": 2}, "parity_steps must exceed the warm-up steps"),
         ({"parity_preset": "huge"}, "unknown preset"),
         ({"keep_other_phases": True}, "--keep-other-phases keeps a phase this run leaves out"),
+        ({"repeats": -1}, "repeats must be an integer >= 0"),
     ],
 )
 def test_bad_harness_configs_are_named(kwargs, match, tmp_path):
@@ -269,3 +272,201 @@ def test_the_precision_harness_end_to_end_on_cpu(tmp_path):
     assert (tmp_path / "project02_fsdp_scaling" / "precision_cpu.md").read_text() == md
     names = [p.name for p in precision_charts(rec, tmp_path)]
     assert names == ["precision_cpu_loss.png", "precision_cpu_throughput.png"]
+
+
+# ---- the harness's repetitions, with a fake launcher --------------------------------------------
+# No torchrun: each "job" writes the record train.py would, with a throughput chosen per recipe
+# and repetition. fp8-tensorwise at 1.3, 1.1, 1.2 of bf16's run of the same repetition (median
+# 1.2; the ratio of the medians would be 130 / 100 = 1.3); fp16 at 0.9, 0.75, 1.2.
+REP_TPS = {
+    "bf16": [100.0, 200.0, 50.0],
+    "fp8-tensorwise": [130.0, 220.0, 60.0],
+    "fp16": [90.0, 150.0, 60.0],
+}
+REP_MEMORY = [1.0, 3.0, 2.0]
+
+
+def _fake_train_record(precision_name: str, tps: float, memory: float) -> dict:
+    return {
+        "preset": "tiny",
+        "compute_dtype": "float16" if precision_name == "fp16" else "bfloat16",
+        "float8_linears": 4 if precision_name.startswith("fp8") else 0,
+        "losses": [5.0, 4.0, 3.0],
+        "skipped_steps": [],
+        "loss_scale": 65536.0 if precision_name == "fp16" else None,
+        "fp16_underflow": None,
+        "tokens_per_s": tps,
+        "step_time_s": {"median": 1000.0 / tps},
+        "mfu": tps / 1000,
+        "peak_kind": "fp8" if precision_name.startswith("fp8") else "bf16",
+        "mfu_bf16_peak": tps / 2000,
+        "achieved_tflops_per_device": tps / 10,
+        "peak_memory_gib": memory,
+        "memory_kind": "fake",
+        "gpu": None,
+    }
+
+
+@pytest.fixture
+def fake_jobs(monkeypatch, tmp_path):
+    """precision.launch replaced: records each throughput job's recipe, the record on disk
+    before it, and fails the calls named in `fail_at` (recipe -> its nth throughput call)."""
+    from project02_fsdp_scaling import precision_report
+
+    calls: list[tuple[str, str]] = []  # (phase by steps, recipe)
+    before: list[dict | None] = []
+    fail_at: dict[str, int] = {}
+    record = tmp_path / "project02_fsdp_scaling" / "precision_cpu.json"
+
+    def launch(ws, command, flags, *, on_gpu, timeout_s):
+        assert command == "train" and ws == 1 and not on_gpu
+        p = flags[flags.index("--precision") + 1]
+        phase = "throughput" if flags[flags.index("--steps") + 1] == "1" else "parity"
+        calls.append((phase, p))
+        before.append(json.loads(record.read_text()) if record.is_file() else None)
+        n = sum(1 for c in calls if c == (phase, p))
+        if phase == "throughput" and fail_at.get(p) == n:
+            return 1, "boom\n"
+        tps = REP_TPS[p][n - 1] if phase == "throughput" else 1.0
+        out = Path(flags[flags.index("--out") + 1])
+        out.write_text(json.dumps(_fake_train_record(p, tps, REP_MEMORY[n - 1])))
+        return 0, ""
+
+    monkeypatch.setattr(precision, "launch", launch)
+    # charts are tested end to end; here each job's rewrite of the record is what counts
+    monkeypatch.setattr(precision_report, "precision_charts", lambda *a, **k: [])
+    return calls, before, fail_at
+
+
+def _rep_cfg(tmp_path, repeats: int, **kw) -> precision.PrecisionConfig:
+    return precision.PrecisionConfig(
+        precisions=("bf16", "fp8-tensorwise", "fp16"),
+        reports_dir=str(tmp_path),
+        parity=kw.pop("parity", False),
+        parity_steps=4,
+        throughput_steps=1,
+        repeats=repeats,
+        **kw,
+    )
+
+
+def test_repetitions_interleave_and_the_speedup_is_per_repetition(
+    tmp_path, fake_jobs, monkeypatch, capsys
+):
+    from shared.cost import cost_line
+    from shared.hardware import get_gpu
+
+    spec = get_gpu("h200-sxm")
+    monkeypatch.setattr("shared.hardware.detect_gpu", lambda *a: spec)
+    calls, before, _ = fake_jobs
+    path = precision.run(_rep_cfg(tmp_path, 3))
+    order = ["bf16", "fp8-tensorwise", "fp16"]
+    # every recipe once per repetition, each its own job, the order reversed on the second
+    assert [p for _, p in calls] == order + order[::-1] + order
+    out = capsys.readouterr().out
+    assert "=== throughput, repetition 2 of 3: fp16 (job 4 of 9)" in out
+    rec = json.loads(path.read_text())
+    thr = rec["results"]["throughput"]
+    assert thr["repeats"] == 3 and rec["config"]["precision"]["repeats"] == 3
+    assert [r["label"] for r in thr["runs"]] == order
+    by = {r["precision"]: r for r in thr["runs"]}
+    fp8 = by["fp8-tensorwise"]
+    assert fp8["repeats"] == 3 and fp8["tokens_per_s"] == 130.0
+    assert fp8["tokens_per_s_reps"] == REP_TPS["fp8-tensorwise"]
+    assert (fp8["tokens_per_s_min"], fp8["tokens_per_s_max"]) == (60.0, 220.0)
+    assert fp8["step_time_s_reps"] == pytest.approx([1000 / t for t in REP_TPS["fp8-tensorwise"]])
+    assert fp8["mfu"] == pytest.approx(0.13) and fp8["mfu_bf16_peak_max"] == pytest.approx(0.11)
+    assert fp8["achieved_tflops_per_device"] == pytest.approx(13.0)
+    assert fp8["peak_memory_gib"] == 3.0  # the largest of the runs
+    # the speed-up per repetition, against that repetition's bf16 run
+    assert fp8["speedup_vs_bf16_reps"] == pytest.approx([1.3, 1.1, 1.2])
+    assert fp8["speedup_vs_bf16"] == pytest.approx(1.2)  # not 130 / 100
+    assert by["fp16"]["speedup_vs_bf16_reps"] == pytest.approx([0.9, 0.75, 1.2])
+    assert (by["fp16"]["speedup_vs_bf16_min"], by["fp16"]["speedup_vs_bf16_max"]) == (
+        pytest.approx(0.75),
+        pytest.approx(1.2),
+    )
+    assert by["bf16"]["speedup_vs_bf16_reps"] == [1.0, 1.0, 1.0]
+    # cost from the median tokens/s
+    for r in thr["runs"]:
+        line = cost_line(spec, 1, r["tokens_per_s"], measured=True).to_dict()
+        assert r["usd_per_m_tokens_on_demand"] == line["usd_per_m_tokens_on_demand"]
+    # rewritten after each job: before the sixth job (fp16 and fp8-tensorwise ran twice, bf16
+    # once), each pairs its repetitions with bf16's, so only the first counts for the speed-up
+    mid = {r["precision"]: r for r in before[5]["results"]["throughput"]["runs"]}
+    assert mid["fp16"]["repeats"] == 2 and mid["fp16"]["tokens_per_s_reps"] == [90.0, 150.0]
+    assert mid["fp16"]["speedup_vs_bf16"] == pytest.approx(0.9)
+    assert "speedup_vs_bf16_reps" not in mid["fp16"] and mid["bf16"]["repeats"] == 1
+    # the report: median (min–max) and how many runs
+    md = (path.parent / "precision_cpu.md").read_text()
+    assert "| fp8-tensorwise | 3 | 130 (60–220) | 1.2 (1.1–1.3) | 13 (6–22) |" in md
+    assert "| fp16 | 3 | 90 (60–150) | 0.9 (0.75–1.2) |" in md
+    assert "median of up to 3 runs" in md and "Each recipe ran up to 3 times" in md
+    assert md == precision_markdown(rec, name="precision_cpu")
+
+
+def test_one_repetition_is_the_record_and_report_of_one_run(tmp_path, fake_jobs):
+    calls, _, _ = fake_jobs
+    rec = json.loads(precision.run(_rep_cfg(tmp_path, 0)).read_text())  # 0: 1 on CPU
+    assert [p for _, p in calls] == ["bf16", "fp8-tensorwise", "fp16"]
+    thr = rec["results"]["throughput"]
+    assert thr["repeats"] == 1
+    for r in thr["runs"]:
+        assert not any(k.endswith(("_reps", "_min", "_max")) for k in r) and "repeats" not in r
+    assert thr["runs"][1]["speedup_vs_bf16"] == pytest.approx(1.3)
+    md = precision_markdown(rec)
+    assert "| fp8-tensorwise | 130 | 1.3 | 13 |" in md and "(min" not in md and "runs" not in md
+
+
+def test_a_failed_repetition_stops_its_recipe_and_is_reported(tmp_path, fake_jobs):
+    calls, _, fail_at = fake_jobs
+    fail_at["fp8-tensorwise"] = 2
+    with pytest.raises(RuntimeError, match=r"fp8-tensorwise \(repetition 2\)"):
+        precision.run(_rep_cfg(tmp_path, 3))
+    order = ["bf16", "fp8-tensorwise", "fp16"]
+    assert [p for _, p in calls] == order + order[::-1] + ["bf16", "fp16"]
+    rec = json.loads((tmp_path / "project02_fsdp_scaling" / "precision_cpu.json").read_text())
+    by = {r["precision"]: r for r in rec["results"]["throughput"]["runs"]}
+    fp8 = by["fp8-tensorwise"]
+    assert fp8["status"] == "ok" and fp8["repeats"] == 1 and "tokens_per_s_reps" not in fp8
+    assert fp8["failed_repetition"]["repetition"] == 2 and fp8["speedup_vs_bf16"] == 1.3
+    assert by["bf16"]["repeats"] == 3 and by["fp16"]["repeats"] == 3
+    md = precision_markdown(rec)
+    assert "| fp8-tensorwise | 1 | 130 | 1.3 |" in md  # one run: plain numbers
+    assert "- throughput fp8-tensorwise, repetition 2 (the runs before it stand): exit 1" in md
+
+
+def test_a_single_run_phase_is_kept_beside_repeated_throughput(tmp_path, fake_jobs):
+    """--keep-other-phases: a repeated throughput run keeps the single parity phase (and the
+    old single-run throughput record rendered plain before it)."""
+    calls, _, _ = fake_jobs
+    first = json.loads(precision.run(_rep_cfg(tmp_path, 1, parity=True)).read_text())
+    assert [c for c in calls if c[0] == "parity"] == [
+        ("parity", "bf16"),
+        ("parity", "fp8-tensorwise"),
+        ("parity", "fp16"),
+        ("parity", "fp16"),  # without loss scaling
+    ]
+    calls.clear()
+    path = precision.run(_rep_cfg(tmp_path, 2, keep_other_phases=True))
+    assert {c[0] for c in calls} == {"throughput"} and len(calls) == 6
+    res = json.loads(path.read_text())["results"]
+    assert res["parity"]["runs"] == first["results"]["parity"]["runs"]
+    assert res["parity"]["measured_with"]["environment"] == first["environment"]
+    md = path.with_suffix(".md").read_text()
+    assert "The parity phase was measured separately, on: " in md
+    assert "| fp16 (no loss scaling) | ok |" in md and "| bf16 | 2 | 150 (100–200) |" in md
+
+
+@pytest.mark.skipif(
+    not (Path(REPORTS_DIR) / precision.PROJECT / "precision_gpu.json").is_file(),
+    reason="no committed record",
+)
+def test_a_committed_single_run_record_renders_as_committed():
+    from shared.results import load_result
+
+    committed = Path(REPORTS_DIR) / precision.PROJECT
+    rec = load_result(committed / "precision_gpu.json")
+    assert not any("tokens_per_s_reps" in r for r in rec["results"]["throughput"]["runs"])
+    md = precision_markdown(rec, name="precision_gpu")
+    assert md == (committed / "precision_gpu.md").read_text()
