@@ -1,6 +1,9 @@
 """Where a decode step's time goes: torch.profiler over engine steps at one batch and context.
 
     python -m project04_llm_inference.bench.profile_step --batch 256 --context 1024
+    python -m project04_llm_inference.bench.profile_step --batch 1 --context 256 \
+        --model runs/spec-models/target --speculative-method draft \
+        --speculative-model runs/spec-models/draft --num-speculative-tokens 2
 
 Prints the GPU kernels by total time and the host/GPU split of a step (a GPU that idles while
 the host prepares the next step shows up as step wall time above the kernels' sum). With
@@ -29,6 +32,36 @@ class ProfileConfig:
     """Dummy-weight shape."""
     num_scheduler_steps: int = 1
     """Decode steps per host round trip (8: multi-step, as the benchmarks' headline runs)."""
+    model: str | None = None
+    """A model folder to profile instead of dummy weights of `shape` (e.g. spec.train_corpus's
+    target, to profile speculative steps with a draft that shares its vocabulary)."""
+    speculative_method: str | None = None
+    """'draft' or 'ngram': profile speculative steps (one step = proposals + verification)."""
+    speculative_model: str | None = None
+    """The draft model's folder (speculative_method 'draft')."""
+    num_speculative_tokens: int = 4
+    """Tokens proposed per step when speculating."""
+
+
+def engine_kwargs(cfg: ProfileConfig) -> dict:
+    """The `LLM` arguments of a profile run."""
+    kw = dict(
+        max_model_len=cfg.context + 256,
+        max_num_batched_tokens=32768,
+        max_num_seqs=max(cfg.batch, 1),
+        num_scheduler_steps=cfg.num_scheduler_steps,
+    )
+    if cfg.model is None:
+        kw |= dict(load_format="dummy", dummy_shape=cfg.shape)
+    else:
+        kw |= dict(model=cfg.model)
+    if cfg.speculative_method is not None:
+        kw |= dict(
+            speculative_method=cfg.speculative_method,
+            speculative_model=cfg.speculative_model,
+            num_speculative_tokens=cfg.num_speculative_tokens,
+        )
+    return kw
 
 
 def run(cfg: ProfileConfig) -> None:
@@ -36,18 +69,11 @@ def run(cfg: ProfileConfig) -> None:
 
     from project04_llm_inference import LLM, SamplingParams
 
-    llm = LLM(
-        load_format="dummy",
-        dummy_shape=cfg.shape,
-        max_model_len=cfg.context + 256,
-        max_num_batched_tokens=32768,
-        max_num_seqs=max(cfg.batch, 1),
-        num_scheduler_steps=cfg.num_scheduler_steps,
-    )
+    llm = LLM(**engine_kwargs(cfg))
     eng = llm.engine
     g = torch.Generator().manual_seed(0)
     for i in range(cfg.batch):
-        ids = torch.randint(0, 1000, (cfg.context,), generator=g).tolist()
+        ids = torch.randint(0, min(1000, eng.vocab_size), (cfg.context,), generator=g).tolist()
         eng.add_request(
             str(i),
             ids,

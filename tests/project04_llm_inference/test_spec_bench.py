@@ -407,3 +407,27 @@ def test_report_of_a_recorded_bench_run(bench):
     paths = render(reports)
     assert "## Speculative decoding" in paths[0].read_text()
     assert "**Speculative decoding** (float32" in paths[1].read_text()
+
+
+def test_profile_step_takes_a_model_folder_and_speculation():
+    """bench.profile_step profiles dummy weights of a shape, or a model folder, optionally with
+    speculation (a draft sharing the folder's vocabulary): its engine arguments validate."""
+    from project04_llm_inference import EngineArgs
+    from project04_llm_inference.bench.profile_step import ProfileConfig, engine_kwargs
+
+    plain = engine_kwargs(ProfileConfig(batch=4, context=100))
+    assert plain["load_format"] == "dummy" and "speculative_method" not in plain
+    assert plain["max_model_len"] == 356 and plain["max_num_seqs"] == 4
+    EngineArgs(**plain)
+    spec = engine_kwargs(
+        ProfileConfig(
+            batch=1,
+            model="runs/spec-models/target",
+            speculative_method="draft",
+            speculative_model="runs/spec-models/draft",
+            num_speculative_tokens=2,
+        )
+    )
+    assert spec["model"] == "runs/spec-models/target" and "load_format" not in spec
+    assert (spec["speculative_method"], spec["num_speculative_tokens"]) == ("draft", 2)
+    assert spec["speculative_model"] == "runs/spec-models/draft"
