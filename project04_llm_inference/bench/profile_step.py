@@ -140,7 +140,8 @@ def print_critical_path(prof, steps: int, top: int = 16) -> None:
 def main(argv: list[str] | None = None) -> None:
     import tyro
 
-    run(tyro.cli(ProfileConfig, args=argv))
+    prog = "python -m project04_llm_inference.bench.profile_step"
+    run(tyro.cli(ProfileConfig, args=argv, prog=prog, description=__doc__.split("\n\n")[0]))
 
 
 if __name__ == "__main__":
