@@ -59,7 +59,7 @@ from project02_fsdp_scaling.config import (
 )
 from project02_fsdp_scaling.scaling import launch
 from shared.cli import writable_dir
-from shared.repeat import DEFAULT_REPEATS, Spread, flat, ratio, repetition_order
+from shared.repeat import DEFAULT_REPEATS, Spread, flat, merge_runs, ratio, repetition_order
 
 BASELINE = "bf16"
 # The harness's own training defaults: 0 takes the tier's value (see PrecisionConfig).
@@ -302,17 +302,9 @@ SPREAD_FIELDS = (
 
 def merge_repetitions(runs: list[dict]) -> dict:
     """One recipe's throughput runs (`_summary` each, in repetition order) as one row: the
-    figures of SPREAD_FIELDS are the medians with `_min`, `_max` and `_reps`, peak memory the
-    largest, the rest (losses) the first run's. One run is returned as it is."""
-    out = dict(runs[0])
-    if len(runs) == 1:
-        return out
-    for key in SPREAD_FIELDS:
-        vals = [r.get(key) for r in runs]
-        if all(v is not None for v in vals):
-            out.update(flat(key, Spread.of(vals)))
-    out["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
-    return out
+    figures of SPREAD_FIELDS are the medians with their range, peak memory the largest, the rest
+    (losses) the first run's."""
+    return merge_runs(runs, SPREAD_FIELDS, largest=("peak_memory_gib",))
 
 
 def throughput_rows(

@@ -50,7 +50,7 @@ from project02_fsdp_scaling.config import (
     set_by_harness,
 )
 from shared.cli import writable_dir
-from shared.repeat import DEFAULT_REPEATS, Spread, flat, interleave, ratio, read_flat
+from shared.repeat import DEFAULT_REPEATS, flat, interleave, merge_runs, ratio, read_flat
 from shared.results import output_root
 
 # Cost configurations: (GPU table key, number of GPUs).
@@ -407,20 +407,15 @@ SPREAD_FIELDS = (
 
 def merge_repetitions(runs: list[dict]) -> dict:
     """One world size's repeated runs (`_summary` each, in repetition order) as one entry: the
-    figures of SPREAD_FIELDS are the medians with `_min`, `_max` and `_reps`; the step time's
-    p20/p80 the medians of the runs' (each below/above its run's median, so theirs are too);
-    peak memory the largest; the rest (losses, the profile) the first run's. One run is
-    returned as it is."""
+    figures of SPREAD_FIELDS are the medians with their range; the step time's p20/p80 the
+    medians of the runs' (each below/above its run's median, so theirs are too); peak memory the
+    largest; the rest (losses, the profile) the first run's. One run is returned as it is."""
     if len(runs) == 1:
         return runs[0]
-    out = {**runs[0], "repeats": len(runs), "files": [r["file"] for r in runs]}
-    for key in SPREAD_FIELDS:
-        vals = [r.get(key) for r in runs]
-        if all(v is not None for v in vals):
-            out.update(flat(key, Spread.of(vals)))
+    out = merge_runs(runs, SPREAD_FIELDS, largest=("peak_memory_gib",))
+    out |= {"repeats": len(runs), "files": [r["file"] for r in runs]}
     for key in ("step_time_p20_s", "step_time_p80_s"):
         out[key] = statistics.median(r[key] for r in runs)
-    out["peak_memory_gib"] = max(r["peak_memory_gib"] for r in runs)
     return out
 
 

@@ -17,6 +17,8 @@ summarises them.
 - `flat(name, spread)`: the record fields `name` (the median), `name_min`, `name_max` and
   `name_reps` (every value): the median keeps the field's old name, so code reading records
   written before repetitions existed reads the new ones unchanged.
+- `merge_runs(runs, fields, largest)`: repeated runs' records as one, each figure of `fields` its
+  median with its range, each of `largest` its maximum, the rest the first run's.
 - `repetition_order(names, rep)`: the order `interleave` calls its measurements in, for a
   benchmark that runs its own loop (a time budget, measurements that share a process's state).
 - `ranged(row, name, fmt)`: a table cell, the plain number for a record of one run (so tables of
@@ -104,6 +106,22 @@ def flat(name: str, spread: Spread | None) -> dict:
         f"{name}_max": spread.max,
         f"{name}_reps": list(spread.values),
     }
+
+
+def merge_runs(runs: list[Mapping], fields: Iterable[str], largest: Iterable[str] = ()) -> dict:
+    """Repeated runs' records (in repetition order) as one: the first run's fields, each of
+    `fields` that every run has replaced by `flat` of its values (the median under its name,
+    with `_min`, `_max`, `_reps`), each of `largest` by its maximum. One run: a copy of it."""
+    out = dict(runs[0])
+    if len(runs) == 1:
+        return out
+    for key in fields:
+        vals = [r.get(key) for r in runs]
+        if all(v is not None for v in vals):
+            out.update(flat(key, Spread.of(vals)))
+    for key in largest:
+        out[key] = max(r[key] for r in runs)
+    return out
 
 
 def read_flat(record: Mapping, name: str) -> Spread | None:

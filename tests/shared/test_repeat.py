@@ -136,3 +136,20 @@ def test_spread_refuses_empty_and_non_finite():
         Spread.of([])
     with pytest.raises(ValueError):
         Spread.of([1.0, float("nan")])
+
+
+def test_merge_runs_medians_largest_and_first_run():
+    from shared.repeat import merge_runs
+
+    runs = [
+        {"tps": 3.0, "mem": 1.0, "loss": 9.0, "only_some": 1.0},
+        {"tps": 1.0, "mem": 5.0, "loss": 8.0},
+        {"tps": 2.0, "mem": 2.0, "loss": 7.0},
+    ]
+    out = merge_runs(runs, ("tps", "only_some"), largest=("mem",))
+    assert out["tps"] == 2.0 and (out["tps_min"], out["tps_max"]) == (1.0, 3.0)
+    assert out["tps_reps"] == [3.0, 1.0, 2.0]
+    assert out["mem"] == 5.0 and out["loss"] == 9.0  # the largest; the first run's
+    assert out["only_some"] == 1.0 and "only_some_min" not in out  # not every run has it
+    one = merge_runs(runs[:1], ("tps",), largest=("mem",))
+    assert one == runs[0] and one is not runs[0]
