@@ -19,8 +19,11 @@ operator; on CUDA tensors they run our kernels in both directions:
   atomics.
   No S x S tensor is ever stored.
 
-Supported: float16 and bfloat16; head dims 64 and 128; any sequence lengths (k/v's may differ
-from q's).
+Supported: float16 and bfloat16; head dims up to 128 (the kernels are compiled for 64 and 128; a
+smaller head dim is zero-padded to the next of those on the way in and sliced on the way out,
+which changes nothing in the result: the padded columns add 0 to every q.k and produce 0 output
+and gradient columns; it costs the copies and the padded arithmetic); any sequence lengths (k/v's
+may differ from q's).
 
 Grouped-query and multi-query attention (Llama-3's 8 k/v heads for 32 or 64 query heads): k and
 v may have Hk heads, Hk dividing H; query head h attends with k/v head h // (H / Hk) (each k/v
@@ -66,7 +69,8 @@ import torch
 from ._build import is_hopper, load_extension
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 128)  # the head dims the kernels are compiled for
+MAX_HEAD_DIM = max(SUPPORTED_HEAD_DIMS)  # smaller ones are padded to the next compiled one
 # The values `causal` takes (see the module docstring). The operators in ops.py carry the index
 # into this tuple (an int in their schema: 0 False, 1 True, 2 "top_left", 3 "bottom_right").
 CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
@@ -194,8 +198,11 @@ def check_inputs(
         )
     if k.shape[3] != D:
         raise ValueError(f"k and v must have q's head_dim {D}, got {k.shape[3]}")
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim (q.shape[-1]) must be one of {SUPPORTED_HEAD_DIMS}, got {D}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(
+            f"head_dim (q.shape[-1]) must be at most {MAX_HEAD_DIM} (kernels for "
+            f"{SUPPORTED_HEAD_DIMS}; a smaller one is zero-padded to the next), got {D}"
+        )
     Sk = k.shape[2]
     if min(B, H, Sq, Sk) < 1:
         raise ValueError(
@@ -216,6 +223,17 @@ def check_inputs(
     if q.device.type not in DEVICE_TYPES:
         raise ValueError(f"q, k and v must be CPU or CUDA tensors, got device {q.device}")
     return scale
+
+
+def kernel_head_dim(head_dim: int) -> int:
+    """The compiled head dim a head dim runs as: itself, or the next larger one (padded)."""
+    return next(d for d in SUPPORTED_HEAD_DIMS if d >= head_dim)
+
+
+def pad_head_dim(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """t (..., D) with zeros appended to head_dim columns (t itself when D == head_dim)."""
+    d = t.shape[-1]
+    return t if d == head_dim else torch.nn.functional.pad(t, (0, head_dim - d))
 
 
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:

@@ -107,10 +107,14 @@ def _check_bwd_inputs(
 def flash_attn_fwd(
     q: Tensor, k: Tensor, v: Tensor, causal: int, softmax_scale: float
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of softmax(softmax_scale q k^T [+ causal mask]) v: our forward kernels."""
+    """(out, lse) of softmax(softmax_scale q k^T [+ causal mask]) v: our forward kernels (a head
+    dim they are not compiled for zero-padded to the next one, the output sliced back)."""
     value = _check_fwd_inputs(q, k, v, causal, softmax_scale)
-    q, k, v = (attention._kernel_layout(t) for t in (q, k, v))
-    return attention.flash_forward(q, k, v, value, softmax_scale)
+    d = q.shape[-1]
+    dk = attention.kernel_head_dim(d)
+    q, k, v = (attention._kernel_layout(attention.pad_head_dim(t, dk)) for t in (q, k, v))
+    out, lse = attention.flash_forward(q, k, v, value, softmax_scale)
+    return (out if d == dk else out[..., :d].contiguous()), lse
 
 
 @torch.library.custom_op(
@@ -126,10 +130,15 @@ def flash_attn_bwd(
     causal: int,
     softmax_scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) from the forward's out and lse: our backward kernels."""
+    """(dq, dk, dv) from the forward's out and lse: our backward kernels (padded like the
+    forward: the zero columns of out and dout add nothing to rowsum(dO * O))."""
     value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
+    d = q.shape[-1]
+    hd = attention.kernel_head_dim(d)
+    dout, q, k, v, out = (attention.pad_head_dim(t, hd) for t in (dout, q, k, v, out))
     q, k, v, out = (attention._kernel_layout(t) for t in (q, k, v, out))
-    return attention.flash_backward(dout, q, k, v, out, lse.contiguous(), value, softmax_scale)
+    grads = attention.flash_backward(dout, q, k, v, out, lse.contiguous(), value, softmax_scale)
+    return grads if d == hd else tuple(g[..., :d].contiguous() for g in grads)
 
 
 def _expand_kv(t: Tensor, heads: int) -> Tensor:

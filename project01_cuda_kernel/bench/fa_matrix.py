@@ -53,8 +53,8 @@ query rows see no key: upstream's reference (and `flash_attention`) output 0 the
 gradient, and so do ours. GQA/MQA cases pass k and v with their 2 or 1 heads; `flash_attention`
 reads them in place.
 
-Inputs `flash_attention` does not support (`attention.check_inputs`: head dims other than 64
-and 128) raise a one-line TypeError/ValueError; such a case is "refused" with that message, and
+Inputs `flash_attention` does not support (`attention.check_inputs`: head dims above 128; the
+smaller ones the kernels are not compiled for run zero-padded to 64 or 128) raise a one-line TypeError/ValueError; such a case is "refused" with that message, and
 `run_matrix` groups the refusals by the message with its case-specific numbers normalised.
 
 On CPU tensors `flash_attention` runs its operator's float32 reference, so a CPU run checks this

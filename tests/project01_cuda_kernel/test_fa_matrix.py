@@ -37,12 +37,12 @@ from project01_cuda_kernel.bench import fa_matrix
 
 # Subset for the CPU tier: an unsupported and a supported head dim, an unequal and an equal
 # length pair from the matrix, MHA and GQA, causal both, bfloat16: 2 x 2 x 2 x 2 = 16 cases, the
-# 8 of head dim 64 accepted. Batch 1 (the matrix has 2) halves the float32 math on 2 CPU cores;
+# 8 of head dim 64 accepted (160 is refused before any arithmetic). Batch 1 (the matrix has 2) halves the float32 math on 2 CPU cores;
 # it checks the harness, for which one batch entry is enough.
 CPU_CASES = [
     replace(case, batch=1)
     for case in fa_matrix.matrix_cases(
-        head_dims=(32, 64),
+        head_dims=(160, 64),
         seqlen_pairs=((113, 203), (1024, 1024)),
         mha_types=("mha", "gqa"),
         causal=(False, True),
@@ -53,9 +53,10 @@ SMALL_ACCEPTED = fa_matrix.Case(64, 113, 203, "mha", False, "bfloat16", batch=1)
 
 
 def expected_refusal(case: fa_matrix.Case) -> str | None:
-    """The argument `check_inputs` names for this case, or None: only the head dim is refused
-    (GQA/MQA k/v heads and bottom-right causal with unequal lengths are supported)."""
-    if case.head_dim not in (64, 128):
+    """The argument `check_inputs` names for this case, or None: only a head dim above 128 is
+    refused (the smaller ones run padded to 64 or 128; GQA/MQA k/v heads and bottom-right causal
+    with unequal lengths are supported)."""
+    if case.head_dim > 128:
         return "head_dim"
     return None
 
@@ -73,10 +74,14 @@ def test_matrix_on_gpu(capsys):
         print("\n" + text)
     assert summary["cases"] == len(fa_matrix.MATRIX) == 1440
     assert summary["accepted"] + summary["refused"] == summary["cases"]
-    assert summary["accepted"] > 0, text
     for row in summary["rows"]:
         if row["status"] == "refused":
             assert "\n" not in row["reason"], row["case"]
+    # every head dim up to 128 runs (64 and 128 compiled, the rest padded); above, refused
+    by_id = {c.id: c for c in fa_matrix.MATRIX}
+    refused = {by_id[r["case"]].head_dim for r in summary["rows"] if r["status"] == "refused"}
+    assert refused == {d for d in fa_matrix.HEAD_DIMS if d > 128}, text
+    assert summary["accepted"] == sum(expected_refusal(c) is None for c in fa_matrix.MATRIX), text
     assert summary["failed"] == 0, text
 
 
@@ -251,9 +256,10 @@ def test_only_argument_errors_of_the_forward_are_refusals():
 
     with pytest.raises(RuntimeError, match="kernel launch failed"):
         fa_matrix.run_case(SMALL_ACCEPTED, "cpu", attention_fn=broken)
-    refused = fa_matrix.run_case(replace(SMALL_ACCEPTED, head_dim=59), "cpu")
+    refused = fa_matrix.run_case(replace(SMALL_ACCEPTED, head_dim=160), "cpu")
     assert refused == {
         "status": "refused",
-        "reason": "head_dim (q.shape[-1]) must be one of (64, 128), got 59",
+        "reason": "head_dim (q.shape[-1]) must be at most 128 (kernels for (64, 128); a smaller "
+        "one is zero-padded to the next), got 160",
         "error_type": "ValueError",
     }
