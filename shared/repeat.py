@@ -21,8 +21,12 @@ summarises them.
   median with its range, each of `largest` its maximum, the rest the first run's.
 - `repetition_order(names, rep)`: the order `interleave` calls its measurements in, for a
   benchmark that runs its own loop (a time budget, measurements that share a process's state).
-- `ranged(row, name, fmt)`: a table cell, the plain number for a record of one run (so tables of
-  such records render as before) and "median (min–max)" for two or more repetitions.
+- `ranged(row, name, fmt, f)`: a figure of a record as a table cell, the plain number for a
+  record of one run (so tables of such records render as before) and "median (min–max)" for two
+  or more repetitions; `spread_text(spread, fmt)` the same cell for a `Spread` (text always), and
+  `range_text(median, lo, hi, fmt)` the text itself, the one place it is written. `fmt` is a
+  function from a number to its text or a format spec (",.3g": `format(v, ",.3g")`).
+- `row_ratio(num, den, name)`: the per-repetition ratio of figure `name` of two records.
 """
 
 from __future__ import annotations
@@ -136,19 +140,63 @@ def read_flat(record: Mapping, name: str) -> Spread | None:
     return None
 
 
-def ranged(row: Mapping | None, name: str, fmt: Callable[[float], str], f=None):
-    """The table cell of figure `name` of record row `row`: f(row[name]) as it is (None when
-    absent) for a row of one run, or 'fmt(median) (fmt(min)–fmt(max))' with f applied to each
-    (its ends sorted: a decreasing f swaps them) when the row holds two or more repetitions."""
-    f = f or (lambda v: v)
+Fmt = Callable[[float], str] | str
+"""How a number is written in a cell: a function, or a format spec for `format(v, spec)`."""
+
+
+def _formatter(fmt: Fmt) -> Callable[[float], str]:
+    return (lambda v: format(v, fmt)) if isinstance(fmt, str) else fmt
+
+
+def range_text(median: float, lo: float, hi: float, fmt: Fmt) -> str:
+    """'median (lo–hi)', each of the three numbers written by `fmt` (an en dash between the
+    ends, which are written in the order given)."""
+    fmt = _formatter(fmt)
+    return f"{fmt(median)} ({fmt(lo)}–{fmt(hi)})"
+
+
+def spread_text(s: Spread | None, fmt: Fmt, missing: str = "n/a") -> str:
+    """A spread as a cell: fmt(median) for one value, `range_text` of its median, min and max for
+    two or more; `missing` for None."""
+    if s is None:
+        return missing
+    if s.n < 2:
+        return _formatter(fmt)(s.median)
+    return range_text(s.median, s.min, s.max, fmt)
+
+
+def ranged(row: Mapping | None, name: str, fmt: Fmt, f: Callable[[float], float] | None = None):
+    """The table cell of figure `name` of record `row` (`flat`'s fields: `name` the median,
+    `name_reps` the repetitions):
+
+    - None when the row or its `name` is absent or None;
+    - f(row[name]), a number left unformatted (the table formats it, as it did before
+      repetitions existed), when the row holds one run (no `name_reps`, or one value in it);
+    - 'fmt(f(median)) (fmt(f(min))–fmt(f(max)))' (`range_text`) for two or more repetitions,
+      min and max taken over `name_reps`.
+
+    `fmt`: a function from a number to its text, or a format spec (",.3g"). `f` (default: the
+    value as it is) converts each value before it is written, e.g. ms to us; the ends are sorted
+    after it, so a decreasing f (ms to tok/s) still writes the smaller end first."""
     value = (row or {}).get(name)
     if value is None:
         return None
+    f = f or (lambda v: v)
     s = read_flat(row, name)
     if s is None or s.n < 2:
         return f(value)
     lo, hi = sorted((f(s.min), f(s.max)))
-    return f"{fmt(f(value))} ({fmt(lo)}–{fmt(hi)})"
+    return range_text(f(value), lo, hi, fmt)
+
+
+def row_ratio(num: Mapping | None, den: Mapping | None, name: str) -> Spread | None:
+    """num[name] / den[name] per repetition (the records' `name_reps`, paired by repetition,
+    `ratio`), or the plain ratio for records of one run; None when either figure is missing or a
+    denominator value is 0."""
+    a, b = read_flat(num or {}, name), read_flat(den or {}, name)
+    if a is None or b is None or any(v == 0 for v in b.values):
+        return None
+    return ratio(a, b)
 
 
 def repetition_order(names: list[str], rep: int) -> list[str]:

@@ -11,8 +11,8 @@ The README's generated blocks sit between `<!-- name -->` and `<!-- /name -->` m
 
 `gemm.py` and `attention.py` here render each side; this module puts the README, summary.md (the
 repository README's block) and the charts together. A figure recorded over two or more
-repetitions shows as "median (min–max)" (`ranged.py`); a record of one run renders as it always
-did.
+repetitions shows as "median (min–max)" (`shared.repeat.ranged`); a record of one run renders as
+it always did.
 
     python -m project01_cuda_kernel report [--reports-dir DIR] [--check] [--no-readme]
 

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 
 from project01_cuda_kernel import PROJECT
+from shared.repeat import ranged, row_ratio, spread_text
 
 from ..bench.attention import MODES, PROVIDERS, VARIANT_MODE
-from .ranged import ranged, row_ratio, spread_text
 
 TARGET_FWD = 0.90  # FlashAttention-2-style forward / SDPA FLASH, head dim 128, seq >= 2k
 TARGET_BWD = 0.75
@@ -85,7 +85,7 @@ def _cell(row: dict | None) -> str:
 
 def _ratio_cell(ours: dict | None, base: dict | None) -> str:
     """ours / base: the median of the per-repetition ratios (with its range when repeated)."""
-    return spread_text(row_ratio(ours, base, "tflops"), lambda v: f"{v:.2f}")
+    return spread_text(row_ratio(ours, base, "tflops"), ".2f")
 
 
 def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .ranged import number, ranged
+from shared.repeat import ranged
 
 TARGET_PCT = 90.0  # % of cuBLAS, from the issue
 LADDER_SIZE = 4096  # the ladder chart's square size
-_G = number(",.3g")  # the tables' number format, for "median (min–max)" cells
+_G = ",.3g"  # the tables' number format, for "median (min–max)" cells
 
 
 def _shape_label(m: int, n: int, k: int) -> str:
@@ -190,7 +190,7 @@ def render_targets(gemm: dict) -> str:
     table = targets(gemm)
     for entry, (dtype, size) in zip(table, TARGETS):  # the median with its range, when repeated
         best = best_row(gemm, dtype, size)
-        entry["measured % of cuBLAS"] = ranged(best, "pct_of_cublas", number(".1f"))
+        entry["measured % of cuBLAS"] = ranged(best, "pct_of_cublas", ".1f")
     note = _repeats_note(gemm["results"]).strip()
     return "\n".join(
         [markdown_table(table, floatfmt=".1f"), "", *([note, ""] if note else []), _caption(gemm)]

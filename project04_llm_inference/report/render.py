@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from project04_llm_inference import PROJECT
+from shared.repeat import range_text, ranged
 from shared.results import atomic_write_text, environment_line, load_result, markdown_table
 
 RECORDS = (
@@ -54,21 +55,6 @@ def _table(rows: list[dict], columns=None, headers=None) -> str:
 def _num(v: float) -> str:
     """A number as _table writes it."""
     return format(_tidy(float(v)), ",.7g")
-
-
-def _range_text(value, lo, hi) -> str:
-    return f"{_num(value)} ({_num(lo)}–{_num(hi)})"
-
-
-def _ranged(r: dict, key: str, plain, f=lambda v: v):
-    """The cell of figure `key` of record row `r`: `plain` (what the table showed before
-    repetitions existed: f of the median) unless the row holds a range over two or more
-    repetitions, then 'median (min–max)' with f applied to both ends."""
-    lo, hi = r.get(f"{key}_min"), r.get(f"{key}_max")
-    if plain is None or lo is None or hi is None or len(r.get(f"{key}_reps") or ()) < 2:
-        return plain
-    a, b = sorted((f(lo), f(hi)))
-    return _range_text(plain, a, b)
 
 
 def _folder(reports_dir: Path) -> Path:
@@ -201,7 +187,7 @@ def targets(recs: dict[str, dict]) -> list[dict]:
 def _target_rows(tg: list[dict]) -> list[dict]:
     """Targets as table rows: the measured cell is 'median (min–max)' where there is a range."""
     return [
-        {**t, "measured": _range_text(t["measured"], *t["range"])}
+        {**t, "measured": range_text(t["measured"], *t["range"], _num)}
         if t.get("range") and t["measured"] is not None
         else t
         for t in tg
@@ -240,9 +226,9 @@ def _throughput_md(rec: dict) -> str:
             {
                 "system": label,
                 "requests": r.get("requests"),
-                "output tok/s": _ranged(r, "output_tok_s", r.get("output_tok_s")),
-                "total tok/s": _ranged(r, "total_tok_s", r.get("total_tok_s")),
-                "wall s": _ranged(r, "wall_s", r.get("wall_s")),
+                "output tok/s": ranged(r, "output_tok_s", _num),
+                "total tok/s": ranged(r, "total_tok_s", _num),
+                "wall s": ranged(r, "wall_s", _num),
                 "engine ÷ this (x)": res.get("ratios", {}).get(f"engine_vs_{key}"),
                 "note": r.get("subsample") or r.get("reason") or _steps_note(r),
             }
@@ -297,7 +283,7 @@ def _latency_md(rec: dict) -> str:
         f"params, bf16) + batch x context x {res['kv_bytes_per_token']:,} B of KV per step, "
         f"over {res['bandwidth_tb_s']} TB/s."
     )
-    rows = [{**r, **{c: _ranged(r, c, r.get(c)) for c in cols}} for r in res["rows"]]
+    rows = [{**r, **{c: ranged(r, c, _num) for c in cols}} for r in res["rows"]]
     table = _table(rows, cols, heads)
     return f"## Decode latency\n\n{floor} {res.get('note', '')}\n\n{table}\n"
 
@@ -378,12 +364,12 @@ def _decode_kernel_md(rec: dict) -> str:
         {
             "batch": r["batch"],
             "context": r["context"],
-            "ours (us)": _ranged(r, "ours_ms", r.get("ours_ms", 0) * 1e3, us),
-            "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
-            "% of 4.3 TB/s": _ranged(r, "ours_gbps", (r.get("ours_gbps") or 0) / 43, pct),
-            "SDPA (us)": _ranged(r, "sdpa_ms", r.get("sdpa_ms", 0) * 1e3, us),
-            "SDPA (GB/s)": _ranged(r, "sdpa_gbps", r.get("sdpa_gbps")),
-            "ours / SDPA speed (x)": _ranged(r, "speedup_vs_sdpa", r.get("speedup_vs_sdpa")),
+            "ours (us)": ranged(r, "ours_ms", _num, us),
+            "ours (GB/s)": ranged(r, "ours_gbps", _num),
+            "% of 4.3 TB/s": ranged(r, "ours_gbps", _num, pct),
+            "SDPA (us)": ranged(r, "sdpa_ms", _num, us),
+            "SDPA (GB/s)": ranged(r, "sdpa_gbps", _num),
+            "ours / SDPA speed (x)": ranged(r, "speedup_vs_sdpa", _num),
             "splits": r.get("num_splits"),
         }
         for r in rec["results"]["rows"]
@@ -417,11 +403,11 @@ def _gemv_kernel_md(rec: dict) -> str:
                 r["fold"], ""
             ),
             "path": "GEMV kernel" if r.get("uses_gemv_kernel") else "cuBLAS (dispatch)",
-            "ours (us)": _ranged(r, "ours_us", r.get("ours_us")),
-            "ours (GB/s)": _ranged(r, "ours_gbps", r.get("ours_gbps")),
-            "cuBLAS (us)": _ranged(r, "cublas_us", r.get("cublas_us")),
-            "cuBLAS (GB/s)": _ranged(r, "cublas_gbps", r.get("cublas_gbps")),
-            "ours / cuBLAS speed (x)": _ranged(r, "speedup_vs_cublas", r.get("speedup_vs_cublas")),
+            "ours (us)": ranged(r, "ours_us", _num),
+            "ours (GB/s)": ranged(r, "ours_gbps", _num),
+            "cuBLAS (us)": ranged(r, "cublas_us", _num),
+            "cuBLAS (GB/s)": ranged(r, "cublas_gbps", _num),
+            "ours / cuBLAS speed (x)": ranged(r, "speedup_vs_cublas", _num),
         }
         for r in rec["results"]["rows"]
     ]
@@ -449,14 +435,12 @@ def _gemv_chain_md(rec: dict) -> str:
             "tokens": r["tokens"],
             "layers": r["layers"],
             "weights (GB)": r["bytes"] / 1e9,
-            "GEMV + PDL (us)": _ranged(r, "gemv_pdl_us", r.get("gemv_pdl_us")),
-            "GEMV + PDL (GB/s)": _ranged(r, "gemv_pdl_gbps", r.get("gemv_pdl_gbps")),
-            "GEMV, ordinary launches (us)": _ranged(r, "gemv_us", r.get("gemv_us")),
-            "cuBLAS path (us)": _ranged(r, "cublas_us", r.get("cublas_us")),
-            "PDL speedup (x)": _ranged(r, "pdl_speedup", r.get("pdl_speedup")),
-            "vs cuBLAS path (x)": _ranged(
-                r, "pdl_speedup_vs_cublas", r.get("pdl_speedup_vs_cublas")
-            ),
+            "GEMV + PDL (us)": ranged(r, "gemv_pdl_us", _num),
+            "GEMV + PDL (GB/s)": ranged(r, "gemv_pdl_gbps", _num),
+            "GEMV, ordinary launches (us)": ranged(r, "gemv_us", _num),
+            "cuBLAS path (us)": ranged(r, "cublas_us", _num),
+            "PDL speedup (x)": ranged(r, "pdl_speedup", _num),
+            "vs cuBLAS path (x)": ranged(r, "pdl_speedup_vs_cublas", _num),
             "PDL output bitwise equal": "yes" if r.get("pdl_bitwise_equal") else "NO",
         }
         for r in chain
@@ -485,7 +469,7 @@ def _prefill_kernel_md(rec: dict) -> str:
         {
             "workload": r["workload"],
             "query tokens": r["q_tokens"],
-            **{head: _ranged(r, key, r.get(key)) for head, key in cols.items()},
+            **{head: ranged(r, key, _num) for head, key in cols.items()},
         }
         for r in rec["results"]["rows"]
     ]

@@ -7,7 +7,18 @@ import json
 
 import pytest
 
-from shared.repeat import Spread, flat, interleave, ranged, ratio, read_flat, repetition_order
+from shared.repeat import (
+    Spread,
+    flat,
+    interleave,
+    range_text,
+    ranged,
+    ratio,
+    read_flat,
+    repetition_order,
+    row_ratio,
+    spread_text,
+)
 
 
 def _sequence(values, log, name):
@@ -92,6 +103,42 @@ def test_ranged_cell_is_the_plain_value_for_one_run_and_median_min_max_for_more(
     assert ranged(many, "ms", fmt, lambda v: 1 / v) == "0.5 (0.3–1.0)"  # ends sorted
     assert ranged({"ms": None}, "ms", fmt) is None and ranged(None, "ms", fmt) is None
     assert ranged({"ms": 1.0, **flat("ms", Spread.of([1.0]))}, "ms", fmt) == 1.0
+
+
+def test_ranged_takes_a_format_spec_and_applies_f_before_formatting_both_ends():
+    many = {"ms": 0.002, **flat("ms", Spread.of([0.0031, 0.001, 0.002]))}
+    assert ranged(many, "ms", ".1f", lambda v: v * 1e3) == "2.0 (1.0–3.1)"
+    assert ranged(many, "ms", ",.3g", lambda v: 1e3 / v) == "5e+05 (3.23e+05–1e+06)"
+    big = {"tok_s": 12345.6, **flat("tok_s", Spread.of([12345.6, 9999.4, 20000.0]))}
+    assert ranged(big, "tok_s", ",.0f") == "12,346 (9,999–20,000)"
+    assert ranged(big, "tok_s", str, round) == "12346 (9999–20000)"
+    # one run: the number itself, unformatted (f applied), whatever fmt is
+    assert ranged({"ms": 0.002}, "ms", ".1f", lambda v: v * 1e3) == 2.0
+    assert ranged({}, "ms", ".1f") is None
+
+
+def test_range_text_writes_median_and_ends_in_the_order_given():
+    assert range_text(2.0, 1.0, 3.0, ".2f") == "2.00 (1.00–3.00)"
+    assert range_text(1234.5, 1000.0, 2000.0, lambda v: f"{v:,.0f}") == "1,234 (1,000–2,000)"
+    assert range_text(2.0, 3.0, 1.0, "g") == "2 (3–1)"  # not sorted here: ranged sorts
+
+
+def test_spread_text_is_the_median_for_one_value_and_the_range_for_more():
+    assert spread_text(Spread.of([1.234]), ".2f") == "1.23"
+    assert spread_text(Spread.of([1.5, 1.0, 1.25]), ".2f") == "1.25 (1.00–1.50)"
+    assert spread_text(Spread.of([2.0, 4.0]), lambda v: f"{v:.1f}x") == "3.0x (2.0x–4.0x)"
+    assert spread_text(None, ".2f") == "n/a" and spread_text(None, ".2f", missing="-") == "-"
+
+
+def test_row_ratio_pairs_repetitions_and_is_none_without_a_figure_or_for_a_zero():
+    ours = {"t": 2.0, **flat("t", Spread.of([2.0, 3.0, 6.0]))}
+    base = {"t": 2.0, **flat("t", Spread.of([1.0, 3.0, 2.0]))}
+    assert row_ratio(ours, base, "t").values == (2.0, 1.0, 3.0)
+    assert row_ratio({"t": 3.0}, {"t": 2.0}, "t").values == (1.5,)  # records of one run
+    assert spread_text(row_ratio(ours, base, "t"), ".2f") == "2.00 (1.00–3.00)"
+    assert row_ratio(ours, None, "t") is None and row_ratio(None, base, "t") is None
+    assert row_ratio(ours, {"t": None}, "t") is None
+    assert row_ratio(ours, {"t": 0.0}, "t") is None
 
 
 def test_a_failing_measurement_is_recorded_and_not_called_again():
