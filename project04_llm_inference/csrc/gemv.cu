@@ -17,7 +17,9 @@
 //   main loop one warp per output row (two for SwiGLU: its gate and up rows), 16-byte streaming
 //             loads of the weight, U of them in flight per lane, each multiplied against all T
 //             staged rows; float32 accumulation, a warp shuffle reduction at the end.
-//   epilogue  the output rounded to the model dtype, or silu(gate) * up.
+//   epilogue  the output rounded to the model dtype, or silu(gate) * up, or (the QKV projection)
+//             RoPE on the row pair of q and k and the k and v rows written to the paged cache,
+//             which saves the separate RoPE kernel's launch (see gemv.h).
 //
 // Torch-free (launcher declared in gemv.h) so CI compiles it with nvcc alone.
 #include <cuda_bf16.h>
@@ -89,35 +91,75 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
 // The weight is read once per step: stream it past L1 (evict-first) so x and the staged rows stay.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
-template <typename T, int NT, bool kNorm, bool kResidual, bool kSilu>
+// Token t's QKV rows r and r + half of one head, x1 and x2 (already rounded to the model dtype, as
+// the unfused path stores them): q and k rotated at the token's position exactly as
+// rope_cache.cu rounds it (round-to-nearest multiplies and adds, no FMA contraction), written to
+// the output row `out`; k and v also to the token's cache slot.
+template <typename T>
+__device__ __forceinline__ void rope_epilogue(const GemvRope& p, T* out, int r, int half, int t,
+                                              float x1, float x2) {
+  const int D = p.head_dim, h = r / D, j = r % D;
+  if (h < p.n_heads + p.n_kv_heads) {
+    const float* cs = p.cos_sin + p.positions[t] * D;
+    const float c = cs[j], s = cs[half + j];
+    const float y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    const float y2 = __fadd_rn(__fmul_rn(x1, s), __fmul_rn(x2, c));
+    x1 = y1, x2 = y2;
+  }
+  const T a = Vec<T>::from_f2(x1, x1).x, b = Vec<T>::from_f2(x2, x2).x;
+  out[r] = a;
+  out[r + half] = b;
+  if (h < p.n_heads) return;
+  const int64_t slot = p.slots[t];
+  if (slot < 0) return;
+  const bool is_k = h < p.n_heads + p.n_kv_heads;
+  const int kh = h - p.n_heads - (is_k ? 0 : p.n_kv_heads);
+  T* cache = static_cast<T*>(is_k ? p.k_cache : p.v_cache) +
+             (slot * p.n_kv_heads + kh) * D + j;
+  cache[0] = a;
+  cache[half] = b;
+}
+
+// kMode: what a warp's unit of work is and what the epilogue does with it.
+enum Mode { kPlain = 0, kSilu = 1, kRope = 2 };
+
+template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                 T* __restrict__ residual_out, const T* __restrict__ norm_w,
                 const T* __restrict__ w, T* __restrict__ out, int tokens, int k, int n_out,
-                float eps) {
+                int n_units, float eps, const GemvRope rope) {
   extern __shared__ uint4 staged[];  // (NT, k / 8) 16-byte chunks of the (normalised) inputs
   const int kvec = k / kVec;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   p04::allow_next_kernel();  // the next kernel may start prefetching its own weights
 
   // ---- preload: this warp's first weight chunk (the weights depend on no earlier kernel) -----
-  constexpr int R = kSilu ? 2 : 1;  // weight rows per output: gate and up for SwiGLU
+  // A unit is one output row (plain), a gate row and its up row (SwiGLU), or rows j and
+  // j + head_dim / 2 of one head (RoPE): the R weight rows a warp reads together.
+  constexpr int R = kMode == kPlain ? 1 : 2;
+  const int half = kMode == kRope ? rope.head_dim / 2 : 0;
+  auto first_row = [&](int unit) {  // the unit's first weight row
+    return kMode == kRope ? (unit / half) * rope.head_dim + unit % half : unit;
+  };
+  const int second = kMode == kRope ? half : n_out;  // rows from the first to the second
   const uint4* wv = reinterpret_cast<const uint4*>(w);
   const int stride = gridDim.x * kWarps;
   uint4 wl[R][kUnroll];
-  // wl = the kUnroll 16-byte chunks c0 + 32 u of output row r (and of its up row, r + n_out)
-  auto load_chunk = [&](int r, int c0) {
+  // wl = the kUnroll 16-byte chunks c0 + 32 u of the unit's R rows
+  auto load_chunk = [&](int unit, int c0) {
+    const int r = first_row(unit);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + u * 32;
 #pragma unroll
       for (int q = 0; q < R; ++q)
-        wl[q][u] = c < kvec ? load_stream(wv + (int64_t)(r + q * n_out) * kvec + c)
+        wl[q][u] = c < kvec ? load_stream(wv + (int64_t)(r + q * second) * kvec + c)
                             : make_uint4(0, 0, 0, 0);
     }
   };
-  int row = blockIdx.x * kWarps + warp;
-  if (row < n_out) load_chunk(row, lane);
+  int row = blockIdx.x * kWarps + warp;  // the unit
+  if (row < n_units) load_chunk(row, lane);
   p04::wait_previous_kernel();  // x and residual are the previous kernel's outputs
 
   // ---- prologue: stage the T rows (padding rows t >= tokens are zeros) ----------------------
@@ -184,7 +226,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
 
   // ---- main loop: one warp per output row (gate and up rows for SwiGLU) ----------------------
-  for (; row < n_out; row += stride) {
+  for (; row < n_units; row += stride) {
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -208,7 +250,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int next = c0 + 32 * kUnroll;
       if (next < kvec) {
         load_chunk(row, next);
-      } else if (row + stride < n_out) {
+      } else if (row + stride < n_units) {
         load_chunk(row + stride, lane);
       }
     }
@@ -222,23 +264,28 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t == lane) {
-          float v;
-          if constexpr (kSilu) {
-            const float g = Vec<T>::round(acc[0][t]), up = Vec<T>::round(acc[R - 1][t]);
-            v = g / (1.f + __expf(-g)) * up;
+          if constexpr (kMode == kRope) {
+            rope_epilogue<T>(rope, out + (int64_t)t * n_out, first_row(row), half, t,
+                             Vec<T>::round(acc[0][t]), Vec<T>::round(acc[1][t]));
           } else {
-            v = acc[0][t];
+            float v;
+            if constexpr (kMode == kSilu) {
+              const float g = Vec<T>::round(acc[0][t]), up = Vec<T>::round(acc[1][t]);
+              v = g / (1.f + __expf(-g)) * up;
+            } else {
+              v = acc[0][t];
+            }
+            out[(int64_t)t * n_out + row] = Vec<T>::from_f2(v, v).x;
           }
-          out[(int64_t)t * n_out + row] = Vec<T>::from_f2(v, v).x;
         }
       }
     }
   }
 }
 
-template <typename T, int NT, bool kNorm, bool kResidual, bool kSilu>
+template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
 cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
-  auto kernel = gemv_kernel<T, NT, kNorm, kResidual, kSilu>;
+  auto kernel = gemv_kernel<T, NT, kNorm, kResidual, kMode>;
   const size_t smem = (size_t)NT * a.k * sizeof(T);
   if (smem > 48 * 1024) {
     // Opt in once per instantiation to the largest size asked for so far.
@@ -250,28 +297,38 @@ cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
       opted = smem;
     }
   }
-  int ctas = (a.n_out + kWarps - 1) / kWarps;
+  const int n_units = kMode == kRope ? a.n_out / 2 : a.n_out;
+  int ctas = (n_units + kWarps - 1) / kWarps;
   if (a.max_ctas > 0 && ctas > a.max_ctas) ctas = a.max_ctas;
   return p04::launch(kernel, dim3(ctas), dim3(kWarps * 32), smem, stream, a.pdl,
                      static_cast<const T*>(a.x), static_cast<const T*>(a.residual),
                      static_cast<T*>(a.residual_out), static_cast<const T*>(a.norm_w),
                      static_cast<const T*>(a.w), static_cast<T*>(a.out), a.tokens, a.k,
-                     a.n_out, a.eps);
+                     a.n_out, n_units, a.eps, a.rope);
 }
 
 template <typename T, int NT>
 cudaError_t launch_mode(const GemvArgs& a, cudaStream_t stream) {
   const bool norm = a.norm_w != nullptr, res = a.residual != nullptr;
+  const bool rope = a.rope.cos_sin != nullptr;
+  if (rope) {  // the QKV projection: normalised input, with or without the residual add
+    const int D = a.rope.head_dim;
+    if (!norm || a.silu_mul || D <= 0 || D % 2 ||
+        a.n_out != (a.rope.n_heads + 2 * a.rope.n_kv_heads) * D)
+      return cudaErrorInvalidValue;
+    return res ? launch_typed<T, NT, true, true, kRope>(a, stream)
+               : launch_typed<T, NT, true, false, kRope>(a, stream);
+  }
   if (!norm) {
     if (res || a.silu_mul) return cudaErrorInvalidValue;  // not a combination the model uses
-    return launch_typed<T, NT, false, false, false>(a, stream);
+    return launch_typed<T, NT, false, false, kPlain>(a, stream);
   }
   if (!res) {
-    return a.silu_mul ? launch_typed<T, NT, true, false, true>(a, stream)
-                      : launch_typed<T, NT, true, false, false>(a, stream);
+    return a.silu_mul ? launch_typed<T, NT, true, false, kSilu>(a, stream)
+                      : launch_typed<T, NT, true, false, kPlain>(a, stream);
   }
-  return a.silu_mul ? launch_typed<T, NT, true, true, true>(a, stream)
-                    : launch_typed<T, NT, true, true, false>(a, stream);
+  return a.silu_mul ? launch_typed<T, NT, true, true, kSilu>(a, stream)
+                    : launch_typed<T, NT, true, true, kPlain>(a, stream);
 }
 
 // One and two rows. Measured on an H200 (bench gemv-kernel), the kernel beats cuBLAS and the

@@ -20,11 +20,14 @@ void* ptr_or_null(const std::optional<torch::Tensor>& t) {
   return t.has_value() ? t->data_ptr() : nullptr;
 }
 
-// out = act(pre(x) @ w^T); see gemv.h for what each optional tensor switches on.
+// out = act(pre(x) @ w^T), or the QKV projection with RoPE and the cache write (cos_sin given);
+// see gemv.h for what each optional tensor switches on.
 void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
           std::optional<torch::Tensor> residual, std::optional<torch::Tensor> residual_out,
           std::optional<torch::Tensor> norm_w, bool silu_mul, double eps, int64_t max_ctas,
-          bool pdl) {
+          bool pdl, std::optional<torch::Tensor> cos_sin, std::optional<torch::Tensor> positions,
+          std::optional<torch::Tensor> slots, std::optional<torch::Tensor> k_cache,
+          std::optional<torch::Tensor> v_cache, int64_t n_heads, int64_t n_kv_heads) {
   const c10::cuda::CUDAGuard guard(x.device());
   GemvArgs a;
   a.x = x.data_ptr();
@@ -40,6 +43,17 @@ void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
   a.eps = static_cast<float>(eps);
   a.max_ctas = static_cast<int>(max_ctas);
   a.pdl = pdl;
+  a.rope = GemvRope{};
+  if (cos_sin.has_value()) {  // RoPE + cache write folded in (see gemv.h)
+    a.rope.cos_sin = cos_sin->data_ptr<float>();
+    a.rope.positions = positions.value().data_ptr<int64_t>();
+    a.rope.slots = slots.value().data_ptr<int64_t>();
+    a.rope.k_cache = k_cache.value().data_ptr();
+    a.rope.v_cache = v_cache.value().data_ptr();
+    a.rope.n_heads = static_cast<int>(n_heads);
+    a.rope.n_kv_heads = static_cast<int>(n_kv_heads);
+    a.rope.head_dim = static_cast<int>(cos_sin->size(1));
+  }
   const cudaError_t err = launch_gemv(a, tag(x), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "gemv: ", cudaGetErrorString(err));
 }

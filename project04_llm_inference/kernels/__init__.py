@@ -17,6 +17,8 @@ _LAZY = {
     "silu_and_mul": ".norm_act",
     "linear": ".gemv",
     "norm_linear": ".gemv",
+    "RopeWrite": ".gemv",
+    "qkv_views": ".gemv",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,8 +1,9 @@
 """Projections of a decode step of a few tokens (csrc/gemv.cu), with RMSNorm and SwiGLU folded in.
 
 `linear(x, w)` is `F.linear` and `norm_linear(...)` is the RMSNorm, the projection and (for the
-MLP) silu-and-mul in sequence; on a CUDA device, for at most `GEMV_MAX_TOKENS` tokens of a 16-bit
-dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the element-wise kernels.
+MLP) silu-and-mul in sequence, or (for the attention, `rope=RopeWrite(...)`) RoPE and the KV-cache
+write after the QKV projection; on a CUDA device, for at most `GEMV_MAX_TOKENS` tokens of a
+16-bit dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the other kernels.
 Every other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so
 the CPU engine computes exactly what it computed before these kernels existed.
 """
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from .norm_act import fused_add_rms_norm, rms_norm, silu_and_mul
 from .pdl import pdl_enabled
+from .rope_cache import check_rope_inputs, rope_and_cache
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
@@ -32,6 +35,29 @@ CTAS_PER_SM = 4  # the grid's bound; warps loop over the remaining rows
 MAX_STAGED_BYTES = 160 * 1024
 
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class RopeWrite(NamedTuple):
+    """What follows a fused QKV projection: `rope_cache.rope_and_cache`'s arguments besides q,
+    k and v, which are the projection's output split by heads (q, then k, then v)."""
+
+    n_heads: int
+    n_kv_heads: int
+    positions: torch.Tensor  # (T,) int64
+    cos_sin: torch.Tensor  # (max_positions, D) float32
+    k_cache: torch.Tensor  # (num_blocks, block_size, Hkv, D)
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor  # (T,) int64; -1: not written
+
+
+def qkv_views(qkv: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int):
+    """q (T, Hq, D), k and v (T, Hkv, D): views into a fused (T, (Hq + 2 Hkv) D) projection."""
+    t, q_size, kv_size = qkv.shape[0], n_heads * head_dim, n_kv_heads * head_dim
+    return (
+        qkv[:, :q_size].view(t, n_heads, head_dim),
+        qkv[:, q_size : q_size + kv_size].view(t, n_kv_heads, head_dim),
+        qkv[:, q_size + kv_size :].view(t, n_kv_heads, head_dim),
+    )
 
 
 @functools.cache
@@ -80,7 +106,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
     out = x.new_empty(x.shape[0], weight.shape[0])
     dev = x.device.index or 0
-    _ext().gemv(out, x, weight, None, None, None, False, 0.0, _max_ctas(dev), pdl_enabled(x.device))
+    _ext().gemv(
+        out,
+        x,
+        weight,
+        None,
+        None,
+        None,
+        False,
+        0.0,
+        _max_ctas(dev),
+        pdl_enabled(x.device),
+        None,
+        None,
+        None,
+        None,
+        None,
+        0,
+        0,
+    )
     return out
 
 
@@ -92,13 +136,17 @@ def norm_linear(
     eps: float,
     *,
     silu_mul: bool = False,
+    rope: RopeWrite | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm, projection, and optionally SwiGLU: returns (out, the residual stream).
+    """RMSNorm, projection, and optionally SwiGLU or RoPE: returns (out, the residual stream).
 
     h = x + residual (rounded to x's dtype), or h = x when residual is None (the first layer);
     out = rms_norm(h) * norm_weight @ weight^T, and with silu_mul the (T, 2F) product becomes
-    silu(gate) * up, (T, F). The returned residual stream is h. On the composed path x and
-    residual are updated in place (as `fused_add_rms_norm` does): use only what is returned.
+    silu(gate) * up, (T, F). With `rope` the product is a fused QKV projection and then
+    `rope_and_cache` runs on its q, k and v (`qkv_views`): q and k rotated in out, k and v
+    written to the cache; on the GEMV path in the same launch, bit for bit the same. The
+    returned residual stream is h. On the composed path x and residual are updated in place (as
+    `fused_add_rms_norm` does): use only what is returned.
     """
     _check_matrix("x", x, 2)
     _check_matrix("weight", weight, 2)
@@ -115,6 +163,16 @@ def norm_linear(
         )
     if silu_mul and weight.shape[0] % 2:
         raise ValueError(f"silu_mul needs an even number of weight rows, got {weight.shape[0]}")
+    views = None
+    if rope is not None:
+        if silu_mul:
+            raise ValueError("rope and silu_mul exclude each other (QKV vs MLP projection)")
+        d = rope.cos_sin.shape[-1] if isinstance(rope.cos_sin, torch.Tensor) else 0
+        if d <= 0 or weight.shape[0] != (rope.n_heads + 2 * rope.n_kv_heads) * d:
+            raise ValueError(
+                f"rope: weight {tuple(weight.shape)} is not a fused QKV projection of "
+                f"{rope.n_heads} + 2 x {rope.n_kv_heads} heads of cos_sin's head dim {d}"
+            )
     parts = (x, norm_weight, weight) if residual is None else (x, residual, norm_weight, weight)
     if not _fits(*parts):
         if residual is None:
@@ -122,9 +180,15 @@ def norm_linear(
         else:
             h, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
         out = F.linear(h, weight)
+        if rope is not None:
+            q, k, v = qkv_views(out, rope.n_heads, rope.n_kv_heads, d)
+            rope_and_cache(q, k, v, *rope[2:])
         return (silu_and_mul(out) if silu_mul else out), residual
     n_out = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     out = x.new_empty(x.shape[0], n_out)
+    if rope is not None:
+        views = qkv_views(out, rope.n_heads, rope.n_kv_heads, d)
+        check_rope_inputs(*views, *rope[2:])  # metadata only: out is not written yet
     res_out = None if residual is None else torch.empty_like(x)
     dev = x.device.index or 0
     _ext().gemv(
@@ -138,5 +202,11 @@ def norm_linear(
         float(eps),
         _max_ctas(dev),
         pdl_enabled(x.device),
+        *(
+            (None,) * 5 + (0, 0)
+            if rope is None
+            else (rope.cos_sin, rope.positions, rope.slot_mapping, rope.k_cache, rope.v_cache)
+            + (rope.n_heads, rope.n_kv_heads)
+        ),
     )
     return out, (x if residual is None else res_out)

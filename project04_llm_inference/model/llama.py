@@ -142,17 +142,18 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, meta: AttnMetadata, cos_sin, k_cache, v_cache):
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        # RMSNorm (with the residual add; the first layer's residual stream starts as x) and the
-        # QKV projection: one GEMV launch for a few tokens, else the norm kernel and cuBLAS.
-        qkv, residual = kernels.norm_linear(x, residual, self.input_layernorm, self.qkv_proj, eps)
-        t = qkv.shape[0]
+        # RMSNorm (with the residual add; the first layer's residual stream starts as x), the
+        # QKV projection, RoPE and the KV-cache write: one GEMV launch for a few tokens, else
+        # the norm kernel, cuBLAS and the RoPE kernel.
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q = qkv[:, : self.q_size].view(t, hq, d)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, hkv, d)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, hkv, d)
-        kernels.rope_and_cache(
-            q, k, v, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping
+        rope = kernels.RopeWrite(
+            hq, hkv, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping
         )
+        qkv, residual = kernels.norm_linear(
+            x, residual, self.input_layernorm, self.qkv_proj, eps, rope=rope
+        )
+        t = qkv.shape[0]
+        q, _, _ = kernels.qkv_views(qkv, hq, hkv, d)
         scale = 1.0 / math.sqrt(d)
         nd = meta.num_decodes
         if nd == t:  # decodes only: the kernel reads q strided out of qkv, its output is final

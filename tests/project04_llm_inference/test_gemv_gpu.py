@@ -11,6 +11,9 @@ Tolerances, from the arithmetic (u = unit roundoff of the dtype: 2^-8 bf16, 2^-1
   rounding of an exact float32 sum: bitwise.
 - silu-and-mul behind: the gate and up rows are accumulated exactly as without it, then the same
   expression as the separate kernel: bitwise equal to that composition.
+- RoPE and the cache write behind the QKV projection: each row is accumulated exactly as the plain
+  product accumulates it, rounded to the dtype, then rotated with the RoPE kernel's operations
+  in its order: bitwise equal to the plain GEMV followed by the RoPE kernel.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from project04_llm_inference.kernels import gemv
+from project04_llm_inference.kernels import gemv, rope_cache
 from project04_llm_inference.kernels.norm_act import fused_add_rms_norm, silu_and_mul
+from project04_llm_inference.kernels.reference import rope_cos_sin_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -101,6 +105,35 @@ def test_norm_linear_product_and_silu_fold(dtype, tokens):
     act, _ = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
     assert act.shape == (tokens, f)
     assert torch.equal(act, silu_and_mul(y)), "the folded silu-and-mul differs from the kernel"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(32, 8, 64), (16, 4, 128), (8, 8, 64)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_norm_linear_rope_fold_is_the_gemv_then_the_rope_kernel(
+    dtype, tokens, hq, hkv, d, with_residual
+):
+    k, blocks, bs = 2048, 8, 16
+    x = _rand(tokens, k, dtype=dtype, seed=11)
+    res = _rand(tokens, k, dtype=dtype, seed=12) if with_residual else None
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=13)).to(dtype)
+    w = _rand((hq + 2 * hkv) * d, k, dtype=dtype, scale=0.02, seed=14)
+    inv = 1.0 / (500_000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    cos_sin = rope_cos_sin_cache(inv.float().cuda(), 512)
+    pos = torch.tensor([37, 300][:tokens], device="cuda")
+    slots = torch.tensor([5, -1][:tokens], device="cuda")  # the second token: not written
+    caches = [_rand(blocks, bs, hkv, d, dtype=dtype, seed=s) for s in (15, 16)]
+    want_caches = [c.clone() for c in caches]
+    # the composition: plain GEMV (the norm folded), then the RoPE kernel on its q, k, v views
+    want, want_res = gemv.norm_linear(x.clone(), None if res is None else res.clone(), g, w, EPS)
+    rope_cache.rope_and_cache(*gemv.qkv_views(want, hq, hkv, d), pos, cos_sin, *want_caches, slots)
+    rope = gemv.RopeWrite(hq, hkv, pos, cos_sin, caches[0], caches[1], slots)
+    got, got_res = gemv.norm_linear(x, res, g, w, EPS, rope=rope)
+    assert torch.equal(got, want), "q, k, v rows differ"
+    assert torch.equal(got_res, want_res)
+    assert torch.equal(caches[0], want_caches[0]), "k cache differs"
+    assert torch.equal(caches[1], want_caches[1]), "v cache differs"
 
 
 def test_rows_do_not_depend_on_the_batch():

@@ -58,3 +58,39 @@ def test_norm_linear_on_cpu_is_norm_then_linear(with_residual, silu_mul):
 def test_bad_arguments_name_what_is_wrong(call, match):
     with pytest.raises((TypeError, ValueError), match=match):
         call()
+
+
+def _rope_write(hq=4, hkv=2, d=16, t=3):
+    inv = 1.0 / (10_000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    cos_sin = reference.rope_cos_sin_cache(inv.float(), 64)
+    caches = [torch.zeros(4, 16, hkv, d, dtype=torch.float32) for _ in range(2)]
+    pos, slots = torch.tensor([3, 9, 40][:t]), torch.tensor([0, -1, 17][:t])
+    return gemv.RopeWrite(hq, hkv, pos, cos_sin, caches[0], caches[1], slots)
+
+
+def test_norm_linear_with_rope_on_cpu_is_norm_linear_then_rope_and_cache():
+    hq, hkv, d = 4, 2, 16
+    x, g = _t(3, 64, dtype=torch.float32), 1 + 0.1 * _t(64, seed=2, dtype=torch.float32)
+    w = _t((hq + 2 * hkv) * d, 64, seed=3, dtype=torch.float32)
+    rope = _rope_write(hq, hkv, d)
+    got, _ = gemv.norm_linear(x.clone(), None, g, w, EPS, rope=rope)
+    want, _ = gemv.norm_linear(x.clone(), None, g, w, EPS)
+    kc, vc = torch.zeros_like(rope.k_cache), torch.zeros_like(rope.v_cache)
+    reference.rope_and_cache(
+        *gemv.qkv_views(want, hq, hkv, d), rope.positions, rope.cos_sin, kc, vc, rope.slot_mapping
+    )
+    assert torch.equal(got, want)
+    assert torch.equal(rope.k_cache, kc) and torch.equal(rope.v_cache, vc)
+    written = rope.k_cache.flatten(0, 1).abs().sum(dim=(1, 2)) > 0  # per slot
+    assert written.nonzero().flatten().tolist() == [0, 17]  # the token of slot -1 is not written
+
+
+def test_norm_linear_rope_arguments_are_checked():
+    x, g = _t(3, 64, dtype=torch.float32), torch.ones(64)
+    rope = _rope_write()
+    with pytest.raises(ValueError, match="not a fused QKV projection"):
+        gemv.norm_linear(x, None, g, _t(100, 64, dtype=torch.float32), EPS, rope=rope)
+    with pytest.raises(ValueError, match="exclude each other"):
+        gemv.norm_linear(
+            x, None, g, _t(128, 64, dtype=torch.float32), EPS, rope=rope, silu_mul=True
+        )
