@@ -1,7 +1,8 @@
 """FlashAttention-2 forward and backward in CUDA C++, as a drop-in for SDPA on CUDA tensors.
 
-`flash_attention(q, k, v, *, causal=False, softmax_scale=None)` computes
-`softmax(scale * q @ k^T [+ causal mask]) @ v` for q (B, H, Sq, D) and k, v (B, Hk, Sk, D), like
+`flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+softcap=0.0)` computes `softmax(scale * q @ k^T [+ causal mask]) @ v` for q (B, H, Sq, D) and
+k, v (B, Hk, Sk, D) (optionally within a sliding window, with soft-capped scores: below), like
 `torch.nn.functional.scaled_dot_product_attention` (with `enable_gqa=True` when Hk < H). It runs through the operators
 `project01::flash_attn_fwd` / `project01::flash_attn_bwd` (ops.py), so torch.compile sees one
 operator; on CUDA tensors they run our kernels in both directions:
@@ -49,12 +50,36 @@ A query row that sees no key (bottom-right with Sq > Sk: rows i < Sq - Sk; top-l
 one) outputs 0 and passes no gradient, FlashAttention's convention (SDPA gives NaN there); its
 log-sum-exp is +inf.
 
+Sliding-window (local) attention, `window_size=(left, right)` as in the flash-attn package
+(Mistral's and Gemma's local layers): -1 leaves that side unbounded; otherwise query row i sees
+key j iff i + Sk - Sq - left <= j <= i + Sk - Sq + right, the window aligned bottom-right like
+FlashAttention's causal mask (with Sq == Sk: i - left <= j <= i + right). Combined with causal as
+flash-attn does: causal means right = 0 (a given right is ignored), so causal=True or
+"bottom_right" with window (left, -1) is causal attention over the last left + 1 keys. The window
+is bottom-right aligned, so with causal="top_left" a bounded left side needs Sq == Sk (a
+ValueError otherwise). A bound that hides no key from any row changes nothing: left >= Sk - 1 is
+the same as -1. (flash-attn itself turns left or right >= Sk into -1 and then gives an unbounded
+right side the value Sk; that differs from the formula above only when Sq > 2 Sk or so, and
+here the formula is the definition.) Rows that see no key output 0 as above. The kernels skip
+every key tile outside a query tile's window (forward) and every query tile outside a key tile's
+(backward), so the cost is proportional to the window, not to Sq * Sk.
+
+Logit soft-capping, `softcap` (Gemma 2: 50 for attention; 0 = off, the default): the scores
+become softcap * tanh(scale * q.k / softcap) before the mask and the softmax; the log-sum-exp is
+of those. The backward multiplies dS by 1 - tanh^2, tanh recomputed from the recomputed scores.
+
+Windows and soft-capping run in the FlashAttention-2 kernels (separate template instances: the
+kernels without them are compiled exactly as before, machine code unchanged) forward and
+backward. The Hopper forward does not implement them: `kernel="auto"` runs the FlashAttention-2
+forward on every GPU when a window or softcap is in effect, `kernel="hopper"` refuses them.
+
 Layout: any strides along B, H and S that are multiples of 8 elements, stride 1 along D and a
 16-byte aligned start are used in place (the q/k/v views a fused QKV projection produces, for
 instance); other layouts are copied to a contiguous tensor first.
 
 CPU tensors take the same inputs (same checks) and run the operators' CPU implementation: the
-float32 reference math, materialising the S x S scores. It is slow and exists so the operator
+float32 reference math, materialising the S x S scores. `reference_attention` is the same math in
+plain differentiable PyTorch, in the inputs' dtype (the tests run it in float64). It is slow and exists so the operator
 (schema, fake tensors, autograd, torch.compile) works and is tested on machines without a GPU;
 the CUDA kernels are the product.
 """
@@ -75,6 +100,10 @@ MAX_HEAD_DIM = max(SUPPORTED_HEAD_DIMS)  # smaller ones are padded to the next c
 # into this tuple (an int in their schema: 0 False, 1 True, 2 "top_left", 3 "bottom_right").
 CAUSAL_VALUES = (False, True, "top_left", "bottom_right")
 DEVICE_TYPES = ("cpu", "cuda")  # CUDA: our kernels; CPU: the operators' reference (ops.py)
+NO_WINDOW = (-1, -1)  # window_size's default: both sides unbounded
+# Window sides are C ints in the kernels' host code (and flash-attn's); larger is refused, and any
+# side >= the sequence lengths already hides nothing.
+MAX_WINDOW = 2**31 - 1
 _MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensions
 # Forward kernel variant: 16-row MMA tiles per warp. 2 = FlashAttention-2's layout (32 query rows
 # a warp, Q re-read from shared memory); 1 = 16 rows a warp with Q held in registers. Both are
@@ -156,8 +185,113 @@ def causal_offset(causal, seqlen_q: int, seqlen_k: int) -> int | None:
     return seqlen_k - seqlen_q if bottom_right else 0
 
 
+def resolve_window(window_size) -> tuple[int, int]:
+    """window_size as a (left, right) tuple of ints, each -1 (unbounded) or 0..MAX_WINDOW.
+
+    Accepts a tuple or list of two ints (not bools). TypeError for another type, ValueError for
+    a side below -1 or above MAX_WINDOW."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(
+            f"window_size must be a (left, right) tuple of two ints, -1 for unbounded, got "
+            f"{window_size!r}"
+        )
+    for side, x in zip(("left", "right"), window_size):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+            raise TypeError(
+                f"window_size {side} must be an int (-1: unbounded), got {type(x).__name__}"
+            )
+        if not -1 <= x <= MAX_WINDOW:
+            raise ValueError(
+                f"window_size {side} must be -1 (unbounded) or between 0 and {MAX_WINDOW}, got {x}"
+            )
+    return int(window_size[0]), int(window_size[1])
+
+
+def resolve_softcap(softcap) -> float:
+    """softcap as a float: 0 (off) or a finite positive cap."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number (0: off), got {type(softcap).__name__}")
+    cap = float(softcap)
+    # Comparisons, not math.isfinite, so torch.compile can trace a symbolic float (NaN fails too).
+    if not 0.0 <= cap < math.inf:
+        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap}")
+    return cap
+
+
+def window_in_effect(causal, window_size, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether window_size hides a key from some row (beyond what causal hides): a left side
+    below Sk (the kernels' host code tests the same), or, without causal, a right side below
+    Sq. (Each test is a superset of "hides a key"; left = Sk - 1 or right = Sq - 1 hide none.)"""
+    left, right = window_size
+    return 0 <= left < seqlen_k or (causal is False and 0 <= right < seqlen_q)
+
+
+def uses_local_kernels(causal, window_size, softcap: float, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether the kernels' window/softcap instances run (the Hopper forward has none)."""
+    return softcap > 0 or window_in_effect(causal, window_size, seqlen_q, seqlen_k)
+
+
+def visible_keys(
+    seqlen_q: int, seqlen_k: int, causal, window_size=NO_WINDOW, device=None
+) -> torch.Tensor | None:
+    """(Sq, Sk) bool: key j visible from query row i under `causal` and `window_size` (see the
+    module docstring); None when every key is visible (no mask)."""
+    left, right = window_size
+    offset = causal_offset(causal, seqlen_q, seqlen_k)
+    bounded_right = offset is None and right >= 0
+    if offset is None and left < 0 and not bounded_right:
+        return None
+    i = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if offset is not None:
+        keep &= j <= i + offset
+    if left >= 0:
+        keep &= j >= i + (seqlen_k - seqlen_q - left)
+    if bounded_right:
+        keep &= j <= i + (seqlen_k - seqlen_q + right)
+    return keep
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool | str = False,
+    softmax_scale: float | None = None,
+    window_size=NO_WINDOW,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """`flash_attention`'s math in plain PyTorch, differentiable, in the inputs' own dtype (no
+    casts: float64 inputs give the float64 reference the tests use; half inputs the same-dtype
+    math). k/v heads repeated over their query heads; scores scale q k^T, soft-capped when
+    softcap > 0, masked by `visible_keys`; a row that sees no key outputs 0 with zero gradient
+    (its scores are left unmasked and its probabilities multiplied by 0, so autograd gives 0
+    there, not the NaN of a softmax over nothing). No input checks: call it on valid inputs."""
+    scale = resolve_softmax_scale(softmax_scale, q.shape[-1])
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    keep = visible_keys(q.shape[2], k.shape[2], causal, window_size, device=q.device)
+    if keep is None:
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+    live = keep.any(dim=-1, keepdim=True)
+    s = s.masked_fill(~(keep | ~live), float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1) * live, v)
+
+
 def check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool | str, softmax_scale
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool | str,
+    softmax_scale,
+    window_size=NO_WINDOW,
+    softcap=0.0,
 ) -> float:
     """Validate the arguments of `flash_attention`; return the softmax scale to use.
 
@@ -217,6 +351,14 @@ def check_inputs(
             "causal='top_left' (SDPA's is_causal) or 'bottom_right' (FlashAttention's))"
         )
     scale = resolve_softmax_scale(softmax_scale, D)
+    left, _ = resolve_window(window_size)
+    resolve_softcap(softcap)
+    if causal == "top_left" and 0 <= left < Sk and Sq != Sk:
+        raise ValueError(
+            f"window_size is aligned bottom-right (FlashAttention's), so causal='top_left' with "
+            f"a window needs q and k of equal sequence length, got {Sq} and {Sk}: pass "
+            "causal='bottom_right'"
+        )
     devices = {t.device for t in (q, k, v)}
     if len(devices) != 1:
         raise ValueError(f"q, k and v must be on one device, got {sorted(map(str, devices))}")
@@ -253,19 +395,26 @@ def flash_forward(
     lse: torch.Tensor | None = None,
     m_tiles_per_warp: int = FWD_M_TILES_PER_WARP,
     kernel: str = "auto",
+    window_size=NO_WINDOW,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward kernel on checked, kernel-ready inputs: (o (B, H, Sq, D), lse (B, H, Sq) float32).
 
     `causal` is one of CAUSAL_VALUES; k and v may have fewer heads than q (grouped-query).
+    `window_size` and `softcap` as `flash_attention`'s (checked here too).
 
     `out` and `lse` may be given to write into (the poisoned-output tests do); `kernel` is one of
     FWD_KERNELS; `m_tiles_per_warp` picks the FlashAttention-2 variant (1 or 2, see
-    FWD_M_TILES_PER_WARP).
+    FWD_M_TILES_PER_WARP). With a window or softcap in effect "auto" runs the FlashAttention-2
+    forward (the Hopper kernel has neither) and "hopper" is a ValueError.
     """
     if m_tiles_per_warp not in (1, 2):
         raise ValueError(f"m_tiles_per_warp must be 1 or 2, got {m_tiles_per_warp!r}")
-    kernel = resolve_fwd_kernel(kernel)
+    left, right = resolve_window(window_size)
+    softcap = resolve_softcap(softcap)
     B, H, Sq, _ = q.shape
+    local = uses_local_kernels(causal, (left, right), softcap, Sq, k.shape[2])
+    kernel = select_fwd_kernel(kernel, local)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None:
@@ -274,8 +423,21 @@ def flash_forward(
     if kernel == "hopper":
         _extension().fwd_hopper(q, k, v, out, lse, masked, bottom_right, softmax_scale)
     else:
-        _extension().fwd(q, k, v, out, lse, masked, bottom_right, softmax_scale, m_tiles_per_warp)
+        _extension().fwd(
+            *(q, k, v, out, lse, masked, bottom_right, softmax_scale, m_tiles_per_warp),
+            *(left, right, softcap),
+        )
     return out, lse
+
+
+def select_fwd_kernel(kernel: str, local: bool) -> str:
+    """resolve_fwd_kernel, knowing whether a window or softcap is in effect (`local`): then
+    "auto" is "fa2" on every GPU and "hopper" a ValueError (the Hopper forward has neither)."""
+    if local and kernel == "hopper":
+        raise ValueError(
+            "kernel='hopper' does not implement window_size or softcap; use 'auto' or 'fa2'"
+        )
+    return resolve_fwd_kernel("fa2" if local and kernel == "auto" else kernel)
 
 
 def resolve_fwd_kernel(kernel: str) -> str:
@@ -305,12 +467,16 @@ def flash_backward(
     dk: torch.Tensor | None = None,
     dv: torch.Tensor | None = None,
     warps: int = BWD_WARPS,
+    window_size=NO_WINDOW,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels on kernel-ready inputs: (dq, dk, dv), each shaped like its input (dk, dv
     summed over each group of query heads when k/v have fewer heads); `warps` picks the variant
-    (8 or 4, see BWD_WARPS)."""
+    (8 or 4, see BWD_WARPS). `window_size` and `softcap`: the forward's."""
     if warps not in (4, 8):
         raise ValueError(f"warps must be 4 or 8, got {warps!r}")
+    left, right = resolve_window(window_size)
+    softcap = resolve_softcap(softcap)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if dk is None else dk
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if dv is None else dv
@@ -318,7 +484,7 @@ def flash_backward(
     _extension().bwd(
         _kernel_layout(dout),
         *(q, k, v, out, lse, dq, dk, dv),
-        *(masked, bottom_right, softmax_scale, warps),
+        *(masked, bottom_right, softmax_scale, warps, left, right, softcap),
     )
     return dq, dk, dv
 
@@ -330,19 +496,29 @@ def flash_attention(
     *,
     causal: bool | str = False,
     softmax_scale: float | None = None,
+    window_size: tuple[int, int] = NO_WINDOW,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Fused attention, (B, H, Sq, D) x (B, Hk, Sk, D) x (B, Hk, Sk, D) -> (B, H, Sq, D).
 
     Hk divides H (grouped-query attention; Hk == H is multi-head). causal: False, "top_left"
     (SDPA's is_causal: query i sees keys 0..i), "bottom_right" (FlashAttention's: query i sees
     keys 0..i + Sk - Sq; rows that see no key output 0), or True (either: needs Sq == Sk). See
-    the module docstring. softmax_scale defaults to 1 / sqrt(D). Runs the operator `project01::flash_attn_fwd`,
+    the module docstring. softmax_scale defaults to 1 / sqrt(D). window_size (left, right): the
+    sliding window, -1 unbounded (query i sees keys i + Sk - Sq - left .. i + Sk - Sq + right;
+    causal sets right = 0); softcap: scores softcap * tanh(scale q.k / softcap), 0 = off; both
+    as in the flash-attn package. Runs the operator `project01::flash_attn_fwd`,
     differentiable through `project01::flash_attn_bwd`: our kernels on CUDA tensors, the float32
     reference on CPU tensors (slow; see the module docstring). Raises TypeError/ValueError
     naming a bad argument (`check_inputs`); on CUDA tensors, CudaUnavailableError when the
     kernels cannot be built here.
     """
-    scale = check_inputs(q, k, v, causal, softmax_scale)
+    scale = check_inputs(q, k, v, causal, softmax_scale, window_size, softcap)
     from .ops import flash_attn_fwd
 
-    return flash_attn_fwd(q, k, v, causal_code(causal), scale)[0]
+    left, right = resolve_window(window_size)
+    code = causal_code(causal)
+    softcap = resolve_softcap(softcap)
+    if (left, right) == NO_WINDOW and softcap == 0.0:
+        return flash_attn_fwd(q, k, v, code, scale)[0]  # the operator's defaults
+    return flash_attn_fwd(q, k, v, code, scale, left, right, softcap)[0]

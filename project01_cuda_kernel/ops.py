@@ -3,18 +3,21 @@
 `attention.flash_attention` and `gemm.matmul` call these operators, so eager code, autograd and
 `torch.compile` (fullgraph, no graph break) all see one operator per call:
 
-- `project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale)
-  -> (Tensor, Tensor)`: (out, lse); q (B, H, Sq, D), k and v (B, Hk, Sk, D) with Hk dividing H
-  (grouped-query attention); out like q (contiguous), lse (B, H, Sq) float32, the natural
-  log-sum-exp of each row of scaled scores (+inf for a row that sees no key). `causal` is the
-  index of `flash_attention`'s causal argument in `attention.CAUSAL_VALUES`: 0 no mask, 1 True
-  (top-left, equal lengths only), 2 "top_left", 3 "bottom_right" (a Python bool passes as 0 or
-  1 with its old meaning). Differentiable in q, k and v (lse is marked non-differentiable): the
+- `project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale,
+  int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor, Tensor)`: (out, lse);
+  q (B, H, Sq, D), k and v (B, Hk, Sk, D) with Hk dividing H (grouped-query attention); out like
+  q (contiguous), lse (B, H, Sq) float32, the natural log-sum-exp of each row of scaled (and
+  soft-capped) scores (+inf for a row that sees no key). `causal` is the index of
+  `flash_attention`'s causal argument in `attention.CAUSAL_VALUES`: 0 no mask, 1 True (top-left,
+  equal lengths only), 2 "top_left", 3 "bottom_right" (a Python bool passes as 0 or 1 with its
+  old meaning). window_left/window_right: `flash_attention`'s window_size, -1 unbounded; softcap:
+  its softcap, 0 off (the defaults leave the operator what it was: existing calls with five
+  arguments are unchanged). Differentiable in q, k and v (lse is marked non-differentiable): the
   backward runs `flash_attn_bwd`.
 - `project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-  int causal, float softmax_scale) -> (Tensor, Tensor, Tensor)`: (dq, dk, dv), each like its
-  input (contiguous): dk and dv have k's Hk heads, each the sum over the H / Hk query heads that
-  share it.
+  int causal, float softmax_scale, int window_left=-1, int window_right=-1, float softcap=0.)
+  -> (Tensor, Tensor, Tensor)`: (dq, dk, dv), each like its input (contiguous): dk and dv have
+  k's Hk heads, each the sum over the H / Hk query heads that share it.
 - `project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor`: a @ b with the ladder kernel
   `kernel` ("auto" or a `gemm.GEMM_KERNELS` name). Differentiable: dA = dC B^T and dB = A^T dC,
   two products through this same operator and kernel (the inputs made contiguous first, as the
@@ -29,8 +32,9 @@ Each operator has two implementations and a fake (shape) function:
   operator's inputs, so a q/k/v layout the kernels cannot read in place is copied in the
   forward and again in the backward (views of a fused QKV projection are read in place).
 - CPU: the float32 reference math (attention: k/v heads repeated over their query heads,
-  softmax(scale q k^T [+ causal mask]) v and its log-sum-exp, backward by the standard formulas
-  with dk/dv summed back over each group, S x S materialised; matmul: `torch.matmul` in
+  softmax(scale q k^T [soft-capped] [+ causal / window mask]) v and its log-sum-exp, backward by
+  the standard formulas (dS times 1 - tanh^2 with soft-capping) with dk/dv summed back over each
+  group, S x S materialised; matmul: `torch.matmul` in
   float32), rounded once to the input dtype. It is slow and is not a product: it exists so the
   schema, the fake functions, the autograd registration and torch.compile integration run and
   are tested (`torch.library.opcheck`) on machines without a GPU.
@@ -56,10 +60,16 @@ __all__ = ["flash_attn_bwd", "flash_attn_fwd", "matmul", "matmul_out"]
 # FlashAttention
 
 
-_FWD_SCHEMA = "(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale) -> (Tensor, Tensor)"
+# window_left, window_right and softcap have defaults (no window, no soft-capping), so calls with
+# the first five (eight) arguments keep their meaning.
+_WINDOW_ARGS = "int window_left=-1, int window_right=-1, float softcap=0.0"
+_FWD_SCHEMA = (
+    f"(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale, {_WINDOW_ARGS}) "
+    "-> (Tensor, Tensor)"
+)
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, int causal, "
-    "float softmax_scale) -> (Tensor, Tensor, Tensor)"
+    f"float softmax_scale, {_WINDOW_ARGS}) -> (Tensor, Tensor, Tensor)"
 )
 
 
@@ -73,19 +83,31 @@ def _causal_value(code: int) -> bool | str:
     )
 
 
-def _check_fwd_inputs(q: Tensor, k: Tensor, v: Tensor, causal: int, scale) -> bool | str:
-    """check_inputs on (q, k, v) with the causal value the operator's int stands for; returns
-    that value."""
+def _check_fwd_inputs(
+    q: Tensor, k: Tensor, v: Tensor, causal: int, scale, left=-1, right=-1, softcap=0.0
+) -> bool | str:
+    """check_inputs on (q, k, v) with the causal value the operator's int stands for (and the
+    window and softcap); returns that value."""
     value = _causal_value(causal)
-    attention.check_inputs(q, k, v, value, scale)
+    attention.check_inputs(q, k, v, value, scale, (left, right), softcap)
     return value
 
 
 def _check_bwd_inputs(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: int, scale
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    causal: int,
+    scale,
+    left=-1,
+    right=-1,
+    softcap=0.0,
 ) -> bool | str:
     """_check_fwd_inputs, plus: dout and out like q, lse (B, H, Sq) float32."""
-    value = _check_fwd_inputs(q, k, v, causal, scale)
+    value = _check_fwd_inputs(q, k, v, causal, scale, left, right, softcap)
     for name, t in (("dout", dout), ("out", out)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
             raise ValueError(
@@ -105,15 +127,24 @@ def _check_bwd_inputs(
     "project01::flash_attn_fwd", mutates_args=(), device_types="cuda", schema=_FWD_SCHEMA
 )
 def flash_attn_fwd(
-    q: Tensor, k: Tensor, v: Tensor, causal: int, softmax_scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: int,
+    softmax_scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
-    """(out, lse) of softmax(softmax_scale q k^T [+ causal mask]) v: our forward kernels (a head
-    dim they are not compiled for zero-padded to the next one, the output sliced back)."""
-    value = _check_fwd_inputs(q, k, v, causal, softmax_scale)
+    """(out, lse) of softmax(softmax_scale q k^T [soft-capped] [+ mask]) v: our forward kernels
+    (a head dim they are not compiled for zero-padded to the next one, the output sliced back)."""
+    value = _check_fwd_inputs(q, k, v, causal, softmax_scale, window_left, window_right, softcap)
     d = q.shape[-1]
     dk = attention.kernel_head_dim(d)
     q, k, v = (attention._kernel_layout(attention.pad_head_dim(t, dk)) for t in (q, k, v))
-    out, lse = attention.flash_forward(q, k, v, value, softmax_scale)
+    out, lse = attention.flash_forward(
+        q, k, v, value, softmax_scale, window_size=(window_left, window_right), softcap=softcap
+    )
     return (out if d == dk else out[..., :d].contiguous()), lse
 
 
@@ -129,15 +160,23 @@ def flash_attn_bwd(
     lse: Tensor,
     causal: int,
     softmax_scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) from the forward's out and lse: our backward kernels (padded like the
     forward: the zero columns of out and dout add nothing to rowsum(dO * O))."""
-    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
+    window = (window_left, window_right)
+    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap)
     d = q.shape[-1]
     hd = attention.kernel_head_dim(d)
     dout, q, k, v, out = (attention.pad_head_dim(t, hd) for t in (dout, q, k, v, out))
     q, k, v, out = (attention._kernel_layout(t) for t in (q, k, v, out))
-    grads = attention.flash_backward(dout, q, k, v, out, lse.contiguous(), value, softmax_scale)
+    grads = attention.flash_backward(
+        *(dout, q, k, v, out, lse.contiguous(), value, softmax_scale),
+        window_size=window,
+        softcap=softcap,
+    )
     return grads if d == hd else tuple(g[..., :d].contiguous() for g in grads)
 
 
@@ -146,16 +185,24 @@ def _expand_kv(t: Tensor, heads: int) -> Tensor:
     return t.float().repeat_interleave(heads // t.shape[1], dim=1)
 
 
-def _scores(q: Tensor, k: Tensor, causal: bool | str, scale: float) -> Tensor:
-    """scale q k^T in float32 (k already expanded to q's heads), -inf where the causal mask
-    hides key j from query i (j > i + offset: 0 top-left, Sk - Sq bottom-right)."""
+def _scores(
+    q: Tensor, k: Tensor, causal: bool | str, scale: float, window=(-1, -1), softcap=0.0
+) -> tuple[Tensor, Tensor | None]:
+    """(s, t): s = scale q k^T in float32 (k already expanded to q's heads), soft-capped to
+    softcap * t with t = tanh(scale q k^T / softcap) when softcap > 0 (t is None otherwise),
+    then -inf where the causal mask (j > i + offset: 0 top-left, Sk - Sq bottom-right) or the
+    window (attention.visible_keys) hides key j from query i. t is unmasked: the backward's
+    1 - t^2 stays finite where P is 0."""
     s = torch.matmul(q.float(), k.transpose(-2, -1)) * scale
+    t = None
+    if softcap > 0:
+        t = torch.tanh(s / softcap)
+        s = softcap * t
     sq, sk = s.shape[-2:]
-    offset = attention.causal_offset(causal, sq, sk)
-    if offset is not None:
-        keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(diagonal=offset)
+    keep = attention.visible_keys(sq, sk, causal, window, device=s.device)
+    if keep is not None:
         s = s.masked_fill(~keep, float("-inf"))
-    return s
+    return s, t
 
 
 def _lse(s: Tensor) -> Tensor:
@@ -167,11 +214,19 @@ def _lse(s: Tensor) -> Tensor:
 
 @flash_attn_fwd.register_kernel("cpu")
 def _flash_attn_fwd_cpu(
-    q: Tensor, k: Tensor, v: Tensor, causal: int, softmax_scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: int,
+    softmax_scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
-    value = _check_fwd_inputs(q, k, v, causal, softmax_scale)
+    window = (window_left, window_right)
+    value = _check_fwd_inputs(q, k, v, causal, softmax_scale, *window, softcap)
     h = q.shape[1]
-    s = _scores(q, _expand_kv(k, h), value, softmax_scale)
+    s, _ = _scores(q, _expand_kv(k, h), value, softmax_scale, window, softcap)
     lse = _lse(s)
     p = torch.exp(s - lse.unsqueeze(-1))
     out = torch.matmul(p, _expand_kv(v, h)).to(q.dtype)
@@ -188,19 +243,27 @@ def _flash_attn_bwd_cpu(
     lse: Tensor,
     causal: int,
     softmax_scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     # The FlashAttention backward in float32: P from the saved lse, D = rowsum(dO * O),
-    # dS = P * (dP - D), then dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; with grouped
-    # k/v heads, dK and dV per query head, summed over each group.
-    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
+    # dS = P * (dP - D) (times 1 - t^2 with soft-capping: d(softcap tanh(x / softcap)) / dx),
+    # then dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; with grouped k/v heads, dK and dV
+    # per query head, summed over each group.
+    window = (window_left, window_right)
+    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap)
     b, h, _, _ = q.shape
     hk, sk, d = k.shape[1:]
     ke, ve = _expand_kv(k, h), _expand_kv(v, h)
-    p = torch.exp(_scores(q, ke, value, softmax_scale) - lse.unsqueeze(-1))
+    s, t = _scores(q, ke, value, softmax_scale, window, softcap)
+    p = torch.exp(s - lse.unsqueeze(-1))
     do = dout.float()
     dv = torch.matmul(p.transpose(-2, -1), do)
     dp = torch.matmul(do, ve.transpose(-2, -1))
     ds = p * (dp - (do * out.float()).sum(dim=-1, keepdim=True))
+    if t is not None:
+        ds = ds * (1 - t * t)
     dq = torch.matmul(ds, ke) * softmax_scale
     dk = torch.matmul(ds.transpose(-2, -1), q.float()) * softmax_scale
     dk, dv = (g.view(b, hk, h // hk, sk, d).sum(dim=2) for g in (dk, dv))
@@ -208,32 +271,40 @@ def _flash_attn_bwd_cpu(
 
 
 @flash_attn_fwd.register_fake
-def _flash_attn_fwd_fake(q, k, v, causal, softmax_scale):
-    _check_fwd_inputs(q, k, v, causal, softmax_scale)
+def _flash_attn_fwd_fake(
+    q, k, v, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0
+):
+    _check_fwd_inputs(q, k, v, causal, softmax_scale, window_left, window_right, softcap)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @flash_attn_bwd.register_fake
-def _flash_attn_bwd_fake(dout, q, k, v, out, lse, causal, softmax_scale):
-    _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale)
+def _flash_attn_bwd_fake(
+    dout, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0
+):
+    window = (window_left, window_right)
+    _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap)
     # dq like q; dk, dv like k and v (Hk heads, summed over each group of query heads).
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _flash_attn_setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, softmax_scale = inputs
+    q, k, v, causal, softmax_scale, *window_and_softcap = inputs  # torch fills in the defaults
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.softmax_scale = causal, softmax_scale
+    ctx.window_and_softcap = tuple(window_and_softcap)
     # The backward kernel has no lse input gradient: lse is for the backward, not for a loss.
     ctx.mark_non_differentiable(lse)
 
 
 def _flash_attn_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd(dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = flash_attn_bwd(
+        dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window_and_softcap
+    )
+    return dq, dk, dv, None, None, *(None for _ in ctx.window_and_softcap)
 
 
 flash_attn_fwd.register_autograd(_flash_attn_backward, setup_context=_flash_attn_setup_context)

@@ -9,6 +9,10 @@ FlashAttention-2 kernels in PyTorch), CUDNN, EFFICIENT and MATH backends (MATH o
 causal), 2.5x that backward. Also the peak memory of one forward+backward and our output's
 error against SDPA FLASH at every shape (the run fails if it is out of line).
 
+`--kv-heads N` measures grouped-query attention (Llama-3's 8 k/v heads): k and v get N heads and
+SDPA is called with `enable_gqa=True` (a backend that does not take it is recorded as skipped);
+FLOPs count the query heads, as for multi-head attention.
+
 Each shape and mode is timed `--repeats` times (default 5), ours and the SDPA backends
 alternating (`shared.repeat.interleave`: ours, ..., MATH, then the reverse); every figure is the
 median over repetitions with `_min`, `_max` and `_reps` beside it, and a ratio (ours / FLASH,
@@ -63,6 +67,9 @@ class AttentionBenchConfig:
     """tokens per batch: batch = total_tokens // seq_len"""
     hidden: int = 2048
     """model width: heads = hidden // head_dim"""
+    kv_heads: int = 0
+    """k/v heads: 0 = as many as the query heads (multi-head); fewer (dividing every head
+    count) = grouped-query attention, SDPA called with enable_gqa=True"""
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
     """input dtype"""
     providers: tuple[Provider, ...] = PROVIDERS
@@ -102,6 +109,11 @@ class AttentionBenchConfig:
         for d in self.head_dims:
             if d < 1 or self.hidden % d:
                 raise ValueError(f"head_dims: {d} must divide hidden {self.hidden}")
+            if self.kv_heads < 0 or (self.kv_heads and (self.hidden // d) % self.kv_heads):
+                raise ValueError(
+                    f"kv_heads: {self.kv_heads} must be 0 or divide the {self.hidden // d} "
+                    f"query heads of head dim {d}"
+                )
         for name in ("warmup_ms", "rep_ms"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
@@ -127,8 +139,9 @@ def _sdpa_backend(provider: str):
     }[provider]
 
 
-def attention_fn(provider: str, causal: bool) -> Callable:
-    """(q, k, v) -> out for one provider; SDPA pinned to one backend (no silent fallback)."""
+def attention_fn(provider: str, causal: bool, gqa: bool = False) -> Callable:
+    """(q, k, v) -> out for one provider; SDPA pinned to one backend (no silent fallback), with
+    enable_gqa when k/v have fewer heads than q (ours takes that natively)."""
     if provider == "ours":
         from project01_cuda_kernel.attention import flash_attention
 
@@ -151,6 +164,8 @@ def attention_fn(provider: str, causal: bool) -> Callable:
 
     def run(q, k, v):
         with sdpa_kernel(backend):
+            if gqa:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     return run
@@ -246,17 +261,22 @@ def measure(cfg: AttentionBenchConfig) -> dict:
     with progress(len(shapes), "attention", unit="shape", every=1) as bar:
         for d, s, causal in shapes:
             b, h = cfg.total_tokens // s, cfg.hidden // d
+            hk = cfg.kv_heads or h
+            gqa = hk != h
             gen = torch.Generator(device="cuda").manual_seed(s * 1000 + d)
             q, k, v, do = (
-                torch.randn(b, h, s, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4)
+                torch.randn(b, n, s, d, device="cuda", dtype=dtype, generator=gen)
+                for n in (h, hk, hk, h)
             )
             for t in (q, k, v):
                 t.requires_grad_(True)
             shape = {"head_dim": d, "seq_len": s, "batch": b, "heads": h, "causal": causal}
+            if gqa:
+                shape["kv_heads"] = hk
             # Correctness at every benchmarked shape: ours vs SDPA FLASH, same inputs.
             with torch.no_grad():
                 ours_out = attention_fn("ours", causal)(q, k, v)
-                ref_out = attention_fn("flash", causal)(q, k, v)
+                ref_out = attention_fn("flash", causal, gqa)(q, k, v)
             err = (ours_out.float() - ref_out.float()).abs().max().item()
             checks.append({**shape, "max_abs_diff_vs_flash": err})
             if not math.isfinite(err) or err > 0.05:
@@ -272,7 +292,7 @@ def measure(cfg: AttentionBenchConfig) -> dict:
             for provider in cfg.providers:
                 if provider == "math" and s > cfg.math_max_seq:
                     continue
-                attn = attention_fn(provider, causal)
+                attn = attention_fn(provider, causal, gqa)
                 try:
                     if provider not in VARIANT_MODE:
                         mem = peak_memory_mib(mode_fn(attn, "fwd_bwd", q, k, v, do))

@@ -1,7 +1,8 @@
 """The public FlashAttention test matrix, run on `flash_attention` against a float32 reference.
 
 The matrix is the one of `test_flash_attn_output` in the flash-attention repository (its plain
-case: no dropout, no sliding window, no ALiBi, no softcap, q/k/v as separate tensors):
+case: no dropout, no sliding window, no ALiBi, no softcap, q/k/v as separate tensors; windows and
+softcap are accepted too, see below):
 
 - head dims 32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256 (upstream's list had 80 from
   August to December 2023 and is these without 80 since; the issue keeps it);
@@ -53,6 +54,16 @@ query rows see no key: upstream's reference (and `flash_attention`) output 0 the
 gradient, and so do ours. GQA/MQA cases pass k and v with their 2 or 1 heads; `flash_attention`
 reads them in place.
 
+Sliding windows and soft-capping (upstream's `local` and `softcap` parameters): a Case may carry
+`window` (left, right), -1 unbounded, and `softcap` (0 off); `matrix_cases(windows=...,
+softcaps=...)` adds them to the product (MATRIX itself stays the plain 1440 cases). The
+references apply them the way upstream's `attention_ref` does: scores softcap * tanh(s /
+softcap), then the window mask bottom-right aligned (query i sees keys i + Sk - Sq - left ..
+i + Sk - Sq + right; causal makes right 0), rows that see no key 0. As upstream, a softcap case
+multiplies q by softcap so that the scores reach the cap. `flash_attention` gets window_size and
+softcap only when they are set, so an `attention_fn` without those arguments still runs the
+plain cases.
+
 Inputs `flash_attention` does not support (`attention.check_inputs`: head dims above 128; the
 smaller ones the kernels are not compiled for run zero-padded to 64 or 128) raise a one-line TypeError/ValueError; such a case is "refused" with that message, and
 `run_matrix` groups the refusals by the message with its case-specific numbers normalised.
@@ -89,6 +100,7 @@ SEQLEN_PAIRS = (
 MHA_TYPES = ("mha", "gqa", "mqa")
 CAUSAL = (False, True)
 DTYPES = ("float16", "bfloat16")
+NO_WINDOW = (-1, -1)  # window: both sides unbounded (the plain matrix)
 NHEADS = 6  # query heads; k/v heads: 6 (MHA), 2 (GQA), 1 (MQA), as upstream
 # Batch 2 where upstream uses 4: the float32 reference materialises the B x H x Sq x Sk scores
 # (and autograd keeps several such tensors), so 2 halves its memory and time across the 1440
@@ -119,8 +131,12 @@ class Case:
     dtype: str
     batch: int = BATCH
     nheads: int = NHEADS
+    window: tuple[int, int] = NO_WINDOW  # (left, right), -1 unbounded
+    softcap: float = 0.0  # 0: off
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.window, tuple) and len(self.window) == 2):
+            raise ValueError(f"window must be a (left, right) tuple, got {self.window!r}")
         if self.mha_type not in MHA_TYPES:
             raise ValueError(f"mha_type must be one of {MHA_TYPES}, got {self.mha_type!r}")
         if self.dtype not in DTYPES:
@@ -141,7 +157,14 @@ class Case:
     def id(self) -> str:
         dt = {"float16": "fp16", "bfloat16": "bf16"}[self.dtype]
         mask = "causal" if self.causal else "full"
-        return f"d{self.head_dim}-{self.seqlen_q}x{self.seqlen_k}-{self.mha_type}-{mask}-{dt}"
+        extra = ""
+        if self.window != NO_WINDOW:
+            extra += f"-w{self.window[0]}_{self.window[1]}"
+        if self.softcap:
+            extra += f"-cap{self.softcap:g}"
+        return (
+            f"d{self.head_dim}-{self.seqlen_q}x{self.seqlen_k}-{self.mha_type}-{mask}{extra}-{dt}"
+        )
 
 
 def matrix_cases(
@@ -150,12 +173,16 @@ def matrix_cases(
     mha_types: Iterable[str] = MHA_TYPES,
     causal: Iterable[bool] = CAUSAL,
     dtypes: Iterable[str] = DTYPES,
+    windows: Iterable[tuple[int, int]] = (NO_WINDOW,),
+    softcaps: Iterable[float] = (0.0,),
 ) -> list[Case]:
-    """The cases of the product of the given lists (defaults: the full matrix)."""
+    """The cases of the product of the given lists (defaults: the full matrix; windows and
+    softcaps vary fastest)."""
     return [
-        Case(d, sq, sk, mha, c, dt)
-        for dt, mha, c, d, (sq, sk) in itertools.product(
-            tuple(dtypes), tuple(mha_types), tuple(causal), tuple(head_dims), tuple(seqlen_pairs)
+        Case(d, sq, sk, mha, c, dt, window=tuple(w), softcap=cap)
+        for dt, mha, c, d, (sq, sk), w, cap in itertools.product(
+            *(tuple(dtypes), tuple(mha_types), tuple(causal), tuple(head_dims)),
+            *(tuple(seqlen_pairs), tuple(windows), tuple(softcaps)),
         )
     ]
 
@@ -167,7 +194,8 @@ def make_inputs(
     case: Case, device: torch.device | str, seed: int = SEED
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (B, H, Sq, D), k and v (B, H_kv, Sk, D), dout (B, H, Sq, D): standard normal in the
-    case's dtype, from a generator seeded with `seed` on `device`."""
+    case's dtype, from a generator seeded with `seed` on `device`; with a softcap, q times the
+    softcap (rounded to the dtype), as upstream does so that the scores reach the cap."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     b, h, hk, d = case.batch, case.nheads, case.nheads_kv, case.head_dim
@@ -176,6 +204,8 @@ def make_inputs(
         return torch.randn(*shape, generator=gen, device=device, dtype=case.torch_dtype)
 
     q = randn(b, h, case.seqlen_q, d)
+    if case.softcap > 0:
+        q = q * case.softcap
     k = randn(b, hk, case.seqlen_k, d)
     v = randn(b, hk, case.seqlen_k, d)
     dout = randn(b, h, case.seqlen_q, d)
@@ -183,11 +213,17 @@ def make_inputs(
 
 
 def attention_math(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int] = NO_WINDOW,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """softmax(scale q k^T [+ causal mask, bottom-right]) v, explicitly, in the inputs' dtype (no
-    casts: call it on float32 tensors for the float32 reference, on half tensors for the
-    same-dtype one).
+    """softmax(scale q k^T [soft-capped] [+ causal / window mask, bottom-right]) v, explicitly,
+    in the inputs' dtype (no casts: call it on float32 tensors for the float32 reference, on half
+    tensors for the same-dtype one).
 
     GQA/MQA: each k/v head serves nheads / nheads_kv consecutive query heads; they are expanded
     here, in the references only (autograd sums each expanded head's gradient back onto it).
@@ -197,14 +233,27 @@ def attention_math(
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if not causal:
+    if softcap > 0:  # upstream's attention_ref: scores / softcap, tanh, * softcap
+        s = torch.tanh(s / softcap) * softcap
+    left, right = window
+    if not causal and left < 0 and right < 0:
         return torch.matmul(torch.softmax(s, dim=-1), v)
     # Bottom-right aligned, as FlashAttention >= 2.1: query i sees keys 0..i + seqlen_k -
-    # seqlen_q. A row that sees no key (seqlen_q > seqlen_k) is 0 with no gradient, upstream's
-    # convention: its scores stay unmasked and its probabilities are multiplied by 0, so that
-    # autograd gives 0 there rather than the NaN of a softmax over nothing.
+    # seqlen_q; a window keeps keys i + Sk - Sq - left .. i + Sk - Sq + right (causal: right 0).
+    # A row that sees no key (seqlen_q > seqlen_k, or a window past the keys) is 0 with no
+    # gradient, upstream's convention: its scores stay unmasked and its probabilities are
+    # multiplied by 0, so that autograd gives 0 there rather than the NaN of a softmax over
+    # nothing.
     sq, sk = s.shape[-2:]
-    keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq)
+    row = torch.arange(sq, device=s.device).unsqueeze(1)
+    col = torch.arange(sk, device=s.device).unsqueeze(0)
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device)
+    if causal:
+        right = 0
+    if right >= 0:
+        keep &= col <= row + sk - sq + right
+    if left >= 0:
+        keep &= col >= row + sk - sq - left
     live = keep.any(dim=-1, keepdim=True)
     s = s.masked_fill(~(keep | ~live), float("-inf"))
     return torch.matmul(torch.softmax(s, dim=-1) * live, v)
@@ -268,9 +317,16 @@ def run_case(
     q, k, v, dout = make_inputs(case, device, seed)
     scale = 1.0 / math.sqrt(case.head_dim)  # flash_attention's default softmax_scale
 
+    extra = {}  # only when set: an attention_fn without them still runs the plain cases
+    if case.window != NO_WINDOW:
+        extra["window_size"] = case.window
+    if case.softcap:
+        extra["softcap"] = case.softcap
+    math_args = (case.causal, scale, case.window, case.softcap)
+
     leaves = _leaves(q, k, v)
     try:
-        out = attention_fn(*leaves, causal="bottom_right" if case.causal else False)
+        out = attention_fn(*leaves, causal="bottom_right" if case.causal else False, **extra)
     except (TypeError, ValueError) as e:
         return {"status": "refused", "reason": str(e), "error_type": type(e).__name__}
     ours = _out_and_grads(out, leaves, dout)
@@ -278,11 +334,9 @@ def run_case(
 
     with _ieee_float32_matmul():
         ref_leaves = _leaves(q.float(), k.float(), v.float())
-        ref = _out_and_grads(
-            attention_math(*ref_leaves, case.causal, scale), ref_leaves, dout.float()
-        )
+        ref = _out_and_grads(attention_math(*ref_leaves, *math_args), ref_leaves, dout.float())
     same_leaves = _leaves(q, k, v)
-    same = _out_and_grads(attention_math(*same_leaves, case.causal, scale), same_leaves, dout)
+    same = _out_and_grads(attention_math(*same_leaves, *math_args), same_leaves, dout)
 
     errors = {}
     for name, x, s, r in zip(TENSORS, ours, same, ref):

@@ -43,6 +43,11 @@ def test_attention_config_validation():
         cfg(seq_lens=(3000,))
     with pytest.raises(ValueError, match="dtype"):
         cfg(dtype="float32")
+    assert cfg(kv_heads=8).kv_heads == 8  # 32 (D = 64) and 16 (D = 128) query heads
+    with pytest.raises(ValueError, match="kv_heads: 3 must be 0 or divide the 32 query heads"):
+        cfg(kv_heads=3)
+    with pytest.raises(ValueError, match="kv_heads"):
+        cfg(kv_heads=-1)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")

@@ -83,3 +83,27 @@ def test_attention_bench_records_medians_with_ranges(tmp_path):
         assert_repeated(r, "ratio", 2)
     assert res["ratios_vs_cudnn"] == []  # cuDNN was not among the providers
     assert_gpu_state(record)
+
+
+def test_attention_bench_grouped_query_against_sdpa_enable_gqa(tmp_path):
+    # 4 query heads over 2 k/v heads: ours natively, SDPA with enable_gqa=True; the bench's own
+    # correctness check (ours vs SDPA FLASH at the benchmarked shape) must pass for the record
+    cfg = bench_attention.AttentionBenchConfig(
+        head_dims=(64,),
+        seq_lens=(256,),
+        causal=(False, True),
+        total_tokens=512,
+        hidden=256,
+        kv_heads=2,
+        providers=("ours", "flash", "math"),
+        warmup_ms=2.0,
+        rep_ms=5.0,
+        repeats=1,
+        reports_dir=str(tmp_path),
+        charts=False,
+    )
+    res = load_result(bench_attention.run(cfg))["results"]
+    assert {r["kv_heads"] for r in res["rows"]} == {2}
+    assert {r["heads"] for r in res["rows"]} == {4}
+    assert all(c["max_abs_diff_vs_flash"] <= 0.05 for c in res["checks"])
+    assert len(res["ratios_vs_flash"]) == 2 * len(bench_attention.MODES)

@@ -83,11 +83,14 @@ def test_the_operators_and_their_schemas():
     schemas = {
         str(op._opoverload._schema) for op in ops.__dict__.values() if hasattr(op, "_opoverload")
     }
+    # window_left/window_right/softcap have defaults (no window, no soft-capping): calls with
+    # the first five (eight) arguments are the operators they were.
+    window = "int window_left=-1, int window_right=-1, float softcap=0."
     assert schemas == {
         "project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, "
-        "float softmax_scale) -> (Tensor, Tensor)",
+        f"float softmax_scale, {window}) -> (Tensor, Tensor)",
         "project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
-        "Tensor lse, int causal, float softmax_scale) -> (Tensor, Tensor, Tensor)",
+        f"Tensor lse, int causal, float softmax_scale, {window}) -> (Tensor, Tensor, Tensor)",
         "project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor",
         "project01::matmul_out(Tensor a, Tensor b, str kernel, Tensor(a3!) out) -> ()",
     }

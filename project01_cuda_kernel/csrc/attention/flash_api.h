@@ -15,6 +15,18 @@
 // diagonal top-left (SDPA's is_causal), seqlen_k - seqlen_q bottom-right (FlashAttention >= 2.1).
 // A row that sees no key (i + causal_offset < 0) gets O = 0 and lse = +inf, so the backward's
 // exp(S - lse) is 0 there and its gradients are 0.
+//
+// Sliding window (local attention) and logit soft-capping, FlashAttention's window_size and
+// softcap: the "local" kernels (params.local), separate template instances, so the kernels
+// without them compile exactly as before. Row i sees key j iff
+// window_lo <= j - i <= window_hi; the host (flash_binding.cpp, window_bounds) derives the two
+// offsets from window_size = (left, right), -1 unbounded, aligned bottom-right as FlashAttention
+// aligns it: Sk - Sq - left <= j - i <= Sk - Sq + right, and causal replaces the right bound by
+// causal_offset (FlashAttention: causal means right = 0). An unbounded side is an offset past
+// every key (window_hi = Sk, window_lo = -Sq - kWindowPad), so the kernels have one test. With
+// softcap > 0 the scores are softcap * tanh(softmax_scale * q.k / softcap) before the softmax
+// (Gemma 2's logit soft-capping); the backward multiplies dS by 1 - tanh^2. A softcap without a
+// window runs the local kernels too, with unbounded (or causal) offsets.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +57,13 @@ struct FwdParams {
   // 16-row MMA tiles per warp: 1 (Q held in registers) or 2 (Q re-read from shared memory, the
   // FlashAttention-2 layout; the default). Kept selectable so the benchmark can compare them.
   int m_tiles_per_warp;
+  // Window and soft-capping (see above; appended so the fields before keep their offsets).
+  // local: run the local kernels (a window, or softcap > 0), which mask by window_lo/window_hi
+  // and ignore causal/causal_offset (folded into window_hi by the host).
+  bool local;
+  int window_lo, window_hi;  // row i sees keys j with window_lo <= j - i <= window_hi
+  float softcap;             // > 0: soft-capping on (only with local); 0: off
+  float softcap_in;          // softmax_scale / softcap: the tanh argument per unit of q.k
 };
 
 struct BwdParams {
@@ -75,7 +94,16 @@ struct BwdParams {
   DType dtype;
   // Warps per CTA of the main kernel, 16 keys each: 8 (128 keys a CTA, the default) or 4 (64).
   int warps;
+  bool local;                // as in FwdParams
+  int window_lo, window_hi;  // as in FwdParams
+  float softcap;             // as in FwdParams
+  float softcap_in;          // as in FwdParams
 };
+
+// The lower offset that stands for "no lower bound": below -(Sq + the tallest query tile), so
+// that even the zero-filled rows past the end of the last tile see every key and the tile-level
+// "needs a mask" tests stay exact. Any real row i < Sq has i + window_lo < 0.
+constexpr int kWindowPad = 256;
 
 // ceil(2^32 / ratio), so that head / ratio = (head * inverse) >> 32 (kv_head_of): exact for
 // head * ratio < 2^32, which heads < 65536 (the grid's limit) guarantees.

@@ -1,6 +1,9 @@
 // PyTorch binding of the FlashAttention kernels: checks tensors, fills the parameter structs and
 // launches on the current stream. Argument checking for users lives in attention.py; the checks
 // here are the last line of defence against a kernel reading memory it does not own.
+#include <algorithm>
+#include <cmath>
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -50,10 +53,51 @@ int causal_offset(bool causal, bool bottom_right, int64_t Sq, int64_t Sk) {
   return causal && bottom_right ? static_cast<int>(Sk - Sq) : 0;
 }
 
+// Sliding window and soft-capping (flash_api.h). window_left/right: -1 unbounded, else the
+// FlashAttention window aligned bottom-right: row i sees key j iff
+// Sk - Sq - left <= j - i <= Sk - Sq + right; causal replaces the right bound by j - i <=
+// causal_offset (FlashAttention: causal means right = 0). Fills p.local, window_lo/hi, softcap
+// and softcap_in. An unbounded side, or one that hides no key from any row, becomes an offset
+// past every key (hi = Sk, lo = -Sq - kWindowPad): the kernels keep one test and, with the
+// length check below, every sum of an offset and a row or key index stays inside int.
+// local: a side that hides a key from some row (left < Sk - 1 / right < Sq - 1, tested as
+// left < Sk, right < Sq), or softcap > 0; otherwise the causal / unmasked instances run.
+template <typename Params>
+void set_window(Params& p, bool causal, bool bottom_right, int64_t window_left,
+                int64_t window_right, double softcap, double softmax_scale, int64_t Sq,
+                int64_t Sk) {
+  TORCH_CHECK(window_left >= -1 && window_right >= -1,
+              "window_size entries must be -1 (unbounded) or >= 0, got (", window_left, ", ",
+              window_right, ")");
+  TORCH_CHECK(softcap >= 0.0 && softcap < INFINITY, "softcap must be finite and >= 0, got ",
+              softcap);
+  const bool left_bounded = window_left >= 0 && window_left < Sk;
+  const bool right_bounded = !causal && window_right >= 0 && window_right < Sq;
+  // A window with the top-left causal mask: the two alignments meet only when Sq == Sk
+  // (attention.py refuses the others with a message; this is the last line of defence).
+  TORCH_CHECK(!(causal && !bottom_right && left_bounded && Sq != Sk),
+              "a window is aligned bottom-right: use it with causal 'bottom_right' (or True, "
+              "equal lengths)");
+  p.local = left_bounded || right_bounded || softcap > 0.0;
+  if (p.local) {
+    TORCH_CHECK(Sq + Sk < INT32_MAX - 4 * flash::kWindowPad,
+                "a window or softcap needs seq_q + seq_k < 2^31 - 1024");
+  }
+  const int64_t hi = causal ? causal_offset(causal, bottom_right, Sq, Sk)
+                            : (right_bounded ? Sk - Sq + window_right : Sk);
+  const int64_t lo = left_bounded ? Sk - Sq - window_left : -Sq - flash::kWindowPad;
+  p.window_hi = static_cast<int>(std::min(hi, Sk));
+  p.window_lo = static_cast<int>(std::max(lo, -Sq - static_cast<int64_t>(flash::kWindowPad)));
+  p.softcap = static_cast<float>(softcap);
+  p.softcap_in = softcap > 0.0 ? static_cast<float>(softmax_scale / softcap) : 0.f;
+}
+
 // The forward's checks and parameters (both kernels read the same ones).
 flash::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             at::Tensor& o, at::Tensor& lse, bool causal, bool bottom_right,
-                            double softmax_scale, int64_t m_tiles_per_warp) {
+                            double softmax_scale, int64_t m_tiles_per_warp,
+                            int64_t window_left = -1, int64_t window_right = -1,
+                            double softcap = 0.0) {
   check_kernel_layout(q, "q");
   check_kernel_layout(k, "k");
   check_kernel_layout(v, "v");
@@ -94,25 +138,28 @@ flash::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::
   p.causal_offset = causal_offset(causal, bottom_right, Sq, Sk);
   p.dtype = to_dtype(q);
   p.m_tiles_per_warp = static_cast<int>(m_tiles_per_warp);
+  set_window(p, causal, bottom_right, window_left, window_right, softcap, softmax_scale, Sq, Sk);
   return p;
 }
 
 // Forward (FlashAttention-2 kernel): writes o (B, H, Sq, D) and lse (B, H, Sq) float32. k, v
 // (B, Hk, Sk, D). causal with bottom_right: the diagonal aligned bottom-right (else top-left).
-// m_tiles_per_warp: 1 or 2 (the kernel variant; see flash_api.h).
+// m_tiles_per_warp: 1 or 2 (the kernel variant; see flash_api.h). window_left/right (-1:
+// unbounded) and softcap (0: off): see set_window.
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
          at::Tensor& lse, bool causal, bool bottom_right, double softmax_scale,
-         int64_t m_tiles_per_warp) {
+         int64_t m_tiles_per_warp, int64_t window_left, int64_t window_right, double softcap) {
   TORCH_CHECK(m_tiles_per_warp == 1 || m_tiles_per_warp == 2,
               "m_tiles_per_warp must be 1 or 2, got ", m_tiles_per_warp);
   const c10::cuda::CUDAGuard guard(q.device());
-  const flash::FwdParams p =
-      fwd_params(q, k, v, o, lse, causal, bottom_right, softmax_scale, m_tiles_per_warp);
+  const flash::FwdParams p = fwd_params(q, k, v, o, lse, causal, bottom_right, softmax_scale,
+                                        m_tiles_per_warp, window_left, window_right, softcap);
   const cudaError_t err = flash::flash_fwd(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "flash_fwd launch failed: ", cudaGetErrorString(err));
 }
 
-// Forward (Hopper kernel, compute capability 9.0 only): same outputs as fwd.
+// Forward (Hopper kernel, compute capability 9.0 only): same outputs as fwd, without window and
+// softcap (attention.py runs fwd for those).
 void fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
                 at::Tensor& lse, bool causal, bool bottom_right, double softmax_scale) {
   const c10::cuda::CUDAGuard guard(q.device());
@@ -128,9 +175,11 @@ void fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
 // buffers of the input dtype, summed here over each group of H / Hk heads; with Hk == H it
 // writes dk, dv directly (no buffer, no copy).
 // warps: 8 or 4 warps (128 or 64 keys) per CTA of the main kernel (see flash_api.h).
+// window_left/right and softcap: as in fwd (the forward's own, which produced o and lse).
 void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
-         at::Tensor& dv, bool causal, bool bottom_right, double softmax_scale, int64_t warps) {
+         at::Tensor& dv, bool causal, bool bottom_right, double softmax_scale, int64_t warps,
+         int64_t window_left, int64_t window_right, double softcap) {
   TORCH_CHECK(warps == 4 || warps == 8, "warps must be 4 or 8, got ", warps);
   const std::pair<const at::Tensor*, const char*> tensors[] = {
       {&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
@@ -194,6 +243,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   p.causal_offset = causal_offset(causal, bottom_right, Sq, Sk);
   p.dtype = to_dtype(q);
   p.warps = static_cast<int>(warps);
+  set_window(p, causal, bottom_right, window_left, window_right, softcap, softmax_scale, Sq, Sk);
   const cudaError_t err = flash::flash_bwd(p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "flash_bwd launch failed: ", cudaGetErrorString(err));
   dq.copy_(dq_accum);
@@ -213,12 +263,12 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "FlashAttention forward (FlashAttention-2, Hopper) and backward, fp16 and bf16";
   m.def("fwd", &fwd,
-        "forward: (q, k, v, o, lse, causal, bottom_right, softmax_scale, m_tiles_per_warp) -> "
-        "None");
+        "forward: (q, k, v, o, lse, causal, bottom_right, softmax_scale, m_tiles_per_warp, "
+        "window_left, window_right, softcap) -> None");
   m.def("fwd_hopper", &fwd_hopper,
         "forward, Hopper wgmma/TMA kernel: (q, k, v, o, lse, causal, bottom_right, "
         "softmax_scale) -> None");
   m.def("bwd", &bwd,
         "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, bottom_right, softmax_scale, "
-        "warps) -> None");
+        "warps, window_left, window_right, softcap) -> None");
 }

@@ -23,6 +23,15 @@
 // query rows i >= j - causal_offset, so the CTA starts at the query block holding the first row
 // that sees its first key (none left: dK = dV = 0); rows that see no key at all have lse = +inf
 // from the forward, so their P is 0 (and masked anyway).
+// Sliding window (LOCAL; flash_api.h: row i sees key j iff window_lo <= j - i <= window_hi): the
+// CTA walks only the query blocks holding rows n0 - window_hi .. n0 + BN - 1 - window_lo, the
+// rows that see one of its keys (none: dK = dV = 0), and masks only blocks crossing an edge.
+// Soft-capping (SOFTCAP, only with LOCAL): S^T becomes t = tanh(S^T * softmax_scale / softcap),
+// P = exp(softcap * t - lse), and dS^T is multiplied by 1 - t^2 (the derivative of the cap, in
+// units of softmax_scale q.k, so the final scaling by softmax_scale stays). 1 - t^2 waits in the
+// dS^T tile of shared memory (as float16: it lies in [0, 1]; relative error 2^-12, below the
+// rounding dS gets for the products anyway) while dV and dP^T are computed: this kernel has no
+// registers to spare for it, and each thread reads back only the elements it wrote.
 // compile-check: no-spill
 #pragma once
 
@@ -75,7 +84,7 @@ __device__ __forceinline__ void atomic_add_f32x2(float* dst, float x, float y) {
 #endif
 }
 
-template <typename T, int D, int NWARPS, bool CAUSAL>
+template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP>
 __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(const BwdParams p) {
   constexpr int NTHREADS = NWARPS * 32;
   constexpr int BN = 16 * NWARPS;  // keys per CTA
@@ -85,6 +94,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   constexpr int QTILES = BM / 8;   // 8-wide column tiles of S^T per warp
   constexpr int DTILES = D / 8;    // 8-wide column tiles of dK, dV per warp
   static_assert(NWARPS % (BM / 16) == 0, "dQ: warps split into BM / 16 row groups");
+  static_assert(!(CAUSAL && LOCAL), "LOCAL folds the causal mask into window_hi");
+  static_assert(!SOFTCAP || LOCAL, "soft-capping runs in the LOCAL instances");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* const s_k = reinterpret_cast<T*>(smem_raw);  // BN x D
@@ -119,8 +130,17 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   float* dq = p.dq_accum + bh * p.seqlen_q * D;
 
   const int m_blocks = (p.seqlen_q + BM - 1) / BM;
-  // Causal: query rows before n0 - causal_offset see none of these keys.
-  const int m_begin = CAUSAL ? max(0, n0 - p.causal_offset) / BM : 0;
+  // Causal: query rows before n0 - causal_offset see none of these keys. Window: rows
+  // n0 - window_hi (the first key's first row) .. n0 + BN - 1 - window_lo (the last key's last
+  // row) see them: the loop starts at the block holding the first and stops at the first block
+  // that starts past the last (none: dK = dV = 0). That end is tested as
+  // mb * BM <= n0 + BN - 1 - window_lo from n0 and the parameter each time, not kept in a
+  // register: at head dim 128 this kernel uses all 255 registers and one more live value made
+  // it spill. (Written out in each LOCAL branch: a lambda capturing n0 and p, even unused,
+  // changed the causal instance's machine code.)
+  const int m_begin = CAUSAL  ? max(0, n0 - p.causal_offset) / BM
+                      : LOCAL ? max(0, n0 - p.window_hi) / BM
+                              : 0;
 
   auto load_q_block = [&](int mb, int stage) {
     const int m0 = mb * BM;
@@ -138,7 +158,13 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 
   load_tile_async<BN, D, NTHREADS>(s_k, k, p.k_row_stride, p.seqlen_k - n0, tid);
   load_tile_async<BN, D, NTHREADS>(s_v, v, p.v_row_stride, p.seqlen_k - n0, tid);
-  if (m_begin < m_blocks) load_q_block(m_begin, 0);
+  if constexpr (LOCAL) {
+    if (m_begin < m_blocks && m_begin * BM <= n0 + BN - 1 - p.window_lo) {
+      load_q_block(m_begin, 0);
+    }
+  } else {
+    if (m_begin < m_blocks) load_q_block(m_begin, 0);
+  }
   cp_async_commit();
 
   // ldmatrix lane offsets (bytes; see swz_lane).
@@ -160,12 +186,22 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
     for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
   }
 
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  // The scale of S^T in P: softmax_scale, or with soft-capping softcap (S^T holds tanh then).
+  const float scale_log2 = (SOFTCAP ? p.softcap : p.softmax_scale) * kLog2e;
   const int key0 = n0 + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
 
   for (int mb = m_begin; mb < m_blocks; ++mb) {
+    if constexpr (LOCAL) {
+      if (mb * BM > n0 + BN - 1 - p.window_lo) break;
+    }
     const int stage = (mb - m_begin) & 1;
-    if (mb + 1 < m_blocks) load_q_block(mb + 1, stage ^ 1);
+    if constexpr (LOCAL) {
+      if (mb + 1 < m_blocks && (mb + 1) * BM <= n0 + BN - 1 - p.window_lo) {
+        load_q_block(mb + 1, stage ^ 1);
+      }
+    } else {
+      if (mb + 1 < m_blocks) load_q_block(mb + 1, stage ^ 1);
+    }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -194,11 +230,31 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
       }
     }
 
+    // Soft-capping: S^T = tanh(S^T * softmax_scale / softcap); 1 - tanh^2 parked in this
+    // thread's own elements of the dS^T tile (free: the previous step's dQ read it before the
+    // barrier at the top of this step) until dS^T is formed.
+    if constexpr (SOFTCAP) {
+#pragma unroll
+      for (int j = 0; j < QTILES; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = softcap_tanh(st[j][e] * p.softcap_in);
+        const int m = j * 8 + 2 * t;
+        const int r = warp * 16 + g;
+        *reinterpret_cast<__half2*>(s_ds + swz<BM>(r, m)) =
+            __floats2half2_rn(1.f - st[j][0] * st[j][0], 1.f - st[j][1] * st[j][1]);
+        *reinterpret_cast<__half2*>(s_ds + swz<BM>(r + 8, m)) =
+            __floats2half2_rn(1.f - st[j][2] * st[j][2], 1.f - st[j][3] * st[j][3]);
+      }
+    }
+
     // P^T from the saved log-sum-exp; masked where the key is past the end, the query row past
-    // the end, or (causal) the key after the query.
-    const bool need_mask =
+    // the end, or (causal) the key after the query, or (window) the key outside the row's band.
+    bool need_mask =
         (n0 + BN > p.seqlen_k) || (m0 + BM > p.seqlen_q) ||
         (CAUSAL && m0 + p.causal_offset < n0 + BN - 1);
+    if constexpr (LOCAL) {  // the block's widest key - row difference against either edge
+      need_mask = need_mask || n0 + BN - 1 - m0 > p.window_hi || n0 - (m0 + BM - 1) < p.window_lo;
+    }
 #pragma unroll
     for (int j = 0; j < QTILES; ++j) {
 #pragma unroll
@@ -210,6 +266,21 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
           if (key >= p.seqlen_k || m0 + m >= p.seqlen_q ||
               (CAUSAL && key > m0 + m + p.causal_offset)) {
             pv = 0.f;
+          }
+          // Window: keep window_lo <= key - row <= window_hi. On sm_90 as one unsigned
+          // comparison (window_hi >= window_lo: flash_binding.cpp), elsewhere as two: the same
+          // test, spelled as ptxas (CUDA 13.0) allocates best on each architecture at head dim
+          // 128: no spill on sm_90a (two comparisons: 12 bytes); on sm_80 none with 4 warps and
+          // 4 bytes with 8, as the plain 8-warp instance there (one comparison: 4-24 bytes).
+          if constexpr (LOCAL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (static_cast<unsigned>(key - (m0 + m) - p.window_lo) >
+                static_cast<unsigned>(p.window_hi - p.window_lo)) {
+              pv = 0.f;
+            }
+#else
+            if (key - (m0 + m) > p.window_hi || key - (m0 + m) < p.window_lo) pv = 0.f;
+#endif
           }
         }
         st[j][e] = pv;
@@ -261,6 +332,16 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
       st[j][2] *= dpt[j][2] - d0;
       st[j][3] *= dpt[j][3] - d1;
       const int r = warp * 16 + g;
+      if constexpr (SOFTCAP) {  // times 1 - tanh^2, parked here above
+        const float2 d01 =
+            __half22float2(*reinterpret_cast<const __half2*>(s_ds + swz<BM>(r, m)));
+        const float2 d23 =
+            __half22float2(*reinterpret_cast<const __half2*>(s_ds + swz<BM>(r + 8, m)));
+        st[j][0] *= d01.x;
+        st[j][1] *= d01.y;
+        st[j][2] *= d23.x;
+        st[j][3] *= d23.y;
+      }
       *reinterpret_cast<uint32_t*>(s_ds + swz<BM>(r, m)) = TypeTraits<T>::pack(st[j][0], st[j][1]);
       *reinterpret_cast<uint32_t*>(s_ds + swz<BM>(r + 8, m)) =
           TypeTraits<T>::pack(st[j][2], st[j][3]);
@@ -344,7 +425,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   }
 }
 
-template <typename T, int D, int NWARPS, bool CAUSAL>
+template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   constexpr int BN = 16 * NWARPS;
   constexpr int BM = 64;
@@ -359,7 +440,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  auto kernel = flash_bwd_kernel<T, D, NWARPS, CAUSAL>;
+  auto kernel = flash_bwd_kernel<T, D, NWARPS, CAUSAL, LOCAL, SOFTCAP>;
   if (smem_bytes > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem_bytes));
@@ -370,14 +451,21 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The forward's four instances per dtype (flash_fwd_kernel.cuh: dispatch_fwd_dtype).
+template <typename T, int D, int NWARPS>
+cudaError_t dispatch_bwd_dtype(const BwdParams& p, cudaStream_t stream) {
+  if (p.local || p.softcap > 0.f) {
+    return p.softcap > 0.f ? launch_bwd<T, D, NWARPS, false, true, true>(p, stream)
+                           : launch_bwd<T, D, NWARPS, false, true, false>(p, stream);
+  }
+  return p.causal ? launch_bwd<T, D, NWARPS, true, false, false>(p, stream)
+                  : launch_bwd<T, D, NWARPS, false, false, false>(p, stream);
+}
+
 template <int D, int NWARPS>
 cudaError_t dispatch_bwd(const BwdParams& p, cudaStream_t stream) {
-  if (p.dtype == DType::kFloat16) {
-    return p.causal ? launch_bwd<__half, D, NWARPS, true>(p, stream)
-                    : launch_bwd<__half, D, NWARPS, false>(p, stream);
-  }
-  return p.causal ? launch_bwd<__nv_bfloat16, D, NWARPS, true>(p, stream)
-                  : launch_bwd<__nv_bfloat16, D, NWARPS, false>(p, stream);
+  if (p.dtype == DType::kFloat16) return dispatch_bwd_dtype<__half, D, NWARPS>(p, stream);
+  return dispatch_bwd_dtype<__nv_bfloat16, D, NWARPS>(p, stream);
 }
 
 }  // namespace flash

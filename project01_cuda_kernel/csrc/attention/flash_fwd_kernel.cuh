@@ -18,6 +18,13 @@
 // no key: it writes O = 0 and lse = +inf), and only blocks that cross the diagonal pay for the
 // mask.
 // Grouped-query attention: the CTA of query head h reads k/v head h / h_h_k_ratio.
+// Sliding window (LOCAL; flash_api.h: row i sees keys j with window_lo <= j - i <= window_hi):
+// the CTA loads only the key blocks its rows can see, from the block holding key
+// m0 + window_lo to the one holding key m0 + BM - 1 + window_hi (none: O = 0, lse = +inf), and
+// only blocks that cross either edge of the band pay for the mask. Soft-capping (SOFTCAP, only
+// with LOCAL): S becomes tanh(S * softmax_scale / softcap), and softcap takes softmax_scale's
+// place in the softmax and the lse. Without LOCAL and SOFTCAP (the default instances) the code
+// is what it was before they existed: every added branch is a compile-time constant.
 // compile-check: no-spill
 #pragma once
 
@@ -28,7 +35,7 @@
 
 namespace flash {
 
-template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL>
+template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL, bool SOFTCAP>
 __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdParams p) {
   constexpr int WROWS = 16 * NWARPS;  // rows covered by one m-tile of every warp
   constexpr int BM = WROWS * MT;
@@ -39,6 +46,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   constexpr bool kQInRegs = (MT == 1);
   constexpr int kStageElems = 2 * BN * D;  // K then V, BN x D each
   static_assert(!kQInRegs || BM <= 2 * BN, "the Q tile is staged in the second K/V stage");
+  static_assert(!(CAUSAL && LOCAL), "LOCAL folds the causal mask into window_hi");
+  static_assert(!SOFTCAP || LOCAL, "soft-capping runs in the LOCAL instances");
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
@@ -48,7 +57,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   T* const s_q = kQInRegs ? smem + kStageElems : smem;
   T* const s_o = smem;  // MT = 1: stage 0; MT = 2: the Q tile's space
 
-  const int m_block = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // heavy blocks first
+  // Heavy blocks first (causal; a window clipped by causal or the sequence start, likewise).
+  const int m_block = (CAUSAL || LOCAL) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int tid = threadIdx.x;
@@ -68,11 +78,29 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   // Causal: the CTA's last row (at most m0 + BM - 1) sees keys up to m0 + BM - 1 + causal_offset;
   // no block at all when that is negative (every row of the CTA fully masked).
   if (CAUSAL) n_blocks = min(n_blocks, max(0, (m0 + BM + p.causal_offset + BN - 1) / BN));
+  // Window: key blocks n_begin .. n_blocks - 1 hold every key the CTA's rows can see, from
+  // m0 + window_lo (its first row's first key) to m0 + BM - 1 + window_hi (its last row's last).
+  // None (n_begin >= n_blocks): the loop runs zero times and the rows get O = 0, lse = +inf;
+  // the prologue then loads block 0, which exists, instead of one past the keys.
+  int n_begin = 0;
+  if constexpr (LOCAL) {
+    n_blocks = min(n_blocks, max(0, (m0 + BM + p.window_hi + BN - 1) / BN));
+    n_begin = max(0, m0 + p.window_lo) / BN;
+    if (n_begin >= n_blocks) n_begin = n_blocks = 0;
+  }
 
   // Prologue: Q and the first K/V block in one group.
   load_tile_async<BM, D, NTHREADS>(s_q, q, p.q_row_stride, p.seqlen_q - m0, tid);
-  load_tile_async<BN, D, NTHREADS>(s_kv, k, p.k_row_stride, p.seqlen_k, tid);
-  load_tile_async<BN, D, NTHREADS>(s_kv + BN * D, v, p.v_row_stride, p.seqlen_k, tid);
+  if constexpr (LOCAL) {
+    const int n1 = n_begin * BN;
+    load_tile_async<BN, D, NTHREADS>(s_kv, k + n1 * p.k_row_stride, p.k_row_stride,
+                                     p.seqlen_k - n1, tid);
+    load_tile_async<BN, D, NTHREADS>(s_kv + BN * D, v + n1 * p.v_row_stride, p.v_row_stride,
+                                     p.seqlen_k - n1, tid);
+  } else {
+    load_tile_async<BN, D, NTHREADS>(s_kv, k, p.k_row_stride, p.seqlen_k, tid);
+    load_tile_async<BN, D, NTHREADS>(s_kv + BN * D, v, p.v_row_stride, p.seqlen_k, tid);
+  }
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -106,12 +134,15 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
     row_max[mt][0] = row_max[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  // The scale of S in the softmax: softmax_scale, or with soft-capping softcap (S holds
+  // tanh(softmax_scale q.k / softcap) then, and the score is softcap times that).
+  const float score_scale = SOFTCAP ? p.softcap : p.softmax_scale;
+  const float scale_log2 = score_scale * kLog2e;
   // Global row of this thread's first fragment row in m-tile mt: row0 + mt * WROWS (and +8).
   const int row0 = m0 + warp * 16 + g;
 
-  for (int nb = 0; nb < n_blocks; ++nb) {
-    const int stage = nb & 1;
+  for (int nb = n_begin; nb < n_blocks; ++nb) {
+    const int stage = (nb - n_begin) & 1;
     if (nb + 1 < n_blocks) {
       const int n1 = (nb + 1) * BN;
       T* dst = s_kv + (stage ^ 1) * kStageElems;
@@ -159,9 +190,25 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
       }
     }
 
-    // Mask keys past the end and, on blocks crossing the diagonal, keys after the query.
+    // Soft-capping: S = tanh(S * softmax_scale / softcap), before the mask (-inf stays -inf).
+    if constexpr (SOFTCAP) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int j = 0; j < STILES; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][j][e] = softcap_tanh(s[mt][j][e] * p.softcap_in);
+        }
+      }
+    }
+
+    // Mask keys past the end and, on blocks crossing the diagonal (or an edge of the window),
+    // keys the query does not see. Window: the block's last key against the CTA's first row's
+    // upper bound, its first key against the last row's lower bound (differences, which cannot
+    // overflow).
     const bool need_mask =
-        (n0 + BN > p.seqlen_k) || (CAUSAL && n0 + BN - 1 > m0 + p.causal_offset);
+        (n0 + BN > p.seqlen_k) || (CAUSAL && n0 + BN - 1 > m0 + p.causal_offset) ||
+        (LOCAL && (n0 + BN - 1 - m0 > p.window_hi || n0 - (m0 + BM - 1) < p.window_lo));
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -171,7 +218,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
           for (int e = 0; e < 4; ++e) {
             const int col = n0 + j * 8 + 2 * t + (e & 1);
             const int row = row0 + mt * WROWS + (e >> 1) * 8;
-            if (col >= p.seqlen_k || (CAUSAL && col > row + p.causal_offset)) {
+            if (col >= p.seqlen_k || (CAUSAL && col > row + p.causal_offset) ||
+                (LOCAL && (col - row > p.window_hi || col - row < p.window_lo))) {
               s[mt][j][e] = -INFINITY;
             }
           }
@@ -275,7 +323,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
         const int row = row0 + mt * WROWS + rr * 8;
         if (row < p.seqlen_q) {
           lse[row] = row_sum[mt][rr] > 0.f
-                         ? row_max[mt][rr] * p.softmax_scale + logf(row_sum[mt][rr])
+                         ? row_max[mt][rr] * score_scale + logf(row_sum[mt][rr])
                          : INFINITY;
         }
       }
@@ -283,11 +331,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   }
 }
 
-template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL>
+template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL, bool SOFTCAP>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr int BM = 16 * NWARPS * MT;
   constexpr size_t smem_bytes = ((MT == 1 ? 0 : BM * D) + 2 * 2 * BN * D) * sizeof(T);
-  auto kernel = flash_fwd_kernel<T, D, NWARPS, MT, BN, CAUSAL>;
+  auto kernel = flash_fwd_kernel<T, D, NWARPS, MT, BN, CAUSAL, LOCAL, SOFTCAP>;
   if (smem_bytes > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem_bytes));
@@ -298,14 +346,23 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Four instances per dtype: no mask, causal, and the local ones (a window, causal folded in)
+// without and with soft-capping. A softcap without a window runs a local instance with
+// unbounded (or causal) offsets: same masks, one instance fewer per variant.
+template <typename T, int D, int NWARPS, int MT, int BN>
+cudaError_t dispatch_fwd_dtype(const FwdParams& p, cudaStream_t stream) {
+  if (p.local || p.softcap > 0.f) {
+    return p.softcap > 0.f ? launch_fwd<T, D, NWARPS, MT, BN, false, true, true>(p, stream)
+                           : launch_fwd<T, D, NWARPS, MT, BN, false, true, false>(p, stream);
+  }
+  return p.causal ? launch_fwd<T, D, NWARPS, MT, BN, true, false, false>(p, stream)
+                  : launch_fwd<T, D, NWARPS, MT, BN, false, false, false>(p, stream);
+}
+
 template <int D, int NWARPS, int MT, int BN>
 cudaError_t dispatch_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (p.dtype == DType::kFloat16) {
-    return p.causal ? launch_fwd<__half, D, NWARPS, MT, BN, true>(p, stream)
-                    : launch_fwd<__half, D, NWARPS, MT, BN, false>(p, stream);
-  }
-  return p.causal ? launch_fwd<__nv_bfloat16, D, NWARPS, MT, BN, true>(p, stream)
-                  : launch_fwd<__nv_bfloat16, D, NWARPS, MT, BN, false>(p, stream);
+  if (p.dtype == DType::kFloat16) return dispatch_fwd_dtype<__half, D, NWARPS, MT, BN>(p, stream);
+  return dispatch_fwd_dtype<__nv_bfloat16, D, NWARPS, MT, BN>(p, stream);
 }
 
 }  // namespace flash
