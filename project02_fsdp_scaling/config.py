@@ -215,6 +215,10 @@ class TrainConfig(JobConfig):
     the micro-batches of a step (one gather per step: ZeRO-2's memory, none of its re-gathers)"""
     sync_every_microbatch: bool = False
     """reduce-scatter gradients after every micro-batch instead of once per step"""
+    fused_loss: bool = False
+    """the output projection and the cross-entropy together, 4,096 tokens at a time, their
+    gradients formed in the forward (shared.fused_loss): the (tokens, vocab) logits and their
+    float32 copy are never held. Not with fp16 (its gradients would form before loss scaling)"""
     profile: bool = False
     """after the timed steps, run profile_steps more under torch.profiler and analyse the trace"""
     profile_steps: int = 1
@@ -240,6 +244,11 @@ class TrainConfig(JobConfig):
             raise ValueError(
                 f"reduce_dtype {self.reduce_dtype!r} cannot go with precision 'fp64' "
                 "(gradients are reduced in float64): leave reduce_dtype at float32"
+            )
+        if self.fused_loss and self.precision == "fp16":
+            raise ValueError(
+                "--fused-loss forms the loss gradients before fp16 loss scaling could lift them: "
+                "use it with bf16, fp8-*, fp32 or fp64"
             )
         if not self.loss_scaling and self.precision != "fp16":
             raise ValueError(

@@ -187,6 +187,12 @@ class Plan:
     repeats: int = 1  # runs of each throughput job, interleaved (the jobs list holds them all)
 
 
+def _fp16_unfused(job: TrainConfig) -> TrainConfig:
+    """fp16 jobs compute the loss unfused whatever --train.fused-loss says (its gradients would
+    form before loss scaling); the record's config says what each job ran with."""
+    return replace(job, fused_loss=False) if job.precision == "fp16" else job
+
+
 def make_plan(cfg: PrecisionConfig) -> Plan:
     """Resolve the tier's defaults; every job validated before the first launch."""
     from shared.results import output_root
@@ -216,7 +222,9 @@ def make_plan(cfg: PrecisionConfig) -> Plan:
         )
         steps = cfg.parity_steps or (500 if on_gpu else 40)
         for p in cfg.recipes():
-            job = replace(base, preset=preset, precision=p, steps=steps - base.warmup_steps)
+            job = _fp16_unfused(
+                replace(base, preset=preset, precision=p, steps=steps - base.warmup_steps)
+            )
             jobs.append(("parity", job))
             if p == "fp16" and cfg.fp16_unscaled_run:
                 jobs.append(("parity", replace(job, loss_scaling=False)))
@@ -229,7 +237,8 @@ def make_plan(cfg: PrecisionConfig) -> Plan:
         steps = cfg.throughput_steps or (10 if on_gpu else 4)
         for rep in range(repeats):
             for p in repetition_order(cfg.recipes(), rep):
-                jobs.append(("throughput", replace(base, preset=preset, precision=p, steps=steps)))
+                job = replace(base, preset=preset, precision=p, steps=steps)
+                jobs.append(("throughput", _fp16_unfused(job)))
     for _, job in jobs:
         if job.steps < 1:
             raise ValueError(

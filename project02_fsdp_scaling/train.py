@@ -339,10 +339,15 @@ def run_training(
                 model.set_requires_gradient_sync(m == accum - 1)  # reduce-scatter once a step
             if accum > 1 and not cfg.reshard_after_forward:
                 model.set_reshard_after_backward(m == accum - 1)  # gathered until the last one
-            logits = model(x)  # (micro, S, V) in the FSDP compute dtype
+            if cfg.fused_loss:  # projection + loss in chunks: no (micro, S, V) logits
+                loss = model(x, targets=y) / accum
+                dtype = model.compute_dtype
+            else:
+                logits = model(x)  # (micro, S, V) in the FSDP compute dtype
+                dtype = logits.dtype
+                loss = loss_fn(logits, y) / accum
             if not compute_dtype:
-                compute_dtype.append(str(logits.dtype).removeprefix("torch."))
-            loss = loss_fn(logits, y) / accum
+                compute_dtype.append(str(dtype).removeprefix("torch."))
             (loss if scaler is None else scaler.scale(loss)).backward()
             loss_sum += loss.detach()
         if scaler is not None:

@@ -211,8 +211,14 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, S) int64 -> logits (B, S, vocab)."""
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, loss_chunk: int = 0
+    ) -> torch.Tensor:
+        """tokens (B, S) int64 -> logits (B, S, vocab). With targets (B, S) int64: the mean
+        cross-entropy instead (float32, float64 for a float64 model), the output projection and
+        the loss computed together `loss_chunk` tokens at a time (`shared.fused_loss`; 0: its
+        default), so the (B, S, vocab) logits are never held. `compute_dtype` then records the
+        dtype the projection ran in."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (batch, seq), got shape {tuple(tokens.shape)}")
         S = tokens.shape[1]
@@ -222,7 +228,16 @@ class Transformer(nn.Module):
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin, self.attn_fn)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        if targets is None:
+            return self.output(h)
+        from shared.fused_loss import DEFAULT_CHUNK, linear_cross_entropy
+
+        weight = self.output.weight
+        if h.dtype != weight.dtype:  # autocast-free mixed precision: the projection's dtype
+            h = h.to(weight.dtype)
+        self.compute_dtype = h.dtype
+        return linear_cross_entropy(h, weight, targets, loss_chunk or DEFAULT_CHUNK)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

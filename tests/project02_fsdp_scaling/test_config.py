@@ -46,6 +46,11 @@ def test_valid_config_derived_sizes():
             r"--no-loss-scaling is for precision fp16",
         ),
         (
+            {"precision": "fp16", "fused_loss": True},
+            1,
+            r"--fused-loss forms the loss gradients before fp16 loss scaling",
+        ),
+        (
             {"precision": "fp64", "reduce_dtype": "bfloat16"},
             1,
             r"reduce_dtype 'bfloat16' cannot go with precision 'fp64'",

@@ -141,6 +141,15 @@ def test_parameters_kept_gathered_through_the_step_match_one_process(reference, 
     assert max(_curve_gaps(curves, reference[1])) < REL_F64
 
 
+def test_the_fused_output_projection_and_loss_match_one_process(reference, tmp_path):
+    """--fused-loss (shared.fused_loss: projection and cross-entropy together, gradients formed
+    in the forward) changes only the order of the loss's sums: the same float64 bound."""
+    params, curves, rec = _two_ranks(tmp_path, extra=["--fused-loss"])
+    assert rec["config"]["fused_loss"] is True and rec["compute_dtype"] == "float64"
+    assert _max_diff(params, reference[0]) < ATOL
+    assert max(_curve_gaps(curves, reference[1])) < REL_F64
+
+
 @pytest.mark.parametrize("bug", ["same_data", "sum_grads"])
 def test_the_comparison_catches_a_sharding_bug(reference, tmp_path, bug):
     params, curves, _ = _two_ranks(tmp_path, entry=PLANTED, bug=(bug,))

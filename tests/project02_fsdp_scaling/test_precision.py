@@ -151,6 +151,22 @@ def test_the_plan_runs_bf16_first_and_fp16_without_scaling_too(tmp_path):
     assert {j.micro_batch for _, j in plan.jobs} == micro
 
 
+def test_a_fused_loss_run_leaves_fp16_jobs_unfused(tmp_path):
+    # --train.fused-loss would form fp16's gradients before loss scaling: its jobs run unfused
+    cfg = precision.PrecisionConfig(
+        precisions=("fp16", "fp8-rowwise"),
+        reports_dir=str(tmp_path),
+        parity_steps=6,
+        train=precision.replace(precision.PRECISION_TRAIN, fused_loss=True),
+    )
+    fused = {(phase, job.precision, job.fused_loss) for phase, job in precision.make_plan(cfg).jobs}
+    assert fused == {
+        (phase, p, p != "fp16")
+        for phase in ("parity", "throughput")
+        for p in ("bf16", "fp16", "fp8-rowwise")
+    }
+
+
 def test_the_throughput_heading_names_the_micro_batch_and_gathering():
     from project02_fsdp_scaling.precision_report import _micro
 
