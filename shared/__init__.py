@@ -13,6 +13,8 @@
 - `shared.results`: environment capture, atomic JSON result files, Markdown tables.
 - `shared.charts`: matplotlib charts readable in a README.
 - `shared.model`: the Llama-style reference transformer with presets (`tiny`, `125m`, `1b`).
+- `shared.fused_loss`: the output projection and the cross-entropy in chunks of tokens, without
+  the (tokens, vocab) logits.
 - `shared.data`: a deterministic, resumable synthetic token stream sharded by rank.
 - `shared.distributed`: process-group set-up from torchrun variables, rank-aware logging.
 - `shared.parallelize`: FSDP2 / activation checkpointing / torch.compile applied from outside.
