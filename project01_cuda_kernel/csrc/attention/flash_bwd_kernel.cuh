@@ -508,10 +508,18 @@ cudaError_t dispatch_bwd_mask(const BwdParams& p, cudaStream_t stream) {
                   : launch_bwd<T, D, NWARPS, false, false, false, VARLEN>(p, stream);
 }
 
+// Varlen at head dim 128 runs the 4-warp (64-key) variant whatever `warps` says: the 8-warp one
+// with the per-sequence indexing spills past 255 registers (with a window).
 template <typename T, int D, int NWARPS>
 cudaError_t dispatch_bwd_dtype(const BwdParams& p, cudaStream_t stream) {
-  return p.varlen ? dispatch_bwd_mask<T, D, NWARPS, true>(p, stream)
-                  : dispatch_bwd_mask<T, D, NWARPS, false>(p, stream);
+  if (p.varlen) {
+    if constexpr (D == 128 && NWARPS == 8) {
+      return dispatch_bwd_mask<T, D, 4, true>(p, stream);
+    } else {
+      return dispatch_bwd_mask<T, D, NWARPS, true>(p, stream);
+    }
+  }
+  return dispatch_bwd_mask<T, D, NWARPS, false>(p, stream);
 }
 
 template <int D, int NWARPS>

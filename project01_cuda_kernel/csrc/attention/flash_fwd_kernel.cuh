@@ -390,10 +390,18 @@ cudaError_t dispatch_fwd_mask(const FwdParams& p, cudaStream_t stream) {
                   : launch_fwd<T, D, NWARPS, MT, BN, false, false, false, VARLEN>(p, stream);
 }
 
+// Varlen at head dim 128 runs the 16-rows-a-warp variant whatever m_tiles_per_warp says: the
+// 32-rows-a-warp one with the per-sequence indexing spills past 255 registers.
 template <typename T, int D, int NWARPS, int MT, int BN>
 cudaError_t dispatch_fwd_dtype(const FwdParams& p, cudaStream_t stream) {
-  return p.varlen ? dispatch_fwd_mask<T, D, NWARPS, MT, BN, true>(p, stream)
-                  : dispatch_fwd_mask<T, D, NWARPS, MT, BN, false>(p, stream);
+  if (p.varlen) {
+    if constexpr (D == 128 && MT == 2) {
+      return dispatch_fwd_mask<T, D, NWARPS, 1, 64, true>(p, stream);
+    } else {
+      return dispatch_fwd_mask<T, D, NWARPS, MT, BN, true>(p, stream);
+    }
+  }
+  return dispatch_fwd_mask<T, D, NWARPS, MT, BN, false>(p, stream);
 }
 
 template <int D, int NWARPS, int MT, int BN>
