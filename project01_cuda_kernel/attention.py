@@ -77,6 +77,30 @@ Layout: any strides along B, H and S that are multiples of 8 elements, stride 1 
 16-byte aligned start are used in place (the q/k/v views a fused QKV projection produces, for
 instance); other layouts are copied to a contiguous tensor first.
 
+Variable length (packed sequences), `flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
+max_seqlen_q, max_seqlen_k, *, causal=False, softmax_scale=None, window_size=(-1, -1),
+softcap=0.0)`, as flash-attn's `flash_attn_varlen_func`: q (total_q, H, D), k and v (total_k, Hk,
+D) token-major, cu_seqlens_q/k int32 (B + 1,) prefix sums (first 0, last the total); sequence b
+is rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q and attends only to rows
+cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k/v. Empty sequences are allowed (a query of a
+sequence with no keys outputs 0). causal (False, True or "bottom_right", which mean the same)
+and window_size are aligned bottom-right on each sequence's own lengths (flash-attn's
+convention; "top_left" is refused). Same dtypes, head dims, GQA and softcap as above. Output
+(total_q, H, D); the operator's log-sum-exp is (H, total_q). On CUDA the FlashAttention-2
+kernels' VARLEN instances run it, forward and backward (the Hopper forward has no varlen
+instance: varlen always runs the FlashAttention-2 forward); each CTA reads its sequence's start
+and length from cu_seqlens in device memory and the grid is sized from max_seqlen_q/k, so with
+max_seqlen_* given the call makes no host read (CUDA-graph capturable). Which checks read what:
+
+- metadata only (always, eager and under torch.compile): tensors, dtypes (cu_seqlens int32,
+  1-D, B + 1 entries each, same B for q and k, on q's device), shapes, max_seqlen_* ints >= 0;
+- values (need the prefix sums on the host): first entry 0, non-decreasing, last entry ==
+  total tokens, max_seqlen_* >= the longest sequence. They run on CPU tensors (no sync), and on
+  CUDA tensors only when max_seqlen_q or max_seqlen_k is None (the maxima are then read from
+  cu_seqlens, one device-to-host copy). With both given on CUDA tensors the values are trusted,
+  as flash-attn trusts them: a max below a real length leaves that sequence's last rows
+  unwritten, bad prefix sums read out of bounds.
+
 CPU tensors take the same inputs (same checks) and run the operators' CPU implementation: the
 float32 reference math, materialising the S x S scores. `reference_attention` is the same math in
 plain differentiable PyTorch, in the inputs' dtype (the tests run it in float64). It is slow and exists so the operator
@@ -365,6 +389,316 @@ def check_inputs(
     if q.device.type not in DEVICE_TYPES:
         raise ValueError(f"q, k and v must be CPU or CUDA tensors, got device {q.device}")
     return scale
+
+
+# ---- variable length (packed sequences) ----------------------------------------------------
+# The causal values varlen takes (bottom-right per sequence, flash-attn's); True means
+# "bottom_right" here, since each sequence has its own lengths.
+VARLEN_CAUSAL_VALUES = (False, True, "bottom_right")
+
+
+def varlen_causal(causal) -> bool:
+    """Whether a varlen `causal` value masks (bottom-right); TypeError/ValueError otherwise."""
+    check_causal(causal)
+    if causal == "top_left":
+        raise ValueError(
+            "flash_attention_varlen aligns causal bottom-right on each sequence (flash-attn's "
+            "convention): pass causal=True or 'bottom_right', not 'top_left'"
+        )
+    return causal is not False
+
+
+def _check_max_seqlen(name: str, value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__}")
+    if not 0 <= value < 2**31 - 1:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def check_varlen_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    window_size=NO_WINDOW,
+    softcap=0.0,
+) -> float:
+    """Validate `flash_attention_varlen`'s arguments from metadata alone (no host read, no
+    sync; the same on CPU and CUDA, eager and fake); return the softmax scale. The values of
+    cu_seqlens are checked by `check_cu_seqlens_values`. TypeError/ValueError naming the
+    argument."""
+    for name, t in (
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("cu_seqlens_k", cu_seqlens_k),
+    ):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    varlen_causal(causal)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype} "
+                "(cast with .half() or .bfloat16())"
+            )
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must have 3 dimensions (total_tokens, heads, head_dim) for varlen, "
+                f"got shape {tuple(t.shape)}"
+            )
+    _, H, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}"
+        )
+    if k.shape[1] < 1 or H % k.shape[1] != 0:
+        raise ValueError(
+            f"k and v must have a number of heads dividing q's {H} (grouped-query attention), "
+            f"got {k.shape[1]}"
+        )
+    if k.shape[2] != D:
+        raise ValueError(f"k and v must have q's head_dim {D}, got {k.shape[2]}")
+    if D > MAX_HEAD_DIM or D < 1:
+        raise ValueError(
+            f"head_dim (q.shape[-1]) must be 1..{MAX_HEAD_DIM} (kernels for "
+            f"{SUPPORTED_HEAD_DIMS}; a smaller one is zero-padded to the next), got {D}"
+        )
+    if H > _MAX_GRID_YZ:
+        raise ValueError(f"heads must be at most {_MAX_GRID_YZ}, got {H}")
+    if q.shape[0] + k.shape[0] >= 2**31 - 1024:
+        raise ValueError("total_q + total_k must be below 2^31 - 1024")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be torch.int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(
+                f"{name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}"
+            )
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+            f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    if cu_seqlens_q.shape[0] - 1 > _MAX_GRID_YZ:
+        raise ValueError(f"batch must be at most {_MAX_GRID_YZ}, got {cu_seqlens_q.shape[0] - 1}")
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    scale = resolve_softmax_scale(softmax_scale, D)
+    resolve_window(window_size)
+    resolve_softcap(softcap)
+    devices = {t.device for t in (q, k, v)}
+    if len(devices) != 1:
+        raise ValueError(f"q, k and v must be on one device, got {sorted(map(str, devices))}")
+    if q.device.type not in DEVICE_TYPES:
+        raise ValueError(f"q, k and v must be CPU or CUDA tensors, got device {q.device}")
+    return scale
+
+
+def check_cu_seqlens_values(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    total_q: int,
+    total_k: int,
+    max_seqlen_q=None,
+    max_seqlen_k=None,
+) -> tuple[int, int]:
+    """The value checks (a host read of cu_seqlens: a device sync on CUDA tensors): first 0,
+    non-decreasing, last == total tokens, a given max_seqlen_* at least the longest sequence.
+    Returns (max_seqlen_q, max_seqlen_k): the given ones, or the longest lengths. ValueError."""
+    out = []
+    for name, cu, total, given in (
+        ("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+        ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k),
+    ):
+        vals = cu.tolist()
+        if vals[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {vals[0]}")
+        lengths = [b - a for a, b in zip(vals[:-1], vals[1:])]
+        if min(lengths) < 0:
+            raise ValueError(f"{name} must be non-decreasing (prefix sums of lengths), got {vals}")
+        if vals[-1] != total:
+            raise ValueError(
+                f"{name} must end at the total number of tokens {total} (the packed tensor's "
+                f"first dimension), got {vals[-1]}"
+            )
+        longest = max(lengths)
+        if given is not None and given < longest:
+            raise ValueError(
+                f"max_seqlen_{name[-1]} must be at least the longest sequence {longest}, got "
+                f"{given}"
+            )
+        out.append(longest if given is None else int(given))
+    return out[0], out[1]
+
+
+def varlen_segments(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
+    """[(q_start, q_end, k_start, k_end)] per sequence (a host read of cu_seqlens)."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    return [(cq[b], cq[b + 1], ck[b], ck[b + 1]) for b in range(len(cq) - 1)]
+
+
+def reference_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    causal=False,
+    softmax_scale: float | None = None,
+    window_size=NO_WINDOW,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """`flash_attention_varlen`'s math: each sequence through `reference_attention` (causal
+    bottom-right), the outputs concatenated; differentiable, in the inputs' dtype. No checks."""
+    mask = "bottom_right" if varlen_causal(causal) else False
+    outs = []
+    for q0, q1, k0, k1 in varlen_segments(cu_seqlens_q, cu_seqlens_k):
+        qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q[q0:q1], k[k0:k1], v[k0:k1]))
+        o = reference_attention(
+            qs,
+            ks,
+            vs,
+            causal=mask,
+            softmax_scale=softmax_scale,
+            window_size=window_size,
+            softcap=softcap,
+        )
+        outs.append(o.squeeze(0).transpose(0, 1))
+    return torch.cat(outs, dim=0)
+
+
+def _varlen_layout(t: torch.Tensor) -> torch.Tensor:
+    """t (total, H, D) itself when the kernels can read it in place, else a contiguous copy."""
+    ok = t.stride(2) == 1 and all(s % 8 == 0 for s in t.stride()[:2]) and t.data_ptr() % 16 == 0
+    return t if ok else t.contiguous()
+
+
+def flash_forward_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    *,
+    m_tiles_per_warp: int = FWD_M_TILES_PER_WARP,
+    window_size=NO_WINDOW,
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen forward kernel (FlashAttention-2's VARLEN instances) on checked, kernel-ready
+    inputs: (o (total_q, H, D), lse (H, total_q) float32). No host read."""
+    left, right = resolve_window(window_size)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if k.shape[0] == 0:  # no keys at all: every row sees none (O = 0, lse = +inf)
+        return out.zero_(), lse.fill_(math.inf)
+    _extension().fwd_varlen(
+        *(q, k, v, out, lse, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()),
+        *(int(max_seqlen_q), int(max_seqlen_k), bool(causal), softmax_scale),
+        *(m_tiles_per_warp, left, right, resolve_softcap(softcap)),
+    )
+    return out, lse
+
+
+def flash_backward_varlen(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    softmax_scale: float,
+    *,
+    warps: int = BWD_WARPS,
+    window_size=NO_WINDOW,
+    softcap: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Varlen backward kernels on kernel-ready inputs: (dq, dk, dv) like q, k, v. No host read."""
+    left, right = resolve_window(window_size)
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    _extension().bwd_varlen(
+        *(_varlen_layout(dout), q, k, v, out, lse, dq, dk, dv),
+        *(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()),
+        *(int(max_seqlen_q), int(max_seqlen_k), bool(causal), softmax_scale, warps),
+        *(left, right, resolve_softcap(softcap)),
+    )
+    return dq, dk, dv
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    *,
+    causal: bool | str = False,
+    softmax_scale: float | None = None,
+    window_size: tuple[int, int] = NO_WINDOW,
+    softcap: float = 0.0,
+) -> torch.Tensor:
+    """Fused attention over packed sequences (flash-attn's `flash_attn_varlen_func`):
+    (total_q, H, D) x (total_k, Hk, D) x (total_k, Hk, D) -> (total_q, H, D), sequence b being
+    rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and cu_seqlens_k[b]:cu_seqlens_k[b + 1] of
+    k/v (int32 prefix sums, B + 1 entries each). causal (True or "bottom_right") and
+    window_size are aligned bottom-right per sequence; the rest as `flash_attention`. Runs the
+    operator `project01::flash_attn_varlen_fwd`, differentiable in q, k, v. max_seqlen_q/k:
+    the longest sequence lengths; None reads them from cu_seqlens (a host sync) and then also
+    checks cu_seqlens' values; given on CUDA tensors, nothing is read back (see the module
+    docstring for which checks need values).
+    """
+    scale = check_varlen_inputs(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal,
+        softmax_scale,
+        window_size,
+        softcap,
+    )
+    if max_seqlen_q is None or max_seqlen_k is None or q.device.type == "cpu":
+        max_seqlen_q, max_seqlen_k = check_cu_seqlens_values(
+            cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
+        )
+    from .ops import flash_attn_varlen_fwd
+
+    left, right = resolve_window(window_size)
+    code = int(varlen_causal(causal))
+    return flash_attn_varlen_fwd(
+        *(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, code, scale),
+        *(left, right, resolve_softcap(softcap)),
+    )[0]
 
 
 def kernel_head_dim(head_dim: int) -> int:

@@ -18,6 +18,18 @@
   int causal, float softmax_scale, int window_left=-1, int window_right=-1, float softcap=0.)
   -> (Tensor, Tensor, Tensor)`: (dq, dk, dv), each like its input (contiguous): dk and dv have
   k's Hk heads, each the sum over the H / Hk query heads that share it.
+- `project01::flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
+  Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, int causal, float softmax_scale,
+  int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor, Tensor)`: packed
+  sequences (`attention.flash_attention_varlen`): q (total_q, H, D), k, v (total_k, Hk, D),
+  cu_seqlens int32 (B + 1,); (out like q, lse (H, total_q) float32). causal: 0 none, 1
+  bottom-right per sequence (3, "bottom_right", is accepted as 1; 2, top-left, is refused).
+  Differentiable in q, k and v through `flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k,
+  Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q,
+  int max_seqlen_k, int causal, float softmax_scale, int window_left=-1, int window_right=-1,
+  float softcap=0.) -> (Tensor, Tensor, Tensor)`. The CUDA implementations check metadata only
+  (no host read); the CPU ones check cu_seqlens' values too and run each sequence through the
+  reference math.
 - `project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor`: a @ b with the ladder kernel
   `kernel` ("auto" or a `gemm.GEMM_KERNELS` name). Differentiable: dA = dC B^T and dB = A^T dC,
   two products through this same operator and kernel (the inputs made contiguous first, as the
@@ -53,7 +65,14 @@ from torch import Tensor
 
 from . import attention, gemm
 
-__all__ = ["flash_attn_bwd", "flash_attn_fwd", "matmul", "matmul_out"]
+__all__ = [
+    "flash_attn_bwd",
+    "flash_attn_fwd",
+    "flash_attn_varlen_bwd",
+    "flash_attn_varlen_fwd",
+    "matmul",
+    "matmul_out",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,12 +244,17 @@ def _flash_attn_fwd_cpu(
 ) -> tuple[Tensor, Tensor]:
     window = (window_left, window_right)
     value = _check_fwd_inputs(q, k, v, causal, softmax_scale, *window, softcap)
+    out, lse = _fwd_math(q, k, v, value, softmax_scale, window, softcap)
+    return out.to(q.dtype).contiguous(), lse.contiguous()
+
+
+def _fwd_math(q, k, v, value, softmax_scale, window, softcap) -> tuple[Tensor, Tensor]:
+    """(out, lse) in float32 of (B, H, Sq, D) inputs: the CPU forward's math."""
     h = q.shape[1]
     s, _ = _scores(q, _expand_kv(k, h), value, softmax_scale, window, softcap)
     lse = _lse(s)
     p = torch.exp(s - lse.unsqueeze(-1))
-    out = torch.matmul(p, _expand_kv(v, h)).to(q.dtype)
-    return out.contiguous(), lse.contiguous()
+    return torch.matmul(p, _expand_kv(v, h)), lse
 
 
 @flash_attn_bwd.register_kernel("cpu")
@@ -253,6 +277,12 @@ def _flash_attn_bwd_cpu(
     # per query head, summed over each group.
     window = (window_left, window_right)
     value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap)
+    grads = _bwd_math(dout, q, k, v, out, lse, value, softmax_scale, window, softcap)
+    return tuple(g.to(t.dtype).contiguous() for g, t in zip(grads, (q, k, v)))
+
+
+def _bwd_math(dout, q, k, v, out, lse, value, softmax_scale, window, softcap):
+    """(dq, dk, dv) in float32 of (B, H, S, D) inputs: the CPU backward's math."""
     b, h, _, _ = q.shape
     hk, sk, d = k.shape[1:]
     ke, ve = _expand_kv(k, h), _expand_kv(v, h)
@@ -267,7 +297,7 @@ def _flash_attn_bwd_cpu(
     dq = torch.matmul(ds, ke) * softmax_scale
     dk = torch.matmul(ds.transpose(-2, -1), q.float()) * softmax_scale
     dk, dv = (g.view(b, hk, h // hk, sk, d).sum(dim=2) for g in (dk, dv))
-    return tuple(g.to(t.dtype).contiguous() for g, t in ((dq, q), (dk, k), (dv, v)))
+    return dq, dk, dv
 
 
 @flash_attn_fwd.register_fake
@@ -308,6 +338,304 @@ def _flash_attn_backward(ctx, dout, _dlse):
 
 
 flash_attn_fwd.register_autograd(_flash_attn_backward, setup_context=_flash_attn_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# FlashAttention, variable length (packed sequences)
+
+_VARLEN_ARGS = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
+_VARLEN_FWD_SCHEMA = (
+    f"(Tensor q, Tensor k, Tensor v, {_VARLEN_ARGS}, int causal, float softmax_scale, "
+    f"{_WINDOW_ARGS}) -> (Tensor, Tensor)"
+)
+_VARLEN_BWD_SCHEMA = (
+    f"(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_VARLEN_ARGS}, "
+    f"int causal, float softmax_scale, {_WINDOW_ARGS}) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _varlen_causal(code: int) -> bool:
+    """The varlen operators' causal int (attention.CAUSAL_VALUES' index) as a bool; 2
+    (top-left) is refused."""
+    return attention.varlen_causal(_causal_value(code))
+
+
+def _check_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, left, right, softcap):
+    masked = _varlen_causal(causal)
+    attention.check_varlen_inputs(
+        q, k, v, cu_q, cu_k, max_q, max_k, masked, scale, (left, right), softcap
+    )
+    return masked
+
+
+def _check_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, *rest):
+    masked = _check_varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, *rest)
+    for name, t in (("dout", dout), ("out", out)):
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(
+                f"{name} must have q's shape {tuple(q.shape)}, dtype {q.dtype} and device "
+                f"{q.device}, got {tuple(t.shape)} {t.dtype} on {t.device}"
+            )
+    shape = (q.shape[1], q.shape[0])
+    if lse.shape != shape or lse.dtype != torch.float32 or lse.device != q.device:
+        raise ValueError(
+            f"lse must be a {shape} float32 tensor on {q.device}, got {tuple(lse.shape)} "
+            f"{lse.dtype} on {lse.device}"
+        )
+    return masked
+
+
+@torch.library.custom_op(
+    "project01::flash_attn_varlen_fwd",
+    mutates_args=(),
+    device_types="cuda",
+    schema=_VARLEN_FWD_SCHEMA,
+)
+def flash_attn_varlen_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: int,
+    softmax_scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """(out, lse) over packed sequences: the kernels' VARLEN instances (metadata checks only:
+    no host read, so the call can be captured in a CUDA graph)."""
+    cu = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    masked = _check_varlen_fwd(
+        q, k, v, *cu, causal, softmax_scale, window_left, window_right, softcap
+    )
+    d = q.shape[-1]
+    hd = attention.kernel_head_dim(d)
+    q, k, v = (attention._varlen_layout(attention.pad_head_dim(t, hd)) for t in (q, k, v))
+    out, lse = attention.flash_forward_varlen(
+        *(q, k, v, *cu, masked, softmax_scale),
+        window_size=(window_left, window_right),
+        softcap=softcap,
+    )
+    return (out if d == hd else out[..., :d].contiguous()), lse
+
+
+@torch.library.custom_op(
+    "project01::flash_attn_varlen_bwd",
+    mutates_args=(),
+    device_types="cuda",
+    schema=_VARLEN_BWD_SCHEMA,
+)
+def flash_attn_varlen_bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: int,
+    softmax_scale: float,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) over packed sequences: the backward kernels' VARLEN instances."""
+    cu = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    rest = (causal, softmax_scale, window_left, window_right, softcap)
+    masked = _check_varlen_bwd(dout, q, k, v, out, lse, *cu, *rest)
+    d = q.shape[-1]
+    hd = attention.kernel_head_dim(d)
+    dout, q, k, v, out = (attention.pad_head_dim(t, hd) for t in (dout, q, k, v, out))
+    q, k, v, out = (attention._varlen_layout(t) for t in (q, k, v, out))
+    if k.shape[0] == 0:  # no keys: no gradient anywhere (every row saw nothing)
+        return tuple(
+            torch.zeros_like(t[..., :d], memory_format=torch.contiguous_format) for t in (q, k, v)
+        )
+    grads = attention.flash_backward_varlen(
+        *(dout, q, k, v, out, lse.contiguous(), *cu, masked, softmax_scale),
+        window_size=(window_left, window_right),
+        softcap=softcap,
+    )
+    return grads if d == hd else tuple(g[..., :d].contiguous() for g in grads)
+
+
+def _seq(t: Tensor, a: int, b: int) -> Tensor:
+    """Rows a..b-1 of a packed (total, H, D) tensor as (1, H, b - a, D)."""
+    return t[a:b].transpose(0, 1).unsqueeze(0)
+
+
+def _unseq(t: Tensor) -> Tensor:
+    """(1, H, S, D) back to (S, H, D)."""
+    return t.squeeze(0).transpose(0, 1)
+
+
+@flash_attn_varlen_fwd.register_kernel("cpu")
+def _flash_attn_varlen_fwd_cpu(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    window_left=-1,
+    window_right=-1,
+    softcap=0.0,
+):
+    cu = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    window = (window_left, window_right)
+    masked = _check_varlen_fwd(q, k, v, *cu, causal, softmax_scale, *window, softcap)
+    attention.check_cu_seqlens_values(
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
+    )
+    value = "bottom_right" if masked else False
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    lse = torch.full((q.shape[1], q.shape[0]), float("inf"))
+    for q0, q1, k0, k1 in attention.varlen_segments(cu_seqlens_q, cu_seqlens_k):
+        if q1 == q0:
+            continue
+        o, l_ = _fwd_math(
+            *(_seq(t, a, b) for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1))),
+            value,
+            softmax_scale,
+            window,
+            softcap,
+        )
+        out[q0:q1] = _unseq(o)
+        lse[:, q0:q1] = l_[0]
+    return out.to(q.dtype), lse
+
+
+@flash_attn_varlen_bwd.register_kernel("cpu")
+def _flash_attn_varlen_bwd_cpu(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    causal,
+    softmax_scale,
+    window_left=-1,
+    window_right=-1,
+    softcap=0.0,
+):
+    cu = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    window = (window_left, window_right)
+    masked = _check_varlen_bwd(
+        dout, q, k, v, out, lse, *cu, causal, softmax_scale, *window, softcap
+    )
+    attention.check_cu_seqlens_values(
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k
+    )
+    value = "bottom_right" if masked else False
+    dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float32) for t in (q, k, v))
+    for q0, q1, k0, k1 in attention.varlen_segments(cu_seqlens_q, cu_seqlens_k):
+        if q1 == q0 or k1 == k0:
+            continue
+        g = _bwd_math(
+            *(_seq(t, q0, q1) for t in (dout, q)),
+            *(_seq(t, k0, k1) for t in (k, v)),
+            _seq(out, q0, q1),
+            lse[:, q0:q1].unsqueeze(0),
+            value,
+            softmax_scale,
+            window,
+            softcap,
+        )
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = (_unseq(x) for x in g)
+    return tuple(g.to(t.dtype) for g, t in ((dq, q), (dk, k), (dv, v)))
+
+
+@flash_attn_varlen_fwd.register_fake
+def _flash_attn_varlen_fwd_fake(
+    q,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    max_q,
+    max_k,
+    causal,
+    softmax_scale,
+    window_left=-1,
+    window_right=-1,
+    softcap=0.0,
+):
+    _check_varlen_fwd(
+        q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, window_left, window_right, softcap
+    )
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@flash_attn_varlen_bwd.register_fake
+def _flash_attn_varlen_bwd_fake(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cu_q,
+    cu_k,
+    max_q,
+    max_k,
+    causal,
+    softmax_scale,
+    window_left=-1,
+    window_right=-1,
+    softcap=0.0,
+):
+    _check_varlen_bwd(
+        dout,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        causal,
+        softmax_scale,
+        window_left,
+        window_right,
+        softcap,
+    )
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _flash_attn_varlen_setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, softmax_scale, *rest = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, causal, softmax_scale, *rest)
+    ctx.mark_non_differentiable(lse)
+
+
+def _flash_attn_varlen_backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = flash_attn_varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, *(None for _ in range(2 + len(ctx.args)))
+
+
+flash_attn_varlen_fwd.register_autograd(
+    _flash_attn_varlen_backward, setup_context=_flash_attn_varlen_setup_context
+)
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,18 @@
 // softcap > 0 the scores are softcap * tanh(softmax_scale * q.k / softcap) before the softmax
 // (Gemma 2's logit soft-capping); the backward multiplies dS by 1 - tanh^2. A softcap without a
 // window runs the local kernels too, with unbounded (or causal) offsets.
+//
+// Variable length ("varlen", packed sequences; flash-attn's flash_attn_varlen_func), the
+// VARLEN template instances selected by params.varlen: q, o, do (total_q, H, D) and k, v
+// (total_k, Hk, D) token-major (the kernels see batch stride 0, head stride D-ish and row stride
+// H * D-ish: any strides as above), sequence b holding rows cu_seqlens_q[b] ..
+// cu_seqlens_q[b + 1] - 1 of q and cu_seqlens_k[b] .. cu_seqlens_k[b + 1] - 1 of k/v. The
+// prefix sums are int32 in device memory and read by the kernels (no host read: the launch can
+// be captured in a CUDA graph); the grid is sized from seqlen_q / seqlen_k, which the host sets
+// to the max lengths, and the tiles past a sequence's end exit at once. Each sequence's causal
+// mask and window are aligned bottom-right on its own lengths (flash-attn's convention):
+// causal_offset = Sk_b - Sq_b, and window_lo/hi computed per sequence from window_left/right
+// (varlen_offsets, flash_common.cuh). lse, dpre are (H, total_q) and dq_accum (H, total_q, D).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -64,6 +76,15 @@ struct FwdParams {
   int window_lo, window_hi;  // row i sees keys j with window_lo <= j - i <= window_hi
   float softcap;             // > 0: soft-capping on (only with local); 0: off
   float softcap_in;          // softmax_scale / softcap: the tanh argument per unit of q.k
+  // Varlen (see above; appended, so the fields before keep their offsets). varlen: run the
+  // VARLEN instances; seqlen_q/seqlen_k then hold the max lengths (the grid), batch strides are
+  // 0, and window_left/right are the raw sides (-1 unbounded, causal folded in as right = 0,
+  // clamped by the host to the packed totals), from which each sequence's window_lo/hi follow.
+  bool varlen;
+  const int* cu_seqlens_q;  // (batch + 1,) int32 prefix sums, device memory
+  const int* cu_seqlens_k;
+  int total_q;  // packed q rows: lse and dpre are (heads, total_q)
+  int window_left, window_right;
 };
 
 struct BwdParams {
@@ -98,6 +119,11 @@ struct BwdParams {
   int window_lo, window_hi;  // as in FwdParams
   float softcap;             // as in FwdParams
   float softcap_in;          // as in FwdParams
+  bool varlen;              // as in FwdParams
+  const int* cu_seqlens_q;  // as in FwdParams
+  const int* cu_seqlens_k;
+  int total_q;
+  int window_left, window_right;
 };
 
 // The lower offset that stands for "no lower bound": below -(Sq + the tallest query tile), so

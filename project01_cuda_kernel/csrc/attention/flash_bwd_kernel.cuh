@@ -32,6 +32,11 @@
 // dS^T tile of shared memory (as float16: it lies in [0, 1]; relative error 2^-12, below the
 // rounding dS gets for the products anyway) while dV and dP^T are computed: this kernel has no
 // registers to spare for it, and each thread reads back only the elements it wrote.
+// Variable length (VARLEN; flash_api.h): blockIdx.z is the sequence, its start rows and lengths
+// read from cu_seqlens; a CTA whose first key is at or past its sequence's key count exits (the
+// grid fits the longest), the causal offset and window are the sequence's own (bottom-right),
+// lse, dpre are (H, total_q) and dq_accum (H, total_q, D). The pre-pass runs over the packed
+// rows as one sequence of total_q (its launch passes batch 1, seqlen_q total_q).
 // compile-check: no-spill
 #pragma once
 
@@ -84,7 +89,7 @@ __device__ __forceinline__ void atomic_add_f32x2(float* dst, float x, float y) {
 #endif
 }
 
-template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP>
+template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP, bool VARLEN>
 __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(const BwdParams p) {
   constexpr int NTHREADS = NWARPS * 32;
   constexpr int BN = 16 * NWARPS;  // keys per CTA
@@ -115,6 +120,22 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   const int g = lane / 4;
   const int t = lane % 4;
   const int n0 = n_block * BN;
+  // This CTA's sequence: lengths, first rows in the packed tensors (VARLEN), mask offsets.
+  // Without VARLEN these are references to the params themselves (the kernels read p.seqlen_q
+  // etc. exactly as before: a local copy changed the default instances' machine code).
+  int vl_seqlen_q = 0, vl_seqlen_k = 0, vl_causal_offset = 0, vl_window_lo = 0, vl_window_hi = 0;
+  int start_q = 0, start_k = 0;
+  if constexpr (VARLEN) {
+    varlen_range(p.cu_seqlens_k, batch, start_k, vl_seqlen_k);
+    if (n0 >= vl_seqlen_k) return;  // past this sequence's keys (the grid fits the longest)
+    varlen_range(p.cu_seqlens_q, batch, start_q, vl_seqlen_q);
+    varlen_offsets(p, vl_seqlen_q, vl_seqlen_k, vl_causal_offset, vl_window_lo, vl_window_hi);
+  }
+  const int& seqlen_q = VARLEN ? vl_seqlen_q : p.seqlen_q;
+  const int& seqlen_k = VARLEN ? vl_seqlen_k : p.seqlen_k;
+  const int& causal_offset = VARLEN ? vl_causal_offset : p.causal_offset;
+  const int& window_lo = VARLEN ? vl_window_lo : p.window_lo;
+  const int& window_hi = VARLEN ? vl_window_hi : p.window_hi;
 
   const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
   const int head_k = kv_head_of(head, p.h_h_k_ratio_inv);  // grouped-query attention: this head's k/v head
@@ -128,8 +149,18 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   const float* lse = p.lse + bh * p.seqlen_q;
   const float* dpre = p.dpre + bh * p.seqlen_q;
   float* dq = p.dq_accum + bh * p.seqlen_q * D;
+  if constexpr (VARLEN) {  // this sequence's rows; lse, dpre (H, total_q), dq_accum (H, total_q, D)
+    q += start_q * p.q_row_stride;
+    dout += start_q * p.do_row_stride;
+    k += start_k * p.k_row_stride;
+    v += start_k * p.v_row_stride;
+    const int64_t row0 = static_cast<int64_t>(head) * p.total_q + start_q;
+    lse = p.lse + row0;
+    dpre = p.dpre + row0;
+    dq = p.dq_accum + row0 * D;
+  }
 
-  const int m_blocks = (p.seqlen_q + BM - 1) / BM;
+  const int m_blocks = (seqlen_q + BM - 1) / BM;
   // Causal: query rows before n0 - causal_offset see none of these keys. Window: rows
   // n0 - window_hi (the first key's first row) .. n0 + BN - 1 - window_lo (the last key's last
   // row) see them: the loop starts at the block holding the first and stops at the first block
@@ -138,28 +169,28 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   // register: at head dim 128 this kernel uses all 255 registers and one more live value made
   // it spill. (Written out in each LOCAL branch: a lambda capturing n0 and p, even unused,
   // changed the causal instance's machine code.)
-  const int m_begin = CAUSAL  ? max(0, n0 - p.causal_offset) / BM
-                      : LOCAL ? max(0, n0 - p.window_hi) / BM
+  const int m_begin = CAUSAL  ? max(0, n0 - causal_offset) / BM
+                      : LOCAL ? max(0, n0 - window_hi) / BM
                               : 0;
 
   auto load_q_block = [&](int mb, int stage) {
     const int m0 = mb * BM;
     T* dst = s_qdo + stage * kQdoStage;
     load_tile_async<BM, D, NTHREADS>(dst, q + m0 * p.q_row_stride, p.q_row_stride,
-                                     p.seqlen_q - m0, tid);
+                                     seqlen_q - m0, tid);
     load_tile_async<BM, D, NTHREADS>(dst + BM * D, dout + m0 * p.do_row_stride, p.do_row_stride,
-                                     p.seqlen_q - m0, tid);
+                                     seqlen_q - m0, tid);
     if (tid < BM) {
-      const bool valid = m0 + tid < p.seqlen_q;
+      const bool valid = m0 + tid < seqlen_q;
       cp_async_4(smem_u32(s_lse + stage * BM + tid), lse + (valid ? m0 + tid : 0), valid);
       cp_async_4(smem_u32(s_dpre + stage * BM + tid), dpre + (valid ? m0 + tid : 0), valid);
     }
   };
 
-  load_tile_async<BN, D, NTHREADS>(s_k, k, p.k_row_stride, p.seqlen_k - n0, tid);
-  load_tile_async<BN, D, NTHREADS>(s_v, v, p.v_row_stride, p.seqlen_k - n0, tid);
+  load_tile_async<BN, D, NTHREADS>(s_k, k, p.k_row_stride, seqlen_k - n0, tid);
+  load_tile_async<BN, D, NTHREADS>(s_v, v, p.v_row_stride, seqlen_k - n0, tid);
   if constexpr (LOCAL) {
-    if (m_begin < m_blocks && m_begin * BM <= n0 + BN - 1 - p.window_lo) {
+    if (m_begin < m_blocks && m_begin * BM <= n0 + BN - 1 - window_lo) {
       load_q_block(m_begin, 0);
     }
   } else {
@@ -192,11 +223,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 
   for (int mb = m_begin; mb < m_blocks; ++mb) {
     if constexpr (LOCAL) {
-      if (mb * BM > n0 + BN - 1 - p.window_lo) break;
+      if (mb * BM > n0 + BN - 1 - window_lo) break;
     }
     const int stage = (mb - m_begin) & 1;
     if constexpr (LOCAL) {
-      if (mb + 1 < m_blocks && (mb + 1) * BM <= n0 + BN - 1 - p.window_lo) {
+      if (mb + 1 < m_blocks && (mb + 1) * BM <= n0 + BN - 1 - window_lo) {
         load_q_block(mb + 1, stage ^ 1);
       }
     } else {
@@ -250,10 +281,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
     // P^T from the saved log-sum-exp; masked where the key is past the end, the query row past
     // the end, or (causal) the key after the query, or (window) the key outside the row's band.
     bool need_mask =
-        (n0 + BN > p.seqlen_k) || (m0 + BM > p.seqlen_q) ||
-        (CAUSAL && m0 + p.causal_offset < n0 + BN - 1);
+        (n0 + BN > seqlen_k) || (m0 + BM > seqlen_q) ||
+        (CAUSAL && m0 + causal_offset < n0 + BN - 1);
     if constexpr (LOCAL) {  // the block's widest key - row difference against either edge
-      need_mask = need_mask || n0 + BN - 1 - m0 > p.window_hi || n0 - (m0 + BM - 1) < p.window_lo;
+      need_mask = need_mask || n0 + BN - 1 - m0 > window_hi || n0 - (m0 + BM - 1) < window_lo;
     }
 #pragma unroll
     for (int j = 0; j < QTILES; ++j) {
@@ -263,8 +294,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
         float pv = exp2f(fmaf(st[j][e], scale_log2, -s_lse_st[m] * kLog2e));
         if (need_mask) {
           const int key = key0 + (e >> 1) * 8;
-          if (key >= p.seqlen_k || m0 + m >= p.seqlen_q ||
-              (CAUSAL && key > m0 + m + p.causal_offset)) {
+          if (key >= seqlen_k || m0 + m >= seqlen_q ||
+              (CAUSAL && key > m0 + m + causal_offset)) {
             pv = 0.f;
           }
           // Window: keep window_lo <= key - row <= window_hi. On sm_90 as one unsigned
@@ -274,12 +305,12 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
           // 4 bytes with 8, as the plain 8-warp instance there (one comparison: 4-24 bytes).
           if constexpr (LOCAL) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            if (static_cast<unsigned>(key - (m0 + m) - p.window_lo) >
-                static_cast<unsigned>(p.window_hi - p.window_lo)) {
+            if (static_cast<unsigned>(key - (m0 + m) - window_lo) >
+                static_cast<unsigned>(window_hi - window_lo)) {
               pv = 0.f;
             }
 #else
-            if (key - (m0 + m) > p.window_hi || key - (m0 + m) < p.window_lo) pv = 0.f;
+            if (key - (m0 + m) > window_hi || key - (m0 + m) < window_lo) pv = 0.f;
 #endif
           }
         }
@@ -392,11 +423,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int col = dp * 16 + i * 8 + 2 * t;
-        if (qrow < p.seqlen_q) {
+        if (qrow < seqlen_q) {
           atomic_add_f32x2(dq + static_cast<int64_t>(qrow) * D + col, acc[i][0] * p.softmax_scale,
                            acc[i][1] * p.softmax_scale);
         }
-        if (qrow + 8 < p.seqlen_q) {
+        if (qrow + 8 < seqlen_q) {
           atomic_add_f32x2(dq + static_cast<int64_t>(qrow + 8) * D + col,
                            acc[i][2] * p.softmax_scale, acc[i][3] * p.softmax_scale);
         }
@@ -409,13 +440,19 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   // dk/dv (the k/v head itself when h_h_k_ratio is 1).
   T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
   T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+  if constexpr (VARLEN) {
+    // Read again (volatile: not kept live across the main loop, where registers are short).
+    start_k = *reinterpret_cast<const volatile int*>(p.cu_seqlens_k + batch);
+    dk_out += start_k * p.dk_row_stride;
+    dv_out += start_k * p.dv_row_stride;
+  }
 #pragma unroll
   for (int i = 0; i < DTILES; ++i) {
     const int col = i * 8 + 2 * t;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int key = key0 + rr * 8;
-      if (key < p.seqlen_k) {
+      if (key < seqlen_k) {
         *reinterpret_cast<uint32_t*>(dk_out + key * p.dk_row_stride + col) = TypeTraits<T>::pack(
             dk[i][2 * rr] * p.softmax_scale, dk[i][2 * rr + 1] * p.softmax_scale);
         *reinterpret_cast<uint32_t*>(dv_out + key * p.dv_row_stride + col) =
@@ -425,7 +462,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   }
 }
 
-template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP>
+template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP, bool VARLEN>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   constexpr int BN = 16 * NWARPS;
   constexpr int BM = 64;
@@ -434,32 +471,55 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   {
     constexpr int kThreads = 256;
     constexpr int kRowsPerBlock = kThreads / (D / 8);
-    const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen_q;
+    // VARLEN: the packed rows as one sequence (batch strides are 0), dpre (H, total_q).
+    BwdParams pre = p;
+    if constexpr (VARLEN) {
+      pre.batch = 1;
+      pre.seqlen_q = p.total_q;
+    }
+    const int64_t rows = static_cast<int64_t>(pre.batch) * pre.heads * pre.seqlen_q;
     const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-    flash_bwd_dot_do_o_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+    if (blocks > 0) {
+      flash_bwd_dot_do_o_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(pre);
+      cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
   }
-  auto kernel = flash_bwd_kernel<T, D, NWARPS, CAUSAL, LOCAL, SOFTCAP>;
+  auto kernel = flash_bwd_kernel<T, D, NWARPS, CAUSAL, LOCAL, SOFTCAP, VARLEN>;
   if (smem_bytes > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem_bytes));
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid((p.seqlen_k + BN - 1) / BN, p.heads, p.batch);
+  const dim3 grid((p.seqlen_k + BN - 1) / BN, p.heads, p.batch);  // VARLEN: max lengths
+  if (grid.x == 0) return cudaSuccess;  // VARLEN with every key sequence empty: dk, dv are 0
   kernel<<<grid, NWARPS * 32, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-// The forward's four instances per dtype (flash_fwd_kernel.cuh: dispatch_fwd_dtype).
+// The forward's four instances per dtype and VARLEN value (flash_fwd_kernel.cuh).
+template <typename T, int D, int NWARPS, bool VARLEN>
+cudaError_t dispatch_bwd_mask(const BwdParams& p, cudaStream_t stream) {
+  if (p.local || p.softcap > 0.f) {
+    return p.softcap > 0.f ? launch_bwd<T, D, NWARPS, false, true, true, VARLEN>(p, stream)
+                           : launch_bwd<T, D, NWARPS, false, true, false, VARLEN>(p, stream);
+  }
+  return p.causal ? launch_bwd<T, D, NWARPS, true, false, false, VARLEN>(p, stream)
+                  : launch_bwd<T, D, NWARPS, false, false, false, VARLEN>(p, stream);
+}
+
+// Varlen at head dim 128 runs the 4-warp (64-key) variant whatever `warps` says: the 8-warp one
+// with the per-sequence indexing spills past 255 registers (with a window).
 template <typename T, int D, int NWARPS>
 cudaError_t dispatch_bwd_dtype(const BwdParams& p, cudaStream_t stream) {
-  if (p.local || p.softcap > 0.f) {
-    return p.softcap > 0.f ? launch_bwd<T, D, NWARPS, false, true, true>(p, stream)
-                           : launch_bwd<T, D, NWARPS, false, true, false>(p, stream);
+  if (p.varlen) {
+    if constexpr (D == 128 && NWARPS == 8) {
+      return dispatch_bwd_mask<T, D, 4, true>(p, stream);
+    } else {
+      return dispatch_bwd_mask<T, D, NWARPS, true>(p, stream);
+    }
   }
-  return p.causal ? launch_bwd<T, D, NWARPS, true, false, false>(p, stream)
-                  : launch_bwd<T, D, NWARPS, false, false, false>(p, stream);
+  return dispatch_bwd_mask<T, D, NWARPS, false>(p, stream);
 }
 
 template <int D, int NWARPS>

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "attention/flash_api.h"
 #include "common/sm80.cuh"
 
 namespace flash {
@@ -101,6 +102,26 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, int64_t 
 // spill.
 __device__ __forceinline__ int kv_head_of(int head, uint64_t ratio_inv) {
   return static_cast<int>((static_cast<uint64_t>(head) * ratio_inv) >> 32);
+}
+
+// ---- variable length (packed sequences) -------------------------------------------------------
+// Sequence `batch`'s first row and length from the prefix sums cu[batch], cu[batch + 1].
+__device__ __forceinline__ void varlen_range(const int* cu, int batch, int& start, int& len) {
+  start = cu[batch];
+  len = cu[batch + 1] - start;
+}
+
+// One sequence's causal offset and window offsets (flash_api.h), bottom-right on its own lengths
+// sq, sk, as the host's set_window derives them for a whole batch: window_left/right are the
+// raw sides (-1 unbounded; causal folded in as right = 0 by the host), each a bound only when it
+// hides a key (left < sk, right < sq), else an offset past every key.
+template <typename Params>
+__device__ __forceinline__ void varlen_offsets(const Params& p, int sq, int sk, int& causal_offset,
+                                               int& window_lo, int& window_hi) {
+  causal_offset = sk - sq;
+  window_hi = (p.window_right >= 0 && p.window_right < sq) ? sk - sq + p.window_right : sk;
+  window_lo = (p.window_left >= 0 && p.window_left < sk) ? sk - sq - p.window_left
+                                                         : -sq - kWindowPad;
 }
 
 // ---- soft-capping ----------------------------------------------------------------------------

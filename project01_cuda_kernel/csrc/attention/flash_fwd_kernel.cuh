@@ -25,6 +25,12 @@
 // with LOCAL): S becomes tanh(S * softmax_scale / softcap), and softcap takes softmax_scale's
 // place in the softmax and the lse. Without LOCAL and SOFTCAP (the default instances) the code
 // is what it was before they existed: every added branch is a compile-time constant.
+// Variable length (VARLEN; flash_api.h): blockIdx.z is the sequence; its start rows and lengths
+// come from cu_seqlens (device memory), a CTA whose first row is at or past its sequence's
+// length exits at once (the grid covers the longest sequence), rows and keys past the end are
+// masked as the batch's tails are, the causal offset and window are the sequence's own
+// (bottom-right), and lse is (H, total_q). Without VARLEN the lengths and offsets are the
+// params' (the same loads as before), the start rows 0.
 // compile-check: no-spill
 #pragma once
 
@@ -35,7 +41,8 @@
 
 namespace flash {
 
-template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL, bool SOFTCAP>
+template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL, bool SOFTCAP,
+          bool VARLEN>
 __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdParams p) {
   constexpr int WROWS = 16 * NWARPS;  // rows covered by one m-tile of every warp
   constexpr int BM = WROWS * MT;
@@ -68,38 +75,52 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   const int t = lane % 4;  // column pair within a fragment
 
   const int m0 = m_block * BM;
+  // This CTA's sequence: lengths, first rows in the packed tensors (VARLEN), mask offsets.
+  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
+  int causal_offset = p.causal_offset, window_lo = p.window_lo, window_hi = p.window_hi;
+  int start_q = 0, start_k = 0;
+  if constexpr (VARLEN) {
+    varlen_range(p.cu_seqlens_q, batch, start_q, seqlen_q);
+    if (m0 >= seqlen_q) return;  // past this sequence's rows (the grid fits the longest)
+    varlen_range(p.cu_seqlens_k, batch, start_k, seqlen_k);
+    varlen_offsets(p, seqlen_q, seqlen_k, causal_offset, window_lo, window_hi);
+  }
   const T* q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride +
-               m0 * p.q_row_stride;
+               (m0 + start_q) * p.q_row_stride;
   const int head_k = kv_head_of(head, p.h_h_k_ratio_inv);  // grouped-query attention: this head's k/v head
   const T* k = static_cast<const T*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride;
   const T* v = static_cast<const T*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride;
+  if constexpr (VARLEN) {
+    k += start_k * p.k_row_stride;
+    v += start_k * p.v_row_stride;
+  }
 
-  int n_blocks = (p.seqlen_k + BN - 1) / BN;
+  int n_blocks = (seqlen_k + BN - 1) / BN;
   // Causal: the CTA's last row (at most m0 + BM - 1) sees keys up to m0 + BM - 1 + causal_offset;
   // no block at all when that is negative (every row of the CTA fully masked).
-  if (CAUSAL) n_blocks = min(n_blocks, max(0, (m0 + BM + p.causal_offset + BN - 1) / BN));
+  if (CAUSAL) n_blocks = min(n_blocks, max(0, (m0 + BM + causal_offset + BN - 1) / BN));
   // Window: key blocks n_begin .. n_blocks - 1 hold every key the CTA's rows can see, from
   // m0 + window_lo (its first row's first key) to m0 + BM - 1 + window_hi (its last row's last).
   // None (n_begin >= n_blocks): the loop runs zero times and the rows get O = 0, lse = +inf;
   // the prologue then loads block 0, which exists, instead of one past the keys.
   int n_begin = 0;
   if constexpr (LOCAL) {
-    n_blocks = min(n_blocks, max(0, (m0 + BM + p.window_hi + BN - 1) / BN));
-    n_begin = max(0, m0 + p.window_lo) / BN;
+    n_blocks = min(n_blocks, max(0, (m0 + BM + window_hi + BN - 1) / BN));
+    n_begin = max(0, m0 + window_lo) / BN;
     if (n_begin >= n_blocks) n_begin = n_blocks = 0;
   }
 
   // Prologue: Q and the first K/V block in one group.
-  load_tile_async<BM, D, NTHREADS>(s_q, q, p.q_row_stride, p.seqlen_q - m0, tid);
+  load_tile_async<BM, D, NTHREADS>(s_q, q, p.q_row_stride, seqlen_q - m0, tid);
   if constexpr (LOCAL) {
     const int n1 = n_begin * BN;
     load_tile_async<BN, D, NTHREADS>(s_kv, k + n1 * p.k_row_stride, p.k_row_stride,
-                                     p.seqlen_k - n1, tid);
+                                     seqlen_k - n1, tid);
     load_tile_async<BN, D, NTHREADS>(s_kv + BN * D, v + n1 * p.v_row_stride, p.v_row_stride,
-                                     p.seqlen_k - n1, tid);
+                                     seqlen_k - n1, tid);
   } else {
-    load_tile_async<BN, D, NTHREADS>(s_kv, k, p.k_row_stride, p.seqlen_k, tid);
-    load_tile_async<BN, D, NTHREADS>(s_kv + BN * D, v, p.v_row_stride, p.seqlen_k, tid);
+    load_tile_async<BN, D, NTHREADS>(s_kv, k, p.k_row_stride, seqlen_k, tid);
+    load_tile_async<BN, D, NTHREADS>(s_kv + BN * D, v, p.v_row_stride, seqlen_k, tid);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -147,9 +168,9 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
       const int n1 = (nb + 1) * BN;
       T* dst = s_kv + (stage ^ 1) * kStageElems;
       load_tile_async<BN, D, NTHREADS>(dst, k + n1 * p.k_row_stride, p.k_row_stride,
-                                       p.seqlen_k - n1, tid);
+                                       seqlen_k - n1, tid);
       load_tile_async<BN, D, NTHREADS>(dst + BN * D, v + n1 * p.v_row_stride, p.v_row_stride,
-                                       p.seqlen_k - n1, tid);
+                                       seqlen_k - n1, tid);
     }
     cp_async_commit();  // an empty group on the last block keeps the wait count uniform
     cp_async_wait<1>();
@@ -207,8 +228,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
     // upper bound, its first key against the last row's lower bound (differences, which cannot
     // overflow).
     const bool need_mask =
-        (n0 + BN > p.seqlen_k) || (CAUSAL && n0 + BN - 1 > m0 + p.causal_offset) ||
-        (LOCAL && (n0 + BN - 1 - m0 > p.window_hi || n0 - (m0 + BM - 1) < p.window_lo));
+        (n0 + BN > seqlen_k) || (CAUSAL && n0 + BN - 1 > m0 + causal_offset) ||
+        (LOCAL && (n0 + BN - 1 - m0 > window_hi || n0 - (m0 + BM - 1) < window_lo));
     if (need_mask) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -218,8 +239,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
           for (int e = 0; e < 4; ++e) {
             const int col = n0 + j * 8 + 2 * t + (e & 1);
             const int row = row0 + mt * WROWS + (e >> 1) * 8;
-            if (col >= p.seqlen_k || (CAUSAL && col > row + p.causal_offset) ||
-                (LOCAL && (col - row > p.window_hi || col - row < p.window_lo))) {
+            if (col >= seqlen_k || (CAUSAL && col > row + causal_offset) ||
+                (LOCAL && (col - row > window_hi || col - row < window_lo))) {
               s[mt][j][e] = -INFINITY;
             }
           }
@@ -287,7 +308,14 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   // Epilogue: normalise, stage this warp's rows in shared memory (rows no other warp touches;
   // for MT = 1 stage 0 is free after the loop's last barrier), store 16 bytes a lane.
   T* o = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads + head) * p.seqlen_q;
+  float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads + head) * seqlen_q;
+  if constexpr (VARLEN) {  // o: this sequence's rows; lse (H, total_q)
+    // Read again (volatile: not kept live across the main loop, where registers are short).
+    start_q = *reinterpret_cast<const volatile int*>(p.cu_seqlens_q + batch);
+    seqlen_q = *reinterpret_cast<const volatile int*>(p.cu_seqlens_q + batch + 1) - start_q;
+    o += start_q * p.o_row_stride;
+    lse = p.lse + static_cast<int64_t>(head) * p.total_q + start_q;
+  }
   constexpr int kChunksPerRow = D / 8;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -312,7 +340,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
       const int chunk = lane + i * 32;
       const int r = r_base + chunk / kChunksPerRow;
       const int c = (chunk % kChunksPerRow) * 8;
-      if (m0 + r < p.seqlen_q) {
+      if (m0 + r < seqlen_q) {
         *reinterpret_cast<uint4*>(o + (m0 + r) * p.o_row_stride + c) =
             *reinterpret_cast<const uint4*>(s_o + swz<D>(r, c));
       }
@@ -321,7 +349,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
         const int row = row0 + mt * WROWS + rr * 8;
-        if (row < p.seqlen_q) {
+        if (row < seqlen_q) {
           lse[row] = row_sum[mt][rr] > 0.f
                          ? row_max[mt][rr] * score_scale + logf(row_sum[mt][rr])
                          : INFINITY;
@@ -331,32 +359,49 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   }
 }
 
-template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL, bool SOFTCAP>
+template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL, bool SOFTCAP,
+          bool VARLEN>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr int BM = 16 * NWARPS * MT;
   constexpr size_t smem_bytes = ((MT == 1 ? 0 : BM * D) + 2 * 2 * BN * D) * sizeof(T);
-  auto kernel = flash_fwd_kernel<T, D, NWARPS, MT, BN, CAUSAL, LOCAL, SOFTCAP>;
+  auto kernel = flash_fwd_kernel<T, D, NWARPS, MT, BN, CAUSAL, LOCAL, SOFTCAP, VARLEN>;
   if (smem_bytes > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem_bytes));
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid((p.seqlen_q + BM - 1) / BM, p.heads, p.batch);
+  const dim3 grid((p.seqlen_q + BM - 1) / BM, p.heads, p.batch);  // VARLEN: max lengths
+  if (grid.x == 0) return cudaSuccess;  // VARLEN with every sequence empty: nothing to write
   kernel<<<grid, NWARPS * 32, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Four instances per dtype: no mask, causal, and the local ones (a window, causal folded in)
-// without and with soft-capping. A softcap without a window runs a local instance with
-// unbounded (or causal) offsets: same masks, one instance fewer per variant.
+// Four instances per dtype and VARLEN value: no mask, causal, and the local ones (a window,
+// causal folded in) without and with soft-capping. A softcap without a window runs a local
+// instance with unbounded (or causal) offsets: same masks, one instance fewer per variant.
+template <typename T, int D, int NWARPS, int MT, int BN, bool VARLEN>
+cudaError_t dispatch_fwd_mask(const FwdParams& p, cudaStream_t stream) {
+  if (p.local || p.softcap > 0.f) {
+    return p.softcap > 0.f
+               ? launch_fwd<T, D, NWARPS, MT, BN, false, true, true, VARLEN>(p, stream)
+               : launch_fwd<T, D, NWARPS, MT, BN, false, true, false, VARLEN>(p, stream);
+  }
+  return p.causal ? launch_fwd<T, D, NWARPS, MT, BN, true, false, false, VARLEN>(p, stream)
+                  : launch_fwd<T, D, NWARPS, MT, BN, false, false, false, VARLEN>(p, stream);
+}
+
+// Varlen at head dim 128 runs the 16-rows-a-warp variant whatever m_tiles_per_warp says: the
+// 32-rows-a-warp one with the per-sequence indexing spills past 255 registers.
 template <typename T, int D, int NWARPS, int MT, int BN>
 cudaError_t dispatch_fwd_dtype(const FwdParams& p, cudaStream_t stream) {
-  if (p.local || p.softcap > 0.f) {
-    return p.softcap > 0.f ? launch_fwd<T, D, NWARPS, MT, BN, false, true, true>(p, stream)
-                           : launch_fwd<T, D, NWARPS, MT, BN, false, true, false>(p, stream);
+  if (p.varlen) {
+    if constexpr (D == 128 && MT == 2) {
+      return dispatch_fwd_mask<T, D, NWARPS, 1, 64, true>(p, stream);
+    } else {
+      return dispatch_fwd_mask<T, D, NWARPS, MT, BN, true>(p, stream);
+    }
   }
-  return p.causal ? launch_fwd<T, D, NWARPS, MT, BN, true, false, false>(p, stream)
-                  : launch_fwd<T, D, NWARPS, MT, BN, false, false, false>(p, stream);
+  return dispatch_fwd_mask<T, D, NWARPS, MT, BN, false>(p, stream);
 }
 
 template <int D, int NWARPS, int MT, int BN>
