@@ -228,8 +228,11 @@ def test_gpu_matches_float64_reference(d, dtype, case, causal, window, softcap, 
 @pytest.mark.parametrize("causal,window,softcap", MASKS, ids=str)
 def test_gpu_bitwise_equal_to_per_sequence_flash_attention(d, causal, window, softcap):
     """Forward: each sequence's rows equal flash_attention on that sequence alone (FA2 forward,
-    the same kernel arithmetic: same tiles relative to the sequence start). Non-empty
-    sequences only (flash_attention refuses empty ones)."""
+    the same kernel arithmetic: same tiles relative to the sequence start). At head dim 128
+    varlen runs the 16-rows-a-warp variant (64-key blocks) whatever is asked, so the
+    per-sequence call asks for it too (m_tiles_per_warp=1): the default 32-rows-a-warp variant
+    takes 32-key blocks, a different summation order. Non-empty sequences only
+    (flash_attention refuses empty ones)."""
     lq, lk = [1, 7, 130, 64], [1, 9, 130, 200]
     q, k, v = packed(lq, lk, 4, 2, d, torch.bfloat16, device="cuda", seed=3)
     cq, ck = cu(lq, "cuda"), cu(lk, "cuda")
@@ -241,7 +244,12 @@ def test_gpu_bitwise_equal_to_per_sequence_flash_attention(d, causal, window, so
         q0, q1, k0, k1 = int(cq[b]), int(cq[b + 1]), int(ck[b]), int(ck[b + 1])
         seq = [t.transpose(0, 1).unsqueeze(0).contiguous() for t in (q[q0:q1], k[k0:k1], v[k0:k1])]
         o, l_ = attention.flash_forward(
-            *seq, "bottom_right" if causal else False, 1 / d**0.5, kernel="fa2", **kw
+            *seq,
+            "bottom_right" if causal else False,
+            1 / d**0.5,
+            kernel="fa2",
+            m_tiles_per_warp=1 if d == 128 else attention.FWD_M_TILES_PER_WARP,
+            **kw,
         )
         assert torch.equal(out[q0:q1], o.squeeze(0).transpose(0, 1))
         assert torch.equal(lse[:, q0:q1], l_[0])

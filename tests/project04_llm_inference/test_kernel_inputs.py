@@ -370,11 +370,13 @@ def test_split_plan_covers_the_context_in_whole_partitions(batch, max_len):
     assert part * splits >= max_len and part * (splits - 1) < max_len  # no empty trailing split
     if splits > 1:
         assert part >= decode.MIN_PARTITION
-        assert batch * 8 * (splits - 1) < decode.WAVES * 132  # no more splits than needed
+        assert batch * 8 * splits <= decode.WAVES * 132  # at most WAVES CTAs per SM
 
 
 def test_split_plan_fills_the_gpu_at_batch_1_and_splits_large_batches_little():
     part, splits = decode.split_plan(1, 8, 32768, num_sms=132)
     assert 8 * splits >= 4 * 132  # a few waves of CTAs for one sequence
-    assert decode.split_plan(256, 8, 32768, num_sms=132) == (16384, 2)  # 2048 CTAs already
-    assert decode.split_plan(512, 8, 32768, num_sms=132) == (32768, 1)  # no combine pass
+    assert decode.split_plan(64, 8, 32768, num_sms=132) == (8192, 4)  # 512 CTAs x 4 <= 16 x 132
+    # 2,048 CTAs (15.5 per SM) already: one split, no combine pass
+    assert decode.split_plan(256, 8, 1024, num_sms=132) == (1024, 1)
+    assert decode.split_plan(256, 8, 32768, num_sms=132) == (32768, 1)
