@@ -103,6 +103,17 @@ def _micro(phase: dict) -> str:
     )
 
 
+def _fused_loss(rec: dict) -> bool:
+    """The run's jobs computed the output projection and the loss together (--fused-loss;
+    fp16 jobs never do)."""
+    return bool((rec.get("config") or {}).get("train", {}).get("fused_loss"))
+
+
+def _fused_note(rec: dict, thr: dict) -> str:
+    fp16 = any(r.get("precision") == "fp16" for r in thr["runs"])
+    return ", output projection and loss fused" + (" (fp16's unfused)" if fp16 else "")
+
+
 def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
     thr = rec["results"].get("throughput")
     if not thr:
@@ -142,6 +153,7 @@ def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
     out = [
         f"{h}# Throughput and cost: `{thr['preset']}`, global batch {thr['global_batch']} x "
         f"{thr['seq_len']} tokens{_micro(thr)}, {thr['steps_total']} steps"
+        + (_fused_note(rec, thr) if _fused_loss(rec) else "")
         + (f", median of up to {n_reps} runs" if n_reps > 1 else ""),
         "",
         markdown_table(rows, floatfmt=".4g"),

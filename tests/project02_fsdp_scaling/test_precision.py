@@ -432,6 +432,10 @@ def test_one_repetition_is_the_record_and_report_of_one_run(tmp_path, fake_jobs)
     assert thr["runs"][1]["speedup_vs_bf16"] == pytest.approx(1.3)
     md = precision_markdown(rec)
     assert "| fp8-tensorwise | 130 | 1.3 | 13 |" in md and "(min" not in md and "runs" not in md
+    assert "loss fused" not in md
+    # a --fused-loss run says so in its heading, and that its fp16 jobs ran unfused
+    rec["config"]["train"]["fused_loss"] = True
+    assert ", output projection and loss fused (fp16's unfused)" in precision_markdown(rec)
 
 
 def test_a_failed_repetition_stops_its_recipe_and_is_reported(tmp_path, fake_jobs):
