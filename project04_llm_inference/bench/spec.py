@@ -452,7 +452,11 @@ def run(cfg: SpecBenchConfig) -> dict:
             "target": _model_shape(target),
             "draft": _model_shape(draft),
             "train": {
-                n: {f: m.get(f) for f in ("params", "train_loss", "heldout_loss")}
+                n: {
+                    f: m.get(f)
+                    for f in ("params", "train_loss", "heldout_loss", "distill", "top1_agreement")
+                    if f in m
+                }
                 for n, m in record.get("models", {}).items()
             },
             "train_steps": record["config"].get("max_steps"),

@@ -645,6 +645,18 @@ def _spec_context(res: dict) -> str:
         lo, hi = v["prompt_len_min"], v["prompt_len_max"]
         return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
+    dr = c.get("train", {}).get("draft", {})
+    agree = ""
+    if "top1_agreement" in dr:  # records from before it was measured say nothing
+        how = (
+            f" (distilled from the target, KL weight {dr['distill']:g})"
+            if dr.get("distill")
+            else ""
+        )
+        agree = (
+            f" The draft's{how} top-1 agreement with the target on held-out windows: "
+            f"{dr['top1_agreement']:.3f}."
+        )
     w = res["workloads"]
     lens = "; ".join(f"{n}: {v['requests']} prompts of {span(v)} tokens" for n, v in w.items())
     new = next((r["output_tokens"] // r["requests"] for r in res["rows"] if r["requests"]), 0)
@@ -658,7 +670,7 @@ def _spec_context(res: dict) -> str:
         "verification (each verification also emits one token of the target's). Same "
         "tokens: requests whose tokens equal the engine without speculation's exactly. "
         "Multi-step (for reference): the engine without speculation running k decode steps "
-        "per host round trip."
+        "per host round trip." + agree
     )
 
 

@@ -11,7 +11,12 @@ the same text, the Python standard library's own source files, with one byte-lev
 3. Models: `shared.model` transformers (GQA), a target (`target_*` fields; `125m`-like when
    scaled up) and a draft of a few million parameters (`draft_*`), trained on the same random
    windows of the token stream, one after the other: AdamW, linear warm-up, cosine decay;
-   bfloat16 autocast on a GPU.
+   bfloat16 autocast on a GPU. With `--distill A` the draft, trained second, learns from the
+   target as well: its loss is (1 - A) x the next-token cross-entropy + A x KL(target || draft)
+   over the same windows (the target's distribution, not only the next token, is what a
+   speculative draft must match). After training, the draft's top-1 agreement with the target
+   on held-out windows (the share of positions where both argmaxes match: the per-token
+   acceptance of greedy speculation if the draft saw the target's own context) is recorded.
 4. Export: `shared.hf_export.export_hf` writes `<models_dir>/target` and `<models_dir>/draft`
    (config.json, safetensors, tokenizer.json), which the engine serves:
    `EngineArgs(model=".../target", speculative_method="draft", speculative_model=".../draft")`.
@@ -67,6 +72,9 @@ class TrainCorpusConfig:
     draft_heads: int = 4
     draft_kv_heads: int = 2
     draft_ffn: int = 768
+    distill: float = 0.0
+    """Weight of KL(target || draft) in the draft's loss, in [0, 1] (0: the next-token
+    cross-entropy only; 1: the target's distribution only)."""
     seed: int = 0
     device: str = "auto"
     """'auto': cuda when a GPU is visible."""
@@ -83,6 +91,8 @@ class TrainCorpusConfig:
             raise ValueError(
                 f"max_seq_len must be >= seq_len ({self.seq_len}), got {self.max_seq_len}"
             )
+        if not (0.0 <= self.distill <= 1.0):
+            raise ValueError(f"distill must be in [0, 1], got {self.distill}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be finite and > 0, got {self.lr}")
         if self.max_files < 0 or self.warmup_steps < 0:
@@ -143,14 +153,58 @@ def _batch(stream: torch.Tensor, cfg: TrainCorpusConfig, gen: torch.Generator, d
     return windows[:, :-1], windows[:, 1:]
 
 
-def _loss(model, x, y, device) -> torch.Tensor:
+def _logits(model, x, device) -> torch.Tensor:
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        logits = model(x)
-    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        return model(x).float().flatten(0, 1)
 
 
-def train_one(model, train: torch.Tensor, val: torch.Tensor, cfg: TrainCorpusConfig, device):
-    """Train in place; returns (final train loss, validation loss, seconds)."""
+def _loss(model, x, y, device) -> torch.Tensor:
+    return F.cross_entropy(_logits(model, x, device), y.flatten())
+
+
+def distill_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, y: torch.Tensor, weight: float
+) -> torch.Tensor:
+    """(1 - weight) x cross-entropy(student, y) + weight x KL(teacher || student), both per
+    token averaged; logits (tokens, vocab), y (tokens,)."""
+    ce = F.cross_entropy(student_logits, y)
+    if weight == 0.0:
+        return ce
+    kl = F.kl_div(
+        F.log_softmax(student_logits, -1),
+        F.log_softmax(teacher_logits.detach(), -1),
+        log_target=True,
+        reduction="batchmean",
+    )
+    return (1.0 - weight) * ce + weight * kl
+
+
+@torch.no_grad()
+def top1_agreement(draft, target, val: torch.Tensor, cfg: TrainCorpusConfig, device) -> float:
+    """Share of held-out positions where the draft's argmax equals the target's (same
+    windows as the validation loss)."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    same = total = 0
+    for _ in range(cfg.eval_batches):
+        x, _ = _batch(val, cfg, gen, device)
+        a = _logits(draft, x, device).argmax(-1)
+        b = _logits(target, x, device).argmax(-1)
+        same += int((a == b).sum())
+        total += a.numel()
+    return same / total
+
+
+def train_one(
+    model,
+    train: torch.Tensor,
+    val: torch.Tensor,
+    cfg: TrainCorpusConfig,
+    device,
+    teacher=None,
+):
+    """Train in place (with `teacher`: distilled from it, cfg.distill the KL weight); returns
+    (final train loss, validation loss, seconds). The validation loss is the plain next-token
+    cross-entropy whatever the training loss."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
 
     def lr_at(step: int) -> float:
@@ -167,7 +221,12 @@ def train_one(model, train: torch.Tensor, val: torch.Tensor, cfg: TrainCorpusCon
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         x, y = _batch(train, cfg, gen, device)
-        loss = _loss(model, x, y, device)
+        if teacher is not None and cfg.distill > 0:
+            with torch.no_grad():
+                teacher_logits = _logits(teacher, x, device)
+            loss = distill_loss(_logits(model, x, device), teacher_logits, y.flatten(), cfg.distill)
+        else:
+            loss = _loss(model, x, y, device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -229,6 +288,7 @@ def run(cfg: TrainCorpusConfig) -> dict:
         "heldout_tokens": len(val),
         "models": {},
     }
+    trained = {}
     for name, (dim, layers, heads, kv, ffn) in shapes.items():
         args = ModelArgs(
             dim=dim,
@@ -241,17 +301,24 @@ def run(cfg: TrainCorpusConfig) -> dict:
         )
         model = build_model(args, seed=cfg.seed).to(device)
         print(f"{name}: {model.num_params() / 1e6:.1f} M parameters")
-        train_loss, val_loss, seconds = train_one(model, train, val, cfg, device)
+        teacher = trained.get("target") if name == "draft" else None
+        train_loss, val_loss, seconds = train_one(model, train, val, cfg, device, teacher)
+        entry = {
+            "params": model.num_params(),
+            "train_loss": train_loss,  # with --distill, the draft's distillation loss
+            "heldout_loss": val_loss,
+            "train_seconds": seconds,
+        }
+        if teacher is not None:
+            entry["distill"] = cfg.distill
+            entry["top1_agreement"] = top1_agreement(model, teacher, val, cfg, device)
+            print(f"draft: top-1 agreement with the target {entry['top1_agreement']:.3f}")
+        trained[name] = model
         folder = export_hf(
             model.cpu(), out / name, tokenizer_json=tok_path, eos_token_id=eos, overwrite=True
         )
-        record["models"][name] = {
-            "params": model.num_params(),
-            "train_loss": train_loss,
-            "heldout_loss": val_loss,
-            "train_seconds": seconds,
-            "folder": folder.name,
-        }
+        model.to(device)
+        record["models"][name] = {**entry, "folder": folder.name}
         print(f"{name}: train loss {train_loss:.3f}, held-out loss {val_loss:.3f} -> {folder}")
     (out / "train_record.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """A 2-layer target and a 1-layer draft, 10 steps on a dozen standard-library files (3 held
-    out): their greedy picks are far from ties (see the losslessness test's check)."""
+    out): their greedy picks are far from ties (see the losslessness test's check). The draft
+    is distilled from the target (KL weight 0.5), the path the bench records."""
     pytest.importorskip("tokenizers")
     from project04_llm_inference.spec.train_corpus import TrainCorpusConfig, run
 
@@ -46,6 +47,7 @@ def models(tmp_path_factory):
             **TINY_CORPUS_PAIR,
             max_steps=10,
             lr=1e-2,
+            distill=0.5,
         )
     )
     return d
@@ -99,6 +101,10 @@ def test_record_structure(bench, models):
     assert ctx["device"] == "cpu" and ctx["dtype"] == "float32"
     assert ctx["target"]["num_hidden_layers"] == 2 and ctx["draft"]["num_hidden_layers"] == 1
     assert ctx["heldout_files"] == 3
+    # the training record's figures travel into the bench record; only the draft has a teacher
+    train = ctx["train"]
+    assert "top1_agreement" not in train["target"] and train["draft"]["distill"] == 0.5
+    assert 0.0 <= train["draft"]["top1_agreement"] <= 1.0
 
     rows = res["rows"]
     plan = [("none", 0), ("multi-step", 4), ("draft", 2), ("draft", 3), ("ngram", 2)]
@@ -277,7 +283,7 @@ def _row(workload, batch, method, k, tok_s, base, acc=None, same=1.0):
     }
 
 
-def _spec_record(folder, *, draft_b1: float) -> None:
+def _spec_record(folder, *, draft_b1: float, draft_train: dict | None = None) -> None:
     """A hand-written spec_decode record: batch-1 draft at k=4 reaches `draft_b1` x."""
     from shared.results import save_result
 
@@ -320,7 +326,10 @@ def _spec_record(folder, *, draft_b1: float) -> None:
             "dtype": "bfloat16",
             "target": shape,
             "draft": {**shape, "hidden_size": 256, "num_hidden_layers": 2},
-            "train": {"target": {"params": 95_000_000}, "draft": {"params": 4_700_000}},
+            "train": {
+                "target": {"params": 95_000_000},
+                "draft": {"params": 4_700_000, **(draft_train or {})},
+            },
             "vocab_size": 8192,
             "heldout_files": 90,
             "corpus": "the stdlib",
@@ -334,6 +343,20 @@ def _spec_record(folder, *, draft_b1: float) -> None:
         "best_batch1_draft": spec.best_draft(rows, 2.0),
     }
     save_result(PROJECT, "spec_decode", res, reports_dir=folder, env=ENV)
+
+
+def test_report_states_the_drafts_agreement_and_distillation(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _spec_record(tmp_path / "a", draft_b1=1.0, draft_train={"distill": 0.5, "top1_agreement": 0.61})
+    _spec_record(tmp_path / "b", draft_b1=1.0, draft_train={"top1_agreement": 0.4})
+    _spec_record(tmp_path / "c", draft_b1=1.0)  # a record from before agreement was measured
+    md = {k: render(tmp_path / k)[0].read_text() for k in "abc"}
+    assert (
+        "The draft's (distilled from the target, KL weight 0.5) top-1 agreement with the "
+        "target on held-out windows: 0.610."
+    ) in md["a"]
+    assert "The draft's top-1 agreement with the target on held-out windows: 0.400." in md["b"]
+    assert "agreement" not in md["c"]
 
 
 @pytest.mark.parametrize("draft_b1", [2.4, 1.6])

@@ -714,8 +714,34 @@ def test_train_corpus_smoke_and_serve(tmp_path):
     assert spec.engine.stats()["spec_proposed_tokens"] > 0
 
 
+def test_distill_loss_is_cross_entropy_and_kl_weighted():
+    """weight 0: the cross-entropy exactly; weight 1: KL(teacher || student), zero when the
+    student is the teacher; in between the weighted sum; the teacher gets no gradient."""
+    from project04_llm_inference.spec.train_corpus import distill_loss
+
+    g = torch.Generator().manual_seed(0)
+    student = torch.randn(6, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(6, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 11, (6,), generator=g)
+    ce = torch.nn.functional.cross_entropy(student, y)
+    p_t, logp_s = teacher.softmax(-1), student.log_softmax(-1)
+    kl = (p_t * (p_t.log() - logp_s)).sum(-1).mean()  # per token, averaged over tokens
+    assert distill_loss(student, teacher, y, 0.0).item() == ce.item()
+    # float64: the two KL formulas agree to a few units of roundoff of the O(1) values
+    torch.testing.assert_close(distill_loss(student, teacher, y, 1.0), kl, rtol=1e-12, atol=1e-12)
+    mixed = distill_loss(student, teacher, y, 0.25)
+    torch.testing.assert_close(mixed, 0.75 * ce + 0.25 * kl, rtol=1e-12, atol=1e-12)
+    assert distill_loss(teacher, teacher, y, 1.0).abs().item() < 1e-12
+    mixed.backward()
+    assert teacher.grad is None and student.grad is not None
+
+
 def test_train_corpus_bad_config():
     from project04_llm_inference.spec.train_corpus import TrainCorpusConfig
+
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="distill must be in"):
+            TrainCorpusConfig(distill=bad)
 
     with pytest.raises(ValueError, match="vocab_size"):
         TrainCorpusConfig(vocab_size=100)
