@@ -308,6 +308,20 @@ def reference_attention(
     return torch.matmul(torch.softmax(s, dim=-1) * live, v)
 
 
+def _check_qkv_dtypes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k and v in one supported dtype (a TypeError naming the tensor otherwise)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype} "
+                "(cast with .half() or .bfloat16())"
+            )
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+
+
 def check_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -328,16 +342,7 @@ def check_inputs(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     check_causal(causal)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype} "
-                "(cast with .half() or .bfloat16())"
-            )
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(
-            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
-        )
+    _check_qkv_dtypes(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(
@@ -444,16 +449,7 @@ def check_varlen_inputs(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     varlen_causal(causal)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{name} must be torch.float16 or torch.bfloat16, got {t.dtype} "
-                "(cast with .half() or .bfloat16())"
-            )
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(
-            f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
-        )
+    _check_qkv_dtypes(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 3:
             raise ValueError(
