@@ -103,13 +103,11 @@ def _micro(phase: dict) -> str:
     )
 
 
-def _fused_loss(rec: dict) -> bool:
-    """The run's jobs computed the output projection and the loss together (--fused-loss;
-    fp16 jobs never do)."""
-    return bool((rec.get("config") or {}).get("train", {}).get("fused_loss"))
-
-
 def _fused_note(rec: dict, thr: dict) -> str:
+    """', output projection and loss fused' for a --fused-loss run (whose fp16 jobs never
+    fuse: said when there are some); '' otherwise."""
+    if not (rec.get("config") or {}).get("train", {}).get("fused_loss"):
+        return ""
     fp16 = any(r.get("precision") == "fp16" for r in thr["runs"])
     return ", output projection and loss fused" + (" (fp16's unfused)" if fp16 else "")
 
@@ -153,7 +151,7 @@ def _throughput_lines(rec: dict, h: str, name: str) -> list[str]:
     out = [
         f"{h}# Throughput and cost: `{thr['preset']}`, global batch {thr['global_batch']} x "
         f"{thr['seq_len']} tokens{_micro(thr)}, {thr['steps_total']} steps"
-        + (_fused_note(rec, thr) if _fused_loss(rec) else "")
+        + _fused_note(rec, thr)
         + (f", median of up to {n_reps} runs" if n_reps > 1 else ""),
         "",
         markdown_table(rows, floatfmt=".4g"),
