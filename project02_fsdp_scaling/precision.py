@@ -188,7 +188,7 @@ class Plan:
 
 
 def _fp16_unfused(job: TrainConfig) -> TrainConfig:
-    """fp16 jobs compute the loss unfused whatever --train.fused-loss says (its gradients would
+    """fp16 jobs compute the loss unfused whatever --fused-loss says (its gradients would
     form before loss scaling); the record's config says what each job ran with."""
     return replace(job, fused_loss=False) if job.precision == "fp16" else job
 

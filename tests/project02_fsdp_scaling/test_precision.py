@@ -152,7 +152,7 @@ def test_the_plan_runs_bf16_first_and_fp16_without_scaling_too(tmp_path):
 
 
 def test_a_fused_loss_run_leaves_fp16_jobs_unfused(tmp_path):
-    # --train.fused-loss would form fp16's gradients before loss scaling: its jobs run unfused
+    # --fused-loss would form fp16's gradients before loss scaling: its jobs run unfused
     cfg = precision.PrecisionConfig(
         precisions=("fp16", "fp8-rowwise"),
         reports_dir=str(tmp_path),
