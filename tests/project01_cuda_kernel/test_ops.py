@@ -86,11 +86,17 @@ def test_the_operators_and_their_schemas():
     # window_left/window_right/softcap have defaults (no window, no soft-capping): calls with
     # the first five (eight) arguments are the operators they were.
     window = "int window_left=-1, int window_right=-1, float softcap=0."
+    varlen = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
     assert schemas == {
         "project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, "
         f"float softmax_scale, {window}) -> (Tensor, Tensor)",
         "project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
         f"Tensor lse, int causal, float softmax_scale, {window}) -> (Tensor, Tensor, Tensor)",
+        "project01::flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, "
+        f"{varlen}, int causal, float softmax_scale, {window}) -> (Tensor, Tensor)",
+        "project01::flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
+        f"Tensor lse, {varlen}, int causal, float softmax_scale, {window}) "
+        "-> (Tensor, Tensor, Tensor)",
         "project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor",
         "project01::matmul_out(Tensor a, Tensor b, str kernel, Tensor(a3!) out) -> ()",
     }
