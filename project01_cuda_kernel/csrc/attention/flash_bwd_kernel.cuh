@@ -149,9 +149,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   const int g = lane / 4;
   const int t = lane % 4;
   const int n0 = n_block * BN;
-  // kSplitD: this warp's 16-key group and half (of the query rows of S^T, of D for dK, dV).
+  // kSplitD: this warp's 16-key group kg and half dhalf (of a step's query rows for S^T, of D
+  // for dK, dV).
   const int kg = kSplitD ? warp % KGROUPS : warp;
-  const int half = kSplitD ? warp / KGROUPS : 0;
+  const int dhalf = kSplitD ? warp / KGROUPS : 0;
   // This CTA's sequence: lengths, first rows in the packed tensors (VARLEN), mask offsets.
   // Without VARLEN these are references to the params themselves (the kernels read p.seqlen_q
   // etc. exactly as before: a local copy changed the default instances' machine code).
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   // The scale of S^T in P: softmax_scale, or with soft-capping softcap (S^T holds tanh then).
   const float scale_log2 = (SOFTCAP ? p.softcap : p.softmax_scale) * kLog2e;
   const int key0 = n0 + kg * 16 + g;  // this thread's keys: key0 and key0 + 8
-  const int mq = half * QW;  // this warp's first query row of S^T in a step (kSplitD), else 0
+  const int mq = dhalf * QW;  // this warp's first query row of S^T in a step (kSplitD), else 0
 
   for (int mb = m_begin; mb < m_blocks; ++mb) {
     if constexpr (LOCAL) {
@@ -463,7 +464,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 #pragma unroll
         for (int dp = 0; dp < DW / 16; ++dp) {
           uint32_t ob[4];
-          ldmatrix_x4_trans(ob, do_addr + kc * 16 * RB + (bt_lane ^ ((half * DW / 16 + dp) * 32)));
+          ldmatrix_x4_trans(ob, do_addr + kc * 16 * RB + (bt_lane ^ ((dhalf * DW / 16 + dp) * 32)));
           mma_16816<T>(dv[2 * dp], pa, ob[0], ob[1]);
           mma_16816<T>(dv[2 * dp + 1], pa, ob[2], ob[3]);
         }
@@ -475,7 +476,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 #pragma unroll
         for (int dp = 0; dp < DW / 16; ++dp) {
           uint32_t qb[4];
-          ldmatrix_x4_trans(qb, q_addr + kc * 16 * RB + (bt_lane ^ ((half * DW / 16 + dp) * 32)));
+          ldmatrix_x4_trans(qb, q_addr + kc * 16 * RB + (bt_lane ^ ((dhalf * DW / 16 + dp) * 32)));
           mma_16816<T>(dk[2 * dp], da, qb[0], qb[1]);
           mma_16816<T>(dk[2 * dp + 1], da, qb[2], qb[3]);
         }
@@ -543,7 +544,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   }
 #pragma unroll
   for (int i = 0; i < DTILES; ++i) {
-    const int col = half * DW + i * 8 + 2 * t;
+    const int col = dhalf * DW + i * 8 + 2 * t;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int key = key0 + rr * 8;
