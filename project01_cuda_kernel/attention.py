@@ -20,11 +20,16 @@ operator; on CUDA tensors they run our kernels in both directions:
   atomics.
   No S x S tensor is ever stored.
 
-Supported: float16 and bfloat16; head dims up to 128 (the kernels are compiled for 64 and 128; a
-smaller head dim is zero-padded to the next of those on the way in and sliced on the way out,
-which changes nothing in the result: the padded columns add 0 to every q.k and produce 0 output
-and gradient columns; it costs the copies and the padded arithmetic); any sequence lengths (k/v's
-may differ from q's).
+Supported: float16 and bfloat16; head dims up to 256 (the kernels are compiled for 64, 128 and
+256; a smaller head dim is zero-padded to the next of those on the way in and sliced on the way
+out, which changes nothing in the result: the padded columns add 0 to every q.k and produce 0
+output and gradient columns; it costs the copies and the padded arithmetic, up to 2x the
+products for 129..255 padded to 256); any sequence lengths (k/v's may differ from q's). Head dim
+256 has one FlashAttention-2 variant each way (16 query rows a warp forward, 64 keys a CTA
+backward: `m_tiles_per_warp` and `warps` do not apply) and no Hopper forward: `kernel="auto"`
+runs the FlashAttention-2 forward for it on every GPU, `kernel="hopper"` refuses it. Its shared
+memory per CTA, 128 KiB forward and 144.5 KiB backward (the head-dim-128 backward's is 145 KiB),
+is within the opt-in limits of the A100 (163 KiB) and the H100 (227 KiB).
 
 Grouped-query and multi-query attention (Llama-3's 8 k/v heads for 32 or 64 query heads): k and
 v may have Hk heads, Hk dividing H; query head h attends with k/v head h // (H / Hk) (each k/v
@@ -118,7 +123,7 @@ import torch
 from ._build import is_hopper, load_extension
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-SUPPORTED_HEAD_DIMS = (64, 128)  # the head dims the kernels are compiled for
+SUPPORTED_HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are compiled for
 MAX_HEAD_DIM = max(SUPPORTED_HEAD_DIMS)  # smaller ones are padded to the next compiled one
 # The values `causal` takes (see the module docstring). The operators in ops.py carry the index
 # into this tuple (an int in their schema: 0 False, 1 True, 2 "top_left", 3 "bottom_right").
@@ -131,23 +136,27 @@ MAX_WINDOW = 2**31 - 1
 _MAX_GRID_YZ = 65_535  # CUDA grid limit on the y (heads) and z (batch) dimensions
 # Forward kernel variant: 16-row MMA tiles per warp. 2 = FlashAttention-2's layout (32 query rows
 # a warp, Q re-read from shared memory); 1 = 16 rows a warp with Q held in registers. Both are
-# built and tested; the benchmark measures both.
+# built and tested; the benchmark measures both. (Head dim 256: one variant, 16 rows a warp.)
 FWD_M_TILES_PER_WARP = 2
 # Forward kernel: "hopper" (wgmma + TMA, compute capability 9.0 only), "fa2" (mma.sync, any GPU
 # from sm_80), or "auto": hopper where it runs, else fa2.
 FWD_KERNELS = ("auto", "hopper", "fa2")
+# The (kernel) head dims the Hopper forward is compiled for; "auto" runs fa2 for the others.
+HOPPER_HEAD_DIMS = (64, 128)
 # Backward kernel variant: warps per CTA, 16 keys each. 8 = 128 keys a CTA (half the dQ atomics
-# of 4 = 64 keys a CTA).
+# of 4 = 64 keys a CTA). (Head dim 256: one variant, 8 warps in pairs, 64 keys a CTA.)
 BWD_WARPS = 8
 
 _SOURCES = (
     "attention/flash_binding.cpp",
     "attention/flash_fwd_hdim64.cu",
     "attention/flash_fwd_hdim128.cu",
+    "attention/flash_fwd_hdim256.cu",
     "attention/flash_fwd_hopper_hdim64.cu",
     "attention/flash_fwd_hopper_hdim128.cu",
     "attention/flash_bwd_hdim64.cu",
     "attention/flash_bwd_hdim128.cu",
+    "attention/flash_bwd_hdim256.cu",
 )
 
 
@@ -735,8 +744,9 @@ def flash_forward(
 
     `out` and `lse` may be given to write into (the poisoned-output tests do); `kernel` is one of
     FWD_KERNELS; `m_tiles_per_warp` picks the FlashAttention-2 variant (1 or 2, see
-    FWD_M_TILES_PER_WARP). With a window or softcap in effect "auto" runs the FlashAttention-2
-    forward (the Hopper kernel has neither) and "hopper" is a ValueError.
+    FWD_M_TILES_PER_WARP; head dim 256 has one variant and ignores it). With a window or softcap
+    in effect, or head dim 256, "auto" runs the FlashAttention-2 forward (the Hopper kernel has
+    none of them) and "hopper" is a ValueError.
     """
     if m_tiles_per_warp not in (1, 2):
         raise ValueError(f"m_tiles_per_warp must be 1 or 2, got {m_tiles_per_warp!r}")
@@ -744,7 +754,7 @@ def flash_forward(
     softcap = resolve_softcap(softcap)
     B, H, Sq, _ = q.shape
     local = uses_local_kernels(causal, (left, right), softcap, Sq, k.shape[2])
-    kernel = select_fwd_kernel(kernel, local)
+    kernel = select_fwd_kernel(kernel, local, q.shape[-1])
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if lse is None:
@@ -760,14 +770,22 @@ def flash_forward(
     return out, lse
 
 
-def select_fwd_kernel(kernel: str, local: bool) -> str:
-    """resolve_fwd_kernel, knowing whether a window or softcap is in effect (`local`): then
-    "auto" is "fa2" on every GPU and "hopper" a ValueError (the Hopper forward has neither)."""
+def select_fwd_kernel(kernel: str, local: bool, head_dim: int | None = None) -> str:
+    """resolve_fwd_kernel, knowing whether a window or softcap is in effect (`local`) and the
+    kernel head dim (None: not known, taken as one the Hopper forward has): with a window or
+    softcap, or a head dim outside HOPPER_HEAD_DIMS (256), "auto" is "fa2" on every GPU and
+    "hopper" a ValueError (the Hopper forward has neither)."""
     if local and kernel == "hopper":
         raise ValueError(
             "kernel='hopper' does not implement window_size or softcap; use 'auto' or 'fa2'"
         )
-    return resolve_fwd_kernel("fa2" if local and kernel == "auto" else kernel)
+    no_hopper = head_dim is not None and head_dim not in HOPPER_HEAD_DIMS
+    if no_hopper and kernel == "hopper":
+        raise ValueError(
+            f"kernel='hopper' is compiled for head dims {HOPPER_HEAD_DIMS}, not {head_dim}; use "
+            "'auto' or 'fa2'"
+        )
+    return resolve_fwd_kernel("fa2" if (local or no_hopper) and kernel == "auto" else kernel)
 
 
 def resolve_fwd_kernel(kernel: str) -> str:
@@ -802,7 +820,8 @@ def flash_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels on kernel-ready inputs: (dq, dk, dv), each shaped like its input (dk, dv
     summed over each group of query heads when k/v have fewer heads); `warps` picks the variant
-    (8 or 4, see BWD_WARPS). `window_size` and `softcap`: the forward's."""
+    (8 or 4, see BWD_WARPS; head dim 256 has one variant and ignores it). `window_size` and
+    `softcap`: the forward's."""
     if warps not in (4, 8):
         raise ValueError(f"warps must be 4 or 8, got {warps!r}")
     left, right = resolve_window(window_size)

@@ -64,9 +64,11 @@ multiplies q by softcap so that the scores reach the cap. `flash_attention` gets
 softcap only when they are set, so an `attention_fn` without those arguments still runs the
 plain cases.
 
-Inputs `flash_attention` does not support (`attention.check_inputs`: head dims above 128; the
-smaller ones the kernels are not compiled for run zero-padded to 64 or 128) raise a one-line TypeError/ValueError; such a case is "refused" with that message, and
-`run_matrix` groups the refusals by the message with its case-specific numbers normalised.
+Inputs `flash_attention` does not support (`attention.check_inputs`: head dims above 256,
+which the matrix does not have; the head dims the kernels are not compiled for run zero-padded
+to 64, 128 or 256) raise a one-line TypeError/ValueError; such a case is "refused" with that
+message, and `run_matrix` groups the refusals by the message with its case-specific numbers
+normalised.
 
 On CPU tensors `flash_attention` runs its operator's float32 reference, so a CPU run checks this
 harness (inputs, references, rule, grouping), not the CUDA kernels. Importing this module needs

@@ -37,7 +37,7 @@ def test_devices_other_than_cpu_and_cuda_are_refused():
         flash_attention(q, k, v)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_default_scale_is_inverse_sqrt_head_dim(d):
     assert resolve_softmax_scale(None, d) == pytest.approx(d**-0.5, rel=1e-12)
     assert resolve_softmax_scale(0.3, d) == 0.3
@@ -113,17 +113,21 @@ def test_head_dim_mismatch():
         flash_attention(q, k, v)
 
 
-@pytest.mark.parametrize("d", [129, 160, 256])
+@pytest.mark.parametrize("d", [257, 320, 512])
 def test_unsupported_head_dim(d):
     q, k, v = qkv(d=d)
-    with pytest.raises(ValueError, match=r"head_dim \(q.shape\[-1\]\) must be at most 128"):
+    with pytest.raises(ValueError, match=r"head_dim \(q.shape\[-1\]\) must be at most 256"):
         flash_attention(q, k, v)
 
 
 @pytest.mark.parametrize(
-    "d,runs_as", [(1, 64), (32, 64), (59, 64), (64, 64), (80, 128), (128, 128)]
+    "d,runs_as",
+    [
+        *((1, 64), (32, 64), (59, 64), (64, 64), (80, 128), (128, 128)),
+        *((129, 256), (160, 256), (192, 256), (255, 256), (256, 256)),
+    ],
 )
-def test_head_dims_up_to_128_run_padded_to_a_compiled_one(d, runs_as):
+def test_head_dims_up_to_256_run_padded_to_a_compiled_one(d, runs_as):
     from project01_cuda_kernel.attention import kernel_head_dim, pad_head_dim
 
     assert kernel_head_dim(d) == runs_as
@@ -225,3 +229,32 @@ def test_hopper_kernel_refused_without_hopper_gpu():
         resolve_fwd_kernel("hopper")
     assert resolve_fwd_kernel("auto") == "fa2"
     assert resolve_fwd_kernel("fa2") == "fa2"
+
+
+@pytest.mark.parametrize("d", [129, 200, 256])
+def test_head_dims_above_128_are_accepted(d):
+    """Head dims 129..256 run (zero-padded to 256 on CUDA); on CPU tensors the operator's
+    reference, forward and backward, with k/v's and q's gradients shaped like them."""
+    q, k, v = qkv(h=4, hk=2, sq=9, sk=13, d=d)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out = flash_attention(q, k, v, causal="bottom_right", window_size=(5, -1), softcap=20.0)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    out.float().sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == v.grad.shape == (2, 2, 13, d)
+
+
+def test_head_dim_256_forward_kernel_choice():
+    """The Hopper forward is compiled for head dims 64 and 128 only: with head dim 256 "auto"
+    runs the FlashAttention-2 forward on every GPU and "hopper" is refused (on any machine: the
+    head dim is checked first). Without a head dim (or at 64, 128) nothing changes."""
+    from project01_cuda_kernel.attention import HOPPER_HEAD_DIMS, select_fwd_kernel
+
+    assert HOPPER_HEAD_DIMS == (64, 128)
+    assert select_fwd_kernel("auto", False, 256) == "fa2"
+    assert select_fwd_kernel("fa2", False, 256) == "fa2"
+    assert select_fwd_kernel("auto", True, 256) == "fa2"
+    with pytest.raises(ValueError, match=r"kernel='hopper' is compiled for head dims \(64, 128\)"):
+        select_fwd_kernel("hopper", False, 256)
+    for d in (None, 64, 128):
+        assert select_fwd_kernel("auto", False, d) == resolve_fwd_kernel("auto")

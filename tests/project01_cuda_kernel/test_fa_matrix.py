@@ -15,10 +15,13 @@ Cases refused (a one-line TypeError/ValueError naming the argument) are counted 
 reason; the summary is printed (shown even without -s) and nothing is written to reports/.
 
 GQA/MQA cases (k/v with 2 or 1 heads) and causal cases of unequal lengths (bottom-right aligned,
-as upstream) run and are checked like the rest; only head dims other than 64 and 128 are
-refused.
+as upstream) run and are checked like the rest, and so does every head dim (the kernels are
+compiled for 64, 128 and 256; the others run zero-padded to the next): no case of the matrix is
+refused. Head dims above 256 would be.
 
-CPU tier (fast): a 16-case subset (batch 1) run by the same `run_case` on CPU tensors, where
+CPU tier (fast): a 16-case subset (batch 1), a head dim above the matrix's (288, refused) and
+one of it (64), and two cases of head dims padded to 256 (160 and 256 itself), run by the same
+`run_case` on CPU tensors, where
 `flash_attention` is the operator's float32 reference math rounded once to the input dtype, not
 our kernels. So it checks the harness, not the kernels: which cases are refused and with what
 one-line reason, that refusals group by cause, that the accepted ones meet the rule, that the
@@ -35,14 +38,17 @@ import torch
 
 from project01_cuda_kernel.bench import fa_matrix
 
-# Subset for the CPU tier: an unsupported and a supported head dim, an unequal and an equal
+# Subset for the CPU tier: an unsupported head dim (288: above every compiled one; the matrix
+# itself has none since head dim 256 was compiled) and a supported one, an unequal and an equal
 # length pair from the matrix, MHA and GQA, causal both, bfloat16: 2 x 2 x 2 x 2 = 16 cases, the
-# 8 of head dim 64 accepted (160 is refused before any arithmetic). Batch 1 (the matrix has 2) halves the float32 math on 2 CPU cores;
-# it checks the harness, for which one batch entry is enough.
+# 8 of head dim 64 accepted (288 is refused before any arithmetic). Batch 1 (the matrix has 2)
+# halves the float32 math on 2 CPU cores; it checks the harness, for which one batch entry is
+# enough.
+UNSUPPORTED_HEAD_DIM = 288
 CPU_CASES = [
     replace(case, batch=1)
     for case in fa_matrix.matrix_cases(
-        head_dims=(160, 64),
+        head_dims=(UNSUPPORTED_HEAD_DIM, 64),
         seqlen_pairs=((113, 203), (1024, 1024)),
         mha_types=("mha", "gqa"),
         causal=(False, True),
@@ -53,10 +59,10 @@ SMALL_ACCEPTED = fa_matrix.Case(64, 113, 203, "mha", False, "bfloat16", batch=1)
 
 
 def expected_refusal(case: fa_matrix.Case) -> str | None:
-    """The argument `check_inputs` names for this case, or None: only a head dim above 128 is
-    refused (the smaller ones run padded to 64 or 128; GQA/MQA k/v heads and bottom-right causal
-    with unequal lengths are supported)."""
-    if case.head_dim > 128:
+    """The argument `check_inputs` names for this case, or None: only a head dim above 256 is
+    refused (the smaller ones run padded to 64, 128 or 256; GQA/MQA k/v heads and bottom-right
+    causal with unequal lengths are supported). None for every case of the matrix."""
+    if case.head_dim > 256:
         return "head_dim"
     return None
 
@@ -77,11 +83,10 @@ def test_matrix_on_gpu(capsys):
     for row in summary["rows"]:
         if row["status"] == "refused":
             assert "\n" not in row["reason"], row["case"]
-    # every head dim up to 128 runs (64 and 128 compiled, the rest padded); above, refused
-    by_id = {c.id: c for c in fa_matrix.MATRIX}
-    refused = {by_id[r["case"]].head_dim for r in summary["rows"] if r["status"] == "refused"}
-    assert refused == {d for d in fa_matrix.HEAD_DIMS if d > 128}, text
-    assert summary["accepted"] == sum(expected_refusal(c) is None for c in fa_matrix.MATRIX), text
+    # every head dim of the matrix runs (64, 128 and 256 compiled, the rest padded): none refused
+    assert all(expected_refusal(c) is None for c in fa_matrix.MATRIX)
+    assert summary["refused"] == 0 and summary["refusals"] == [], text
+    assert summary["accepted"] == 1440, text
     assert summary["failed"] == 0, text
 
 
@@ -256,10 +261,24 @@ def test_only_argument_errors_of_the_forward_are_refusals():
 
     with pytest.raises(RuntimeError, match="kernel launch failed"):
         fa_matrix.run_case(SMALL_ACCEPTED, "cpu", attention_fn=broken)
-    refused = fa_matrix.run_case(replace(SMALL_ACCEPTED, head_dim=160), "cpu")
+    refused = fa_matrix.run_case(replace(SMALL_ACCEPTED, head_dim=UNSUPPORTED_HEAD_DIM), "cpu")
     assert refused == {
         "status": "refused",
-        "reason": "head_dim (q.shape[-1]) must be at most 128 (kernels for (64, 128); a smaller "
-        "one is zero-padded to the next), got 160",
+        "reason": "head_dim (q.shape[-1]) must be at most 256 (kernels for (64, 128, 256); a "
+        "smaller one is zero-padded to the next), got 288",
         "error_type": "ValueError",
     }
+
+
+@pytest.mark.parametrize("head_dim", [160, 256])
+def test_cpu_head_dims_padded_to_256_are_accepted_and_meet_the_rule(head_dim):
+    """Matrix cases of head dims 160 (padded to 256 on CUDA) and 256, GQA and causal
+    (bottom-right with Sq < Sk): accepted, and on CPU (the operator's float32 reference) within
+    the rule, with a same-dtype error that really is bfloat16's."""
+    case = fa_matrix.Case(head_dim, 113, 203, "gqa", True, "bfloat16", batch=1)
+    assert replace(case, batch=fa_matrix.BATCH) in fa_matrix.MATRIX
+    row = fa_matrix.run_case(case, "cpu")
+    assert row["status"] == "ok", row
+    for name, e in row["errors"].items():
+        assert e["ok"] and e["ours"] <= e["bound"], (name, e)
+        assert 1e-4 < e["same_dtype"] < 0.1, (name, e)

@@ -25,9 +25,10 @@ from project01_cuda_kernel.gemm import available_kernels
 HALF_DTYPES = [torch.bfloat16, torch.float16]
 # Unit roundoff (half the spacing of numbers in [1, 2)) of the 16-bit dtypes.
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-# (batch, heads, kv heads, seq_q, seq_k, head_dim, causal): both head dims, every causal value,
-# Sq != Sk both ways, grouped-query (ratios 2 and 3) and multi-query k/v heads; the MQA case
-# aligned bottom-right with Sq > Sk has query rows that see no key (output 0, lse +inf).
+# (batch, heads, kv heads, seq_q, seq_k, head_dim, causal): the three compiled head dims and one
+# padded to 256 (160), every causal value, Sq != Sk both ways, grouped-query (ratios 2 and 3) and
+# multi-query k/v heads; the MQA cases aligned bottom-right with Sq > Sk have query rows that see
+# no key (output 0, lse +inf).
 ATTENTION_CASES = [
     (1, 2, 2, 16, 16, 64, True),
     (2, 1, 1, 8, 24, 64, False),
@@ -36,6 +37,8 @@ ATTENTION_CASES = [
     (1, 4, 2, 8, 20, 64, "bottom_right"),
     (2, 4, 1, 20, 8, 128, "bottom_right"),
     (1, 6, 2, 12, 20, 64, "top_left"),
+    (1, 2, 1, 20, 12, 256, "bottom_right"),
+    (1, 2, 2, 16, 16, 160, True),
 ]
 CASE_IDS = [f"b{b}h{h}kv{hk}q{sq}k{sk}d{d}-{c}" for b, h, hk, sq, sk, d, c in ATTENTION_CASES]
 # (dtype, kernel) for matmul: every kernel name is accepted on CPU (one reference product).
@@ -120,7 +123,7 @@ def test_cpu_reference_matches_sdpa_in_float64(case, dtype):
 
     Tolerance, from the arithmetic: the inputs (q, k, v, dout) are 16-bit values, exact in
     float32 and float64, so the float64 SDPA is the exact answer for them. The reference works in
-    float32 (relative error ~2^-24 per operation, sums of at most 128 terms of magnitude ~10:
+    float32 (relative error ~2^-24 per operation, sums of at most 256 terms of magnitude ~10:
     below 2^-16 absolute, the additive term) and rounds each result once to the 16-bit dtype
     (at most u |x|, u = its unit roundoff). The gradients also read the forward's output already
     rounded to the 16-bit dtype, in D = rowsum(dout * out) (relative error u in D), which enters
@@ -196,7 +199,7 @@ def test_matmul_out_refuses_autograd():
     ("change", "exc", "match"),
     [
         ({"dtype": torch.float32}, TypeError, "q must be torch.float16 or torch.bfloat16"),
-        ({"d": 160}, ValueError, r"head_dim \(q.shape\[-1\]\) must be at most 128"),
+        ({"d": 320}, ValueError, r"head_dim \(q.shape\[-1\]\) must be at most 256"),
         ({"sk": 9}, ValueError, "causal=True needs q and k of equal sequence length"),
         ({"hk": 3}, ValueError, "k and v must have q's batch 1 and a number of heads dividing"),
     ],

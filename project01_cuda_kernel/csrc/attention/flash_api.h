@@ -141,13 +141,19 @@ inline uint64_t kv_head_inverse(int ratio) {
 // cudaSuccess or the first CUDA error met.
 cudaError_t flash_fwd_hdim64(const FwdParams& params, cudaStream_t stream);
 cudaError_t flash_fwd_hdim128(const FwdParams& params, cudaStream_t stream);
+// Head dim 256: one variant (8 warps, 16 rows a warp, Q in shared memory); m_tiles_per_warp is
+// ignored.
+cudaError_t flash_fwd_hdim256(const FwdParams& params, cudaStream_t stream);
 // Hopper forward (wgmma + TMA, warp-specialised; flash_fwd_hopper.cuh): compute capability 9.0
 // only, cudaErrorNotSupported elsewhere. Same parameters and outputs as the FlashAttention-2
-// forward (m_tiles_per_warp is ignored).
+// forward (m_tiles_per_warp is ignored). No head-dim-256 instance (flash_fwd_hopper returns
+// cudaErrorInvalidValue for it; the FlashAttention-2 forward runs head dim 256).
 cudaError_t flash_fwd_hopper_hdim64(const FwdParams& params, cudaStream_t stream);
 cudaError_t flash_fwd_hopper_hdim128(const FwdParams& params, cudaStream_t stream);
 cudaError_t flash_bwd_hdim64(const BwdParams& params, cudaStream_t stream);
 cudaError_t flash_bwd_hdim128(const BwdParams& params, cudaStream_t stream);
+// Head dim 256: one variant (8 warps in pairs, 64 keys a CTA); warps is ignored.
+cudaError_t flash_bwd_hdim256(const BwdParams& params, cudaStream_t stream);
 
 // Dispatch on head_dim; any other head_dim gives cudaErrorInvalidValue.
 inline cudaError_t flash_fwd(const FwdParams& params, cudaStream_t stream) {
@@ -156,6 +162,8 @@ inline cudaError_t flash_fwd(const FwdParams& params, cudaStream_t stream) {
       return flash_fwd_hdim64(params, stream);
     case 128:
       return flash_fwd_hdim128(params, stream);
+    case 256:
+      return flash_fwd_hdim256(params, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -178,6 +186,8 @@ inline cudaError_t flash_bwd(const BwdParams& params, cudaStream_t stream) {
       return flash_bwd_hdim64(params, stream);
     case 128:
       return flash_bwd_hdim128(params, stream);
+    case 256:
+      return flash_bwd_hdim256(params, stream);
     default:
       return cudaErrorInvalidValue;
   }

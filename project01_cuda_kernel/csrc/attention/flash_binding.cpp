@@ -110,7 +110,7 @@ flash::FwdParams fwd_params(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
   check_kv_heads(q, k);
   TORCH_CHECK(o.sizes() == q.sizes(), "o must have q's shape");
-  TORCH_CHECK(D == 64 || D == 128, "head dim must be 64 or 128, got ", D);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256, got ", D);
   TORCH_CHECK(Sq > 0 && Sk > 0 && Sq < INT32_MAX / 2 && Sk < INT32_MAX / 2,
               "bad sequence lengths");
   check_f32(lse, {B, H, Sq}, "lse");
@@ -159,9 +159,12 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
 }
 
 // Forward (Hopper kernel, compute capability 9.0 only): same outputs as fwd, without window and
-// softcap (attention.py runs fwd for those).
+// softcap and head dim 64 or 128 only (attention.py runs fwd for the others).
 void fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
                 at::Tensor& lse, bool causal, bool bottom_right, double softmax_scale) {
+  TORCH_CHECK(q.size(-1) != 256,
+              "the Hopper forward has no head-dim-256 instance (the FlashAttention-2 forward runs "
+              "it)");
   const c10::cuda::CUDAGuard guard(q.device());
   const flash::FwdParams p = fwd_params(q, k, v, o, lse, causal, bottom_right, softmax_scale, 2);
   const cudaError_t err = flash::flash_fwd_hopper(p, c10::cuda::getCurrentCUDAStream().stream());
@@ -195,7 +198,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   check_kv_heads(q, k);
   TORCH_CHECK(o.sizes() == q.sizes() && dout.sizes() == q.sizes() && dq.sizes() == q.sizes(),
               "o, dout, dq must have q's shape");
-  TORCH_CHECK(D == 64 || D == 128, "head dim must be 64 or 128, got ", D);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256, got ", D);
   TORCH_CHECK(Sq > 0 && Sk > 0 && Sq < INT32_MAX / 2 && Sk < INT32_MAX / 2,
               "bad sequence lengths");
   check_f32(lse, {B, H, Sq}, "lse");
@@ -352,7 +355,8 @@ void fwd_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
   }
   TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
   TORCH_CHECK(o.sizes() == q.sizes(), "o must have q's shape");
-  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "head dim must be 64 or 128, got ", q.size(2));
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128 || q.size(2) == 256,
+              "head dim must be 64, 128 or 256, got ", q.size(2));
   check_f32(lse, {q.size(1), q.size(0)}, "lse");
   const c10::cuda::CUDAGuard guard(q.device());
   flash::FwdParams p{};
@@ -395,7 +399,7 @@ void bwd_varlen(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
               "k, v, dk, dv must have the same shape");
   TORCH_CHECK(o.sizes() == q.sizes() && dout.sizes() == q.sizes() && dq.sizes() == q.sizes(),
               "o, dout, dq must have q's shape");
-  TORCH_CHECK(D == 64 || D == 128, "head dim must be 64 or 128, got ", D);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256, "head dim must be 64, 128 or 256, got ", D);
   check_f32(lse, {H, total_q}, "lse");
   const c10::cuda::CUDAGuard guard(q.device());
   auto f32 = q.options().dtype(at::kFloat);

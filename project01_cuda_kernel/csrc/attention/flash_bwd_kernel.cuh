@@ -17,6 +17,16 @@
 // Working on S^T rather than S keeps every product an mma with the operand already in the layout
 // ldmatrix gives: no register transposes.
 //
+// Head dim 256 (BwdSplitD): dK and dV of 16 keys x 256 columns would be 256 floats a thread, so
+// the 8 warps pair up. BN = 64 keys a CTA; warp w takes keys 16 (w % 4) + 0..15 and half
+// h = w / 4: it computes S^T, P^T, dP^T, dS^T for query rows 32h .. 32h + 31 of the step (16 x 32,
+// the k loops over all 256 columns), writes P^T and dS^T to BN x BM shared tiles, and after a
+// barrier accumulates dV += P^T dO and dK += dS^T Q over all BM rows for columns 128h .. 128h +
+// 127 (2 x 64 floats a thread), with P^T and dS^T read back by ldmatrix. dQ is as above (4 row
+// groups x 2 column slices of 128). Q/dO have one shared stage (64 KiB): the next block is
+// loaded after a third barrier, while dQ (which reads only dS^T and K) is computed.
+// Shared memory: K, V 64 KiB, Q/dO 64 KiB, dS^T and P^T 16 KiB, lse/Dpre 512 B: 147,968 bytes.
+//
 // Grouped-query attention: the CTA of query head h reads K and V of k/v head h / h_h_k_ratio and
 // writes its dK, dV to query head h of dk/dv (B, H, Sk, D), which the caller sums over each group
 // (FlashAttention-2's design: no atomics across the CTAs of a group). Causal: key j is seen by
@@ -89,15 +99,33 @@ __device__ __forceinline__ void atomic_add_f32x2(float* dst, float x, float y) {
 #endif
 }
 
+// The backward's tile shape per head dim. Up to 128 (BwdSplitD false): warp w owns keys
+// 16w..16w+15 and all D columns of their dK, dV (2 x D / 8 x 4 floats a thread); Q/dO go
+// through two shared-memory stages. Head dim 256 (true): 2 x 128 floats would not fit, so the
+// warps pair up: warp w owns keys 16 (w % (NWARPS / 2)) + 0..15 and the half w / (NWARPS / 2)
+// of D for dK, dV (2 x 64 floats), and the same half of the query rows of a step for S^T and
+// dP^T; P^T and dS^T go through shared memory to the partner warp. One Q/dO stage: the next
+// block is loaded while dQ is computed (two stages, 128 KiB, would not fit next to K and V in
+// an A100's 163 KiB).
+template <int D>
+struct BwdSplitD {
+  static constexpr bool value = D > 128;
+};
+
 template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP, bool VARLEN>
 __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(const BwdParams p) {
+  constexpr bool kSplitD = BwdSplitD<D>::value;
   constexpr int NTHREADS = NWARPS * 32;
-  constexpr int BN = 16 * NWARPS;  // keys per CTA
+  constexpr int KGROUPS = kSplitD ? NWARPS / 2 : NWARPS;  // 16-key groups of warps
+  constexpr int BN = 16 * KGROUPS;  // keys per CTA
   constexpr int BM = 64;           // query rows per step
   constexpr int RB = D * 2;        // bytes per row of a (., D) tile
   constexpr int SRB = BM * 2;      // bytes per row of the dS^T tile (BN x BM)
-  constexpr int QTILES = BM / 8;   // 8-wide column tiles of S^T per warp
-  constexpr int DTILES = D / 8;    // 8-wide column tiles of dK, dV per warp
+  constexpr int QW = kSplitD ? BM / 2 : BM;  // query rows of S^T per warp
+  constexpr int QTILES = QW / 8;   // 8-wide column tiles of S^T per warp
+  constexpr int DW = kSplitD ? D / 2 : D;  // columns of dK, dV per warp
+  constexpr int DTILES = DW / 8;   // 8-wide column tiles of dK, dV per warp
+  constexpr int kStages = kSplitD ? 1 : 2;  // Q/dO stages
   static_assert(NWARPS % (BM / 16) == 0, "dQ: warps split into BM / 16 row groups");
   static_assert(!(CAUSAL && LOCAL), "LOCAL folds the causal mask into window_hi");
   static_assert(!SOFTCAP || LOCAL, "soft-capping runs in the LOCAL instances");
@@ -105,10 +133,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* const s_k = reinterpret_cast<T*>(smem_raw);  // BN x D
   T* const s_v = s_k + BN * D;                     // BN x D
-  T* const s_qdo = s_v + BN * D;                   // 2 stages x (Q, dO), BM x D each
-  T* const s_ds = s_qdo + 4 * BM * D;              // BN x BM, dS^T
-  float* const s_lse = reinterpret_cast<float*>(s_ds + BN * BM);  // 2 stages x BM
-  float* const s_dpre = s_lse + 2 * BM;                           // 2 stages x BM
+  T* const s_qdo = s_v + BN * D;                   // kStages x (Q, dO), BM x D each
+  T* const s_ds = s_qdo + 2 * kStages * BM * D;    // BN x BM, dS^T
+  T* const s_p = s_ds + BN * BM;                   // kSplitD: BN x BM, P^T
+  float* const s_lse = reinterpret_cast<float*>(s_ds + (kSplitD ? 2 : 1) * BN * BM);  // per stage
+  float* const s_dpre = s_lse + kStages * BM;                                         // per stage
   constexpr int kQdoStage = 2 * BM * D;
 
   const int n_block = blockIdx.x;
@@ -120,6 +149,10 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   const int g = lane / 4;
   const int t = lane % 4;
   const int n0 = n_block * BN;
+  // kSplitD: this warp's 16-key group kg and half dhalf (of a step's query rows for S^T, of D
+  // for dK, dV).
+  const int kg = kSplitD ? warp % KGROUPS : warp;
+  const int dhalf = kSplitD ? warp / KGROUPS : 0;
   // This CTA's sequence: lengths, first rows in the packed tensors (VARLEN), mask offsets.
   // Without VARLEN these are references to the params themselves (the kernels read p.seqlen_q
   // etc. exactly as before: a local copy changed the default instances' machine code).
@@ -200,6 +233,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 
   // ldmatrix lane offsets (bytes; see swz_lane).
   const uint32_t a_lane = swz_lane<RB>(lane & 15, lane >> 4);  // A operand, row major
+  // kSplitD: P^T and dS^T as the A operand of dV, dK, read from their BN x BM tiles.
+  const uint32_t pa_lane = swz_lane<SRB>(lane & 15, lane >> 4);
   const uint32_t bn_lane = swz_lane<RB>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
   const uint32_t bt_lane = swz_lane<RB>((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
   // dS as the A operand of dQ = dS K, read transposed out of the dS^T tile.
@@ -219,23 +254,29 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 
   // The scale of S^T in P: softmax_scale, or with soft-capping softcap (S^T holds tanh then).
   const float scale_log2 = (SOFTCAP ? p.softcap : p.softmax_scale) * kLog2e;
-  const int key0 = n0 + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
+  const int key0 = n0 + kg * 16 + g;  // this thread's keys: key0 and key0 + 8
+  const int mq = dhalf * QW;  // this warp's first query row of S^T in a step (kSplitD), else 0
 
   for (int mb = m_begin; mb < m_blocks; ++mb) {
     if constexpr (LOCAL) {
       if (mb * BM > n0 + BN - 1 - window_lo) break;
     }
-    const int stage = (mb - m_begin) & 1;
-    if constexpr (LOCAL) {
-      if (mb + 1 < m_blocks && (mb + 1) * BM <= n0 + BN - 1 - window_lo) {
-        load_q_block(mb + 1, stage ^ 1);
-      }
+    const int stage = kSplitD ? 0 : (mb - m_begin) & 1;
+    if constexpr (kSplitD) {  // one stage: block mb was loaded during the previous step's dQ
+      cp_async_wait<0>();
+      __syncthreads();
     } else {
-      if (mb + 1 < m_blocks) load_q_block(mb + 1, stage ^ 1);
+      if constexpr (LOCAL) {
+        if (mb + 1 < m_blocks && (mb + 1) * BM <= n0 + BN - 1 - window_lo) {
+          load_q_block(mb + 1, stage ^ 1);
+        }
+      } else {
+        if (mb + 1 < m_blocks) load_q_block(mb + 1, stage ^ 1);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
 
     const int m0 = mb * BM;
     const uint32_t q_addr = smem_u32(s_qdo + stage * kQdoStage);
@@ -243,7 +284,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
     const float* s_lse_st = s_lse + stage * BM;
     const float* s_dpre_st = s_dpre + stage * BM;
 
-    // S^T = K_w Q^T, 16 keys x BM queries. (The k loop stays rolled: unrolled, the compiler
+    // S^T = K_w Q^T, 16 keys x QW queries. (The k loop stays rolled: unrolled, the compiler
     // hoists every fragment load and runs out of registers.)
     float st[QTILES][4];
 #pragma unroll
@@ -251,11 +292,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 #pragma unroll 1
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ka[4];
-      ldmatrix_x4(ka, k_addr + warp * 16 * RB + (a_lane ^ (kk * 32)));
+      ldmatrix_x4(ka, k_addr + kg * 16 * RB + (a_lane ^ (kk * 32)));
 #pragma unroll
       for (int np = 0; np < QTILES / 2; ++np) {
         uint32_t qb[4];
-        ldmatrix_x4(qb, q_addr + np * 16 * RB + (bn_lane ^ (kk * 32)));
+        ldmatrix_x4(qb, q_addr + (mq + np * 16) * RB + (bn_lane ^ (kk * 32)));
         mma_16816<T>(st[2 * np], ka, qb[0], qb[1]);
         mma_16816<T>(st[2 * np + 1], ka, qb[2], qb[3]);
       }
@@ -269,8 +310,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
       for (int j = 0; j < QTILES; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) st[j][e] = softcap_tanh(st[j][e] * p.softcap_in);
-        const int m = j * 8 + 2 * t;
-        const int r = warp * 16 + g;
+        const int m = mq + j * 8 + 2 * t;
+        const int r = kg * 16 + g;
         *reinterpret_cast<__half2*>(s_ds + swz<BM>(r, m)) =
             __floats2half2_rn(1.f - st[j][0] * st[j][0], 1.f - st[j][1] * st[j][1]);
         *reinterpret_cast<__half2*>(s_ds + swz<BM>(r + 8, m)) =
@@ -290,7 +331,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
     for (int j = 0; j < QTILES; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int m = j * 8 + 2 * t + (e & 1);
+        const int m = mq + j * 8 + 2 * t + (e & 1);
         float pv = exp2f(fmaf(st[j][e], scale_log2, -s_lse_st[m] * kLog2e));
         if (need_mask) {
           const int key = key0 + (e >> 1) * 8;
@@ -318,35 +359,48 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
       }
     }
 
-    // dV += P^T dO (k = query rows).
+    if constexpr (kSplitD) {
+      // P^T to shared memory (as T), for the dV product after the barrier below: the partner
+      // warp holds the other half of the query rows.
 #pragma unroll
-    for (int kc = 0; kc < BM / 16; ++kc) {
-      uint32_t pa[4];
-      pa[0] = TypeTraits<T>::pack(st[2 * kc][0], st[2 * kc][1]);
-      pa[1] = TypeTraits<T>::pack(st[2 * kc][2], st[2 * kc][3]);
-      pa[2] = TypeTraits<T>::pack(st[2 * kc + 1][0], st[2 * kc + 1][1]);
-      pa[3] = TypeTraits<T>::pack(st[2 * kc + 1][2], st[2 * kc + 1][3]);
+      for (int j = 0; j < QTILES; ++j) {
+        const int m = mq + j * 8 + 2 * t;
+        const int r = kg * 16 + g;
+        *reinterpret_cast<uint32_t*>(s_p + swz<BM>(r, m)) = TypeTraits<T>::pack(st[j][0], st[j][1]);
+        *reinterpret_cast<uint32_t*>(s_p + swz<BM>(r + 8, m)) =
+            TypeTraits<T>::pack(st[j][2], st[j][3]);
+      }
+    } else {
+      // dV += P^T dO (k = query rows).
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t ob[4];
-        ldmatrix_x4_trans(ob, do_addr + kc * 16 * RB + (bt_lane ^ (dp * 32)));
-        mma_16816<T>(dv[2 * dp], pa, ob[0], ob[1]);
-        mma_16816<T>(dv[2 * dp + 1], pa, ob[2], ob[3]);
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        uint32_t pa[4];
+        pa[0] = TypeTraits<T>::pack(st[2 * kc][0], st[2 * kc][1]);
+        pa[1] = TypeTraits<T>::pack(st[2 * kc][2], st[2 * kc][3]);
+        pa[2] = TypeTraits<T>::pack(st[2 * kc + 1][0], st[2 * kc + 1][1]);
+        pa[3] = TypeTraits<T>::pack(st[2 * kc + 1][2], st[2 * kc + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t ob[4];
+          ldmatrix_x4_trans(ob, do_addr + kc * 16 * RB + (bt_lane ^ (dp * 32)));
+          mma_16816<T>(dv[2 * dp], pa, ob[0], ob[1]);
+          mma_16816<T>(dv[2 * dp + 1], pa, ob[2], ob[3]);
+        }
       }
     }
 
-    // dP^T = V_w dO^T, 16 keys x BM queries.
+    // dP^T = V_w dO^T, 16 keys x QW queries.
     float dpt[QTILES][4];
 #pragma unroll
     for (int j = 0; j < QTILES; ++j) dpt[j][0] = dpt[j][1] = dpt[j][2] = dpt[j][3] = 0.f;
 #pragma unroll 1
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t va[4];
-      ldmatrix_x4(va, v_addr + warp * 16 * RB + (a_lane ^ (kk * 32)));
+      ldmatrix_x4(va, v_addr + kg * 16 * RB + (a_lane ^ (kk * 32)));
 #pragma unroll
       for (int np = 0; np < QTILES / 2; ++np) {
         uint32_t ob[4];
-        ldmatrix_x4(ob, do_addr + np * 16 * RB + (bn_lane ^ (kk * 32)));
+        ldmatrix_x4(ob, do_addr + (mq + np * 16) * RB + (bn_lane ^ (kk * 32)));
         mma_16816<T>(dpt[2 * np], va, ob[0], ob[1]);
         mma_16816<T>(dpt[2 * np + 1], va, ob[2], ob[3]);
       }
@@ -355,14 +409,14 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
     // dS^T = P^T * (dP^T - Dpre), kept in st; stored to shared memory as T for the dQ product.
 #pragma unroll
     for (int j = 0; j < QTILES; ++j) {
-      const int m = j * 8 + 2 * t;
+      const int m = mq + j * 8 + 2 * t;
       const float d0 = s_dpre_st[m];
       const float d1 = s_dpre_st[m + 1];
       st[j][0] *= dpt[j][0] - d0;
       st[j][1] *= dpt[j][1] - d1;
       st[j][2] *= dpt[j][2] - d0;
       st[j][3] *= dpt[j][3] - d1;
-      const int r = warp * 16 + g;
+      const int r = kg * 16 + g;
       if constexpr (SOFTCAP) {  // times 1 - tanh^2, parked here above
         const float2 d01 =
             __half22float2(*reinterpret_cast<const __half2*>(s_ds + swz<BM>(r, m)));
@@ -378,23 +432,65 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
           TypeTraits<T>::pack(st[j][2], st[j][3]);
     }
 
-    // dK += dS^T Q (k = query rows).
+    if constexpr (!kSplitD) {
+      // dK += dS^T Q (k = query rows).
 #pragma unroll
-    for (int kc = 0; kc < BM / 16; ++kc) {
-      uint32_t da[4];
-      da[0] = TypeTraits<T>::pack(st[2 * kc][0], st[2 * kc][1]);
-      da[1] = TypeTraits<T>::pack(st[2 * kc][2], st[2 * kc][3]);
-      da[2] = TypeTraits<T>::pack(st[2 * kc + 1][0], st[2 * kc + 1][1]);
-      da[3] = TypeTraits<T>::pack(st[2 * kc + 1][2], st[2 * kc + 1][3]);
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        uint32_t da[4];
+        da[0] = TypeTraits<T>::pack(st[2 * kc][0], st[2 * kc][1]);
+        da[1] = TypeTraits<T>::pack(st[2 * kc][2], st[2 * kc][3]);
+        da[2] = TypeTraits<T>::pack(st[2 * kc + 1][0], st[2 * kc + 1][1]);
+        da[3] = TypeTraits<T>::pack(st[2 * kc + 1][2], st[2 * kc + 1][3]);
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t qb[4];
-        ldmatrix_x4_trans(qb, q_addr + kc * 16 * RB + (bt_lane ^ (dp * 32)));
-        mma_16816<T>(dk[2 * dp], da, qb[0], qb[1]);
-        mma_16816<T>(dk[2 * dp + 1], da, qb[2], qb[3]);
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t qb[4];
+          ldmatrix_x4_trans(qb, q_addr + kc * 16 * RB + (bt_lane ^ (dp * 32)));
+          mma_16816<T>(dk[2 * dp], da, qb[0], qb[1]);
+          mma_16816<T>(dk[2 * dp + 1], da, qb[2], qb[3]);
+        }
       }
     }
     __syncthreads();  // the whole dS^T tile is written (and Q, dO of this stage are read)
+
+    if constexpr (kSplitD) {
+      // dV += P^T dO and dK += dS^T Q for this warp's 16 keys (rows kg * 16 .. of the P^T and
+      // dS^T tiles, all BM query rows: both halves' S^T) and its half of D.
+      const uint32_t pt_addr = smem_u32(s_p) + kg * 16 * SRB;
+      const uint32_t dst_addr = ds_addr + kg * 16 * SRB;
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        uint32_t pa[4];
+        ldmatrix_x4(pa, pt_addr + (pa_lane ^ (kc * 32)));
+#pragma unroll
+        for (int dp = 0; dp < DW / 16; ++dp) {
+          uint32_t ob[4];
+          ldmatrix_x4_trans(ob, do_addr + kc * 16 * RB + (bt_lane ^ ((dhalf * DW / 16 + dp) * 32)));
+          mma_16816<T>(dv[2 * dp], pa, ob[0], ob[1]);
+          mma_16816<T>(dv[2 * dp + 1], pa, ob[2], ob[3]);
+        }
+      }
+#pragma unroll
+      for (int kc = 0; kc < BM / 16; ++kc) {
+        uint32_t da[4];
+        ldmatrix_x4(da, dst_addr + (pa_lane ^ (kc * 32)));
+#pragma unroll
+        for (int dp = 0; dp < DW / 16; ++dp) {
+          uint32_t qb[4];
+          ldmatrix_x4_trans(qb, q_addr + kc * 16 * RB + (bt_lane ^ ((dhalf * DW / 16 + dp) * 32)));
+          mma_16816<T>(dk[2 * dp], da, qb[0], qb[1]);
+          mma_16816<T>(dk[2 * dp + 1], da, qb[2], qb[3]);
+        }
+      }
+      __syncthreads();  // Q, dO (and lse, Dpre) of this block are read: load the next one
+      if constexpr (LOCAL) {
+        if (mb + 1 < m_blocks && (mb + 1) * BM <= n0 + BN - 1 - window_lo) {
+          load_q_block(mb + 1, 0);
+        }
+      } else {
+        if (mb + 1 < m_blocks) load_q_block(mb + 1, 0);
+      }
+      cp_async_commit();
+    }
 
     // dQ += scale * dS (BM x BN) K (BN x D). Warp w takes query rows 16 (w % 4) .. +15 and the
     // w / 4 -th of NWARPS / 4 column slices of D.
@@ -436,8 +532,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   }
   cp_async_wait<0>();
 
-  // Store dK (times scale) and dV: rows key0 and key0 + 8, columns 8i + 2t; query head `head` of
-  // dk/dv (the k/v head itself when h_h_k_ratio is 1).
+  // Store dK (times scale) and dV: rows key0 and key0 + 8, columns 8i + 2t (kSplitD: of this
+  // warp's half of D); query head `head` of dk/dv (the k/v head itself when h_h_k_ratio is 1).
   T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
   T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
   if constexpr (VARLEN) {
@@ -448,7 +544,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
   }
 #pragma unroll
   for (int i = 0; i < DTILES; ++i) {
-    const int col = i * 8 + 2 * t;
+    const int col = dhalf * DW + i * 8 + 2 * t;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int key = key0 + rr * 8;
@@ -464,10 +560,15 @@ __global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_bwd_kernel(cons
 
 template <typename T, int D, int NWARPS, bool CAUSAL, bool LOCAL, bool SOFTCAP, bool VARLEN>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
-  constexpr int BN = 16 * NWARPS;
+  constexpr bool kSplitD = BwdSplitD<D>::value;
+  constexpr int BN = kSplitD ? 8 * NWARPS : 16 * NWARPS;
   constexpr int BM = 64;
-  constexpr size_t smem_bytes =
-      (2 * BN * D + 4 * BM * D + BN * BM) * sizeof(T) + 4 * BM * sizeof(float);
+  constexpr int kStages = kSplitD ? 1 : 2;
+  // K, V; the Q/dO stages; dS^T (and P^T with kSplitD); lse and Dpre per stage.
+  constexpr size_t smem_bytes = (2 * BN * D + 2 * kStages * BM * D + (kSplitD ? 2 : 1) * BN * BM) *
+                                    sizeof(T) +
+                                2 * kStages * BM * sizeof(float);
+  static_assert(smem_bytes <= 227 * 1024, "over the opt-in shared memory limit (sm_90)");
   {
     constexpr int kThreads = 256;
     constexpr int kRowsPerBlock = kThreads / (D / 8);

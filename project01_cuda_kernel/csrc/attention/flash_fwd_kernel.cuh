@@ -5,7 +5,9 @@
 //   1. Q tile -> shared (cp.async). MT = 1: Q -> registers as mma A fragments (ldmatrix), kept
 //      for the CTA. MT = 2 (FlashAttention-2's layout): Q stays in shared memory and is re-read
 //      each step, which leaves registers for twice the rows, so every K/V fragment a warp loads
-//      from shared memory feeds two MMAs: half the shared-memory traffic per FLOP.
+//      from shared memory feeds two MMAs: half the shared-memory traffic per FLOP. Head dim 256
+//      (MT = 1, 8 warps): Q is re-read from shared memory too; its 64 registers of fragments
+//      would not fit next to the 128-float O accumulator (FwdQInRegs).
 //   2. K/V tiles of BN rows stream through two shared-memory stages: block n+1 is in flight
 //      (cp.async) while block n is multiplied.
 //   3. S = Q K^T (16 x BN per warp, float32), masked (sequence tail, causal diagonal), then the
@@ -41,16 +43,25 @@
 
 namespace flash {
 
+// Whether the CTA keeps Q in registers (MT = 1 up to head dim 128) or re-reads it from shared
+// memory (MT = 2; and MT = 1 at head dim 256, where Q's fragments would be 64 more registers
+// next to a 128-float O accumulator).
+template <int D, int MT>
+struct FwdQInRegs {
+  static constexpr bool value = MT == 1 && D <= 128;
+};
+
+// Minimum CTAs per SM for __launch_bounds__: 2 with 4 warps (255 registers a thread), 1 with 8.
 template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL, bool SOFTCAP,
           bool VARLEN>
-__global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(NWARPS * 32, 8 / NWARPS) flash_fwd_kernel(const FwdParams p) {
   constexpr int WROWS = 16 * NWARPS;  // rows covered by one m-tile of every warp
   constexpr int BM = WROWS * MT;
   constexpr int NTHREADS = NWARPS * 32;
   constexpr int KCHUNKS = D / 16;  // k-steps of Q K^T
   constexpr int STILES = BN / 8;   // 8-wide column tiles of S per m-tile
   constexpr int OTILES = D / 8;    // 8-wide column tiles of O per m-tile
-  constexpr bool kQInRegs = (MT == 1);
+  constexpr bool kQInRegs = FwdQInRegs<D, MT>::value;
   constexpr int kStageElems = 2 * BN * D;  // K then V, BN x D each
   static_assert(!kQInRegs || BM <= 2 * BN, "the Q tile is staged in the second K/V stage");
   static_assert(!(CAUSAL && LOCAL), "LOCAL folds the causal mask into window_hi");
@@ -58,11 +69,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
-  // MT = 1: [stage 0][stage 1], Q staged in stage 1 before the loop, O staged in stage 0 after.
-  // MT = 2: [Q][stage 0][stage 1], O staged in Q's space after the loop.
+  // Q in registers: [stage 0][stage 1], Q staged in stage 1 before the loop, O staged in stage 0
+  // after. Q in shared memory: [Q][stage 0][stage 1], O staged in Q's space after the loop.
   T* const s_kv = kQInRegs ? smem : smem + BM * D;
   T* const s_q = kQInRegs ? smem + kStageElems : smem;
-  T* const s_o = smem;  // MT = 1: stage 0; MT = 2: the Q tile's space
+  T* const s_o = smem;  // Q in registers: stage 0; else the Q tile's space
 
   // Heavy blocks first (causal; a window clipped by causal or the sequence start, likewise).
   const int m_block = (CAUSAL || LOCAL) ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -306,7 +317,7 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) flash_fwd_kernel(const FwdPara
   }
 
   // Epilogue: normalise, stage this warp's rows in shared memory (rows no other warp touches;
-  // for MT = 1 stage 0 is free after the loop's last barrier), store 16 bytes a lane.
+  // with Q in registers stage 0 is free after the loop's last barrier), store 16 bytes a lane.
   T* o = static_cast<T*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
   float* lse = p.lse + (static_cast<int64_t>(batch) * p.heads + head) * seqlen_q;
   if constexpr (VARLEN) {  // o: this sequence's rows; lse (H, total_q)
@@ -363,7 +374,9 @@ template <typename T, int D, int NWARPS, int MT, int BN, bool CAUSAL, bool LOCAL
           bool VARLEN>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   constexpr int BM = 16 * NWARPS * MT;
-  constexpr size_t smem_bytes = ((MT == 1 ? 0 : BM * D) + 2 * 2 * BN * D) * sizeof(T);
+  constexpr size_t smem_bytes =
+      ((FwdQInRegs<D, MT>::value ? 0 : BM * D) + 2 * 2 * BN * D) * sizeof(T);
+  static_assert(smem_bytes <= 227 * 1024, "over the opt-in shared memory limit (sm_90)");
   auto kernel = flash_fwd_kernel<T, D, NWARPS, MT, BN, CAUSAL, LOCAL, SOFTCAP, VARLEN>;
   if (smem_bytes > 48 * 1024) {
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
