@@ -410,6 +410,41 @@ def test_padded_multi_token_steps_give_the_same_tokens(
         assert any(n not in (1, 2, 4, 8, 16) for _, n in calls)
 
 
+def test_padded_steps_build_no_tensors_from_lists(greedy_reference, hf_model_dir):
+    """A padded multi-token step (verification, a draft's catch-up) ships its logits rows with
+    its plan: no `torch.tensor` from a list (a pinned allocation per step on a GPU) on that
+    path."""
+    prompts, params, want = greedy_reference
+    llm = _llm(
+        hf_model_dir,
+        speculative_method="draft",
+        speculative_model=str(hf_model_dir),
+        num_speculative_tokens=3,
+    )
+    eng = llm.engine
+    runners = (eng.runner, eng.proposer.runner)
+    inside, ran = [], []
+    for r, q in zip(runners, (4, 2)):
+        r.enable_multi_token(q, 8, capture=False, pad_batch=True)
+        run_mt, tensor = r._run_multi_token, r._tensor
+
+        def counted(items, _run=run_mt, _r=r):
+            inside.append(True)
+            ran.append(_r)
+            try:
+                return _run(items)
+            finally:
+                inside.pop()
+
+        def no_lists(data, dtype, _tensor=tensor):
+            assert not inside, "a tensor built from a list on the padded multi-token path"
+            return _tensor(data, dtype)
+
+        r._run_multi_token, r._tensor = counted, no_lists
+    assert [o.token_ids for o in llm.generate(prompts[:4], params)] == want[:4]
+    assert all(r in ran for r in runners)  # verification and a 2-token draft catch-up ran
+
+
 def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir):
     """The target drafting for itself accepts every draft, so tokens arrive 5 at a time: a stop
     token, max_tokens and EOS in the middle of such a run end the output exactly there."""
