@@ -98,18 +98,20 @@ class _Slab:
 
     @staticmethod
     def _alloc(layout, dtype, device, pinned):
-        total = sum(int(np.prod(shape)) for _, shape in layout)
+        align = 32  # every view starts 128-byte aligned (int32) or more, as kernels may load wide
+        sizes = [-(-int(np.prod(shape)) // align) * align for _, shape in layout]
+        total = sum(sizes)
         host = torch.zeros(max(total, 1), dtype=dtype)
         if pinned:
             host = host.pin_memory()
         dev = torch.zeros(max(total, 1), dtype=dtype, device=device)
         hv, dv, off = {}, {}, 0
         arr = host.numpy()
-        for name, shape in layout:
+        for (name, shape), size in zip(layout, sizes):
             n = int(np.prod(shape))
             hv[name] = arr[off : off + n].reshape(shape)
             dv[name] = dev[off : off + n].view(shape)
-            off += n
+            off += size
         return host, dev, hv, dv
 
 
