@@ -112,6 +112,11 @@ class EngineArgs:
     """Shortest suffix n-gram looked up by 'ngram'."""
     ngram_prompt_lookup_max: int = 4
     """Longest suffix n-gram looked up by 'ngram' (tried first)."""
+    spec_fused_greedy: bool = False
+    """With 'draft': run a step whose sequences all decode greedily as one device program (the
+    draft's catch-up and k - 1 steps, verification, acceptance; one CUDA graph per batch width
+    on a GPU) with one read-back, instead of three read-backs and host work between them.
+    Off by default until measured on a GPU (the CPU tests check its tokens, not its speed)."""
 
     def __post_init__(self) -> None:
         if self.model is None and self.load_format != "dummy":
@@ -175,6 +180,10 @@ class EngineArgs:
             raise ValueError(
                 "EngineArgs.speculative_model is only used with speculative_method 'draft', "
                 f"got it with {method!r}"
+            )
+        if self.spec_fused_greedy and method != "draft":
+            raise ValueError(
+                f"EngineArgs.spec_fused_greedy needs speculative_method 'draft', got {method!r}"
             )
         lo, hi = self.ngram_prompt_lookup_min, self.ngram_prompt_lookup_max
         if lo < 1:

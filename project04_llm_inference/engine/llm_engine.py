@@ -25,6 +25,7 @@ from ..config import DUMMY_SHAPES, EngineArgs, SamplingParams
 from ..model.loader import build_model, read_config
 from ..model.tokenizer import Tokenizer
 from ..spec.draft import DraftProposer
+from ..spec.fused import PENDING, FusedGreedySpec, FusedItem
 from ..spec.ngram import NgramProposer
 from ..spec.verifier import SpecGroup, verify_groups
 from .block_manager import BlockManager
@@ -131,6 +132,15 @@ class LLMEngine:
             )
         if isinstance(self.proposer, DraftProposer):
             self.proposer.allocate(num_blocks, args.block_size)
+        self.fused: FusedGreedySpec | None = None
+        if args.spec_fused_greedy:
+            self.fused = FusedGreedySpec(
+                self.runner,
+                self.proposer.runner,
+                args.num_speculative_tokens,
+                min(SPEC_GRAPH_MAX_BATCH, args.max_num_seqs),
+                capture=self.device.type == "cuda" and not args.enforce_eager,
+            )
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -232,7 +242,11 @@ class LLMEngine:
         if self._inflight is not None:  # a multi-step run queued by the last step
             rnd, self._inflight = self._inflight, None
             return self._advance(rnd, t0)
-        proposed = self._propose() if self.proposer is not None else []
+        fused = self._plan_fused() if self.fused is not None else None
+        if fused is not None:
+            proposed = [s for s in self.scheduler.running if s.spec_token_ids]
+        else:
+            proposed = self._propose() if self.proposer is not None else []
         batch = self.scheduler.schedule()
         for seq in batch.preempted:
             if self.proposer is not None:
@@ -244,6 +258,8 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress: no request fits the KV pool")
             return []
         running_now = len(self.scheduler.running)
+        if fused is not None:
+            return self._step_fused(batch, fused, proposed, running_now, t0)
         rooms = self._multi_step_rooms(batch)
         if rooms:
             return self._step_multi(batch, rooms, running_now, t0)
@@ -453,19 +469,22 @@ class LLMEngine:
                 break
         return emitted
 
+    def _spec_room(self, s: Sequence) -> int:
+        """Drafts a decoding sequence may get: no more than could be emitted (max_tokens and
+        max_model_len bound the run)."""
+        return min(
+            self.args.num_speculative_tokens,
+            self.max_model_len - s.num_tokens,
+            s.params.max_tokens - len(s.output_token_ids) - 1,
+        )
+
     def _propose(self) -> list[Sequence]:
         """Draft tokens (`spec_token_ids`) for every decoding sequence that has room for them."""
-        k = self.args.num_speculative_tokens
         seqs, ks = [], []
         for s in self.scheduler.running:
             if s.num_computed_tokens != s.num_tokens - 1:
                 continue  # not decoding (a prompt in progress)
-            # no more drafts than could be emitted: max_tokens and max_model_len bound the run
-            room = min(
-                k,
-                self.max_model_len - s.num_tokens,
-                s.params.max_tokens - len(s.output_token_ids) - 1,
-            )
+            room = self._spec_room(s)
             if room >= 1:
                 seqs.append(s)
                 ks.append(room)
@@ -482,6 +501,77 @@ class LLMEngine:
                 proposed.append(s)
         self._q = q
         return proposed
+
+    # --- fused greedy speculation (`spec.fused`) ------------------------------------------------
+
+    def _plan_fused(self) -> dict[int, tuple] | None:
+        """A fused step's plan, before scheduling: id(sequence) -> (DraftSeq, catch-up, k) for
+        every running sequence that proposes (its `spec_token_ids` are k placeholders for the
+        scheduler to count), or None: this step runs the default way. Fused needs a batch that
+        can only hold these sequences' decodes: nobody waiting (no admission), every running
+        sequence decoding greedily without logprobs within the padded positions."""
+        sched, fused = self.scheduler, self.fused
+        running = sched.running
+        if sched.waiting or not running or len(running) > fused.max_batch:
+            return None
+        for s in running:
+            p = s.params
+            if not p.greedy or p.logprobs or s.num_computed_tokens != s.num_tokens - 1:
+                return None
+            if not fused.target_fits(s):
+                return None
+        self.proposer.retain(running)
+        self._q, self._q_rows = None, {}
+        ks = [self._spec_room(s) for s in running]
+        plan = self.proposer.plan_fused(running, ks, fused.draft_fits)
+        if plan is None:
+            return None
+        out = {}
+        for s, entry in zip(running, plan):
+            if entry is not None:
+                s.spec_token_ids = [PENDING] * entry[2]
+                out[id(s)] = entry
+        return out
+
+    def _step_fused(self, batch, plan: dict[int, tuple], proposed, running_now: int, t0: float):
+        items = []
+        for seq, n in batch.items:
+            entry = plan.get(id(seq))
+            # the scheduler keeps a prefix of the drafts (or none): those are verified
+            items.append(FusedItem(seq, n - 1, *entry) if entry else FusedItem(seq, n - 1))
+        res = self.fused.run(items)
+        c = self.counters
+        outputs = []
+        now = time.monotonic()
+        n_drafts = 0
+        for it, row in zip(items, res.tolist()):
+            seq, n_acc, final, drafts = it.seq, row[0], row[1], row[2:]
+            if it.draft is not None:
+                self.proposer.finish_fused(it.draft, drafts[: it.k])
+            if it.n_drafts:
+                n_drafts += it.n_drafts
+                c.spec_verifications += 1
+                c.spec_proposed += it.n_drafts
+                c.spec_accepted += n_acc
+            emitted = self._append(seq, drafts[:n_acc] + [final], None)
+            # K/V are valid for the last token and the accepted drafts that were kept
+            seq.num_computed_tokens += len(emitted)
+            self.block_manager.register_computed(seq)
+            seq.spec_token_ids.clear()
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if seq.finish_reason is not None:
+                self._finish(seq)
+            outputs.append(self._output(seq, emitted))
+        for seq in proposed:  # placeholders of sequences the batch left out (preempted)
+            seq.spec_token_ids.clear()
+        c.decode_tokens += len(items)
+        c.steps += 1
+        c.peak_running_seqs = max(c.peak_running_seqs, running_now)
+        self.step_log.append(
+            StepRecord(0, len(items), time.perf_counter() - t0, draft_tokens=n_drafts)
+        )
+        return outputs
 
     def _check_stop(self, seq: Sequence) -> None:
         p, tok = seq.params, seq.output_token_ids[-1]

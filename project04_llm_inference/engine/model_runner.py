@@ -279,7 +279,10 @@ class ModelRunner:
         b = len(items)
         gb = min(s for s in self.graphs if s >= b)
         seqs = [s for s, _ in items]
-        plan, tables = self._decode_plan(seqs, [1] * b, 1, gb)
+        # staging slot 2: launch_multi alternates 0 and 1, and a step that does not read back
+        # in between (a draft's catch-up, then its next steps) must not refill a buffer whose
+        # copy may still be queued
+        plan, tables = self._decode_plan(seqs, [1] * b, 1, gb, slot=2)
         ids = plan.to(self.device, non_blocking=True)
         self.g_tables[:gb].copy_(tables, non_blocking=True)
         self.g_ids[:gb].copy_(ids[0], non_blocking=True)
@@ -511,11 +514,12 @@ class ModelRunner:
         return True
 
     def _mt_plan(self, items: list[tuple[Sequence, int]], width: int):
-        """Host inputs of a padded multi-token step: rows ids, positions, slots and (first
-        `width` entries) context lengths, (4, width * q) int64; block tables (width, max_blocks)
-        int32; and the logits rows to return, in item order."""
+        """Host inputs of a padded multi-token step: rows ids, positions, slots, (first
+        `width` entries) context lengths and (first `n_rows` entries) the logits rows to return
+        in item order, (5, width * q) int64 (one copy to the device); block tables
+        (width, max_blocks) int32; and n_rows."""
         q, bs = self.mt_q, self.block_size
-        plan_t = self._pinned("mt_plan", (4, width * q), torch.int64)
+        plan_t = self._pinned("mt_plan", (5, width * q), torch.int64)
         tables_t = self._pinned("mt_tables", (width, self.max_blocks_per_seq), torch.int32)
         plan, t = plan_t.numpy(), tables_t.numpy()
         t.fill(0)
@@ -537,24 +541,27 @@ class ModelRunner:
             plan[3, i] = c + q  # bottom-right causal: real query j sees positions <= c + j
             first = max(c, seq.num_tokens - 1) - c  # rows from the last known token on
             rows.extend(range(base + first, base + n))
-        return plan_t, tables_t, rows
+        plan[4, : len(rows)] = rows
+        plan[4, len(rows) :] = 0
+        return plan_t, tables_t, len(rows)
 
     def _run_multi_token(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
         b, q = len(items), self.mt_q
         sizes = self.mt_graphs or self.mt_sizes
         width = min(s for s in sizes if s >= b) if sizes else b
-        plan, tables, rows = self._mt_plan(items, width)
+        plan, tables, n_rows = self._mt_plan(items, width)
         dev = plan.to(self.device, non_blocking=True)
         t = width * q
         self.mt_ids[:t].copy_(dev[0], non_blocking=True)
         self.mt_pos[:t].copy_(dev[1], non_blocking=True)
         self.mt_slots[:t].copy_(dev[2], non_blocking=True)
         self.mt_ctx[:width].copy_(dev[3, :width], non_blocking=True)
-        self.mt_tables[:width].copy_(tables.to(self.device, non_blocking=True), non_blocking=True)
+        self.mt_tables[:width].copy_(tables, non_blocking=True)
         if self.mt_graphs:
             self.mt_graphs[width].replay()
             logits = self.mt_logits[width]
         else:
             hidden = self.model(self.mt_ids[:t], self._mt_meta(width), self.kv_caches)
             logits = self.model.compute_logits(hidden)
-        return logits.index_select(0, self._tensor(rows, torch.int64))
+        # the rows came with the plan: no tensor built from a list, no pinned allocation per step
+        return logits.index_select(0, dev[4, :n_rows])

@@ -186,6 +186,37 @@ class DraftProposer:
             step += 1
         return drafts, q
 
+    def plan_fused(self, seqs: list[Sequence], ks: list[int], draft_fits) -> list | None:
+        """The draft's side of a fused greedy step (`spec.fused`), before scheduling: per
+        sequence (DraftSeq, catch-up tokens, drafts) or None (no proposal: ks[i] < 1 or past the
+        draft's positions), with the draft's blocks for all of it allocated. None for the whole
+        step when a catch-up is longer than the fused program's (a sequence's first round after
+        its prompt), would pass the draft's positions (`draft_fits`), or the pool is short: the
+        step then proposes as usual (`propose` repeats the sync, and allocating what is already
+        held is a no-op)."""
+        from .fused import CATCH_UP
+
+        plan: list = []
+        for seq, k in zip(seqs, ks):
+            if k < 1 or seq.num_tokens + k - 1 > self.max_len:
+                plan.append(None)
+                continue
+            d = self._state(seq)
+            d.sync(seq.all_token_ids)
+            n = d.num_tokens - d.num_computed_tokens
+            if n > CATCH_UP or not draft_fits(d.num_computed_tokens):
+                return None
+            # K/V for the catch-up and for drafts 1..k-1 (the last draft is only proposed)
+            if not self.block_manager.allocate(d, n + k - 1):
+                return None
+            plan.append((d, n, k))
+        return plan
+
+    def finish_fused(self, d: DraftSeq, drafts: list[int]) -> None:
+        """A fused step's drafts into the draft's state: K/V written for all but the newest."""
+        d.tokens.extend(drafts)
+        d.num_computed_tokens = d.num_tokens - 1
+
     def _propose_rest_greedy(self, seqs, ks, active, drafts) -> None:
         """Greedy rounds after the first draft token: the remaining one-token steps run back to
         back on the device (`ModelRunner.run_multi`), one read-back instead of one per token;

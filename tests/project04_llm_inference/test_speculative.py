@@ -410,6 +410,122 @@ def test_padded_multi_token_steps_give_the_same_tokens(
         assert any(n not in (1, 2, 4, 8, 16) for _, n in calls)
 
 
+def test_padded_steps_build_no_tensors_from_lists(greedy_reference, hf_model_dir):
+    """A padded multi-token step (verification, a draft's catch-up) ships its logits rows with
+    its plan: no `torch.tensor` from a list (a pinned allocation per step on a GPU) on that
+    path."""
+    prompts, params, want = greedy_reference
+    llm = _llm(
+        hf_model_dir,
+        speculative_method="draft",
+        speculative_model=str(hf_model_dir),
+        num_speculative_tokens=3,
+    )
+    eng = llm.engine
+    runners = (eng.runner, eng.proposer.runner)
+    inside, ran = [], []
+    for r, q in zip(runners, (4, 2)):
+        r.enable_multi_token(q, 8, capture=False, pad_batch=True)
+        run_mt, tensor = r._run_multi_token, r._tensor
+
+        def counted(items, _run=run_mt, _r=r):
+            inside.append(True)
+            ran.append(_r)
+            try:
+                return _run(items)
+            finally:
+                inside.pop()
+
+        def no_lists(data, dtype, _tensor=tensor):
+            assert not inside, "a tensor built from a list on the padded multi-token path"
+            return _tensor(data, dtype)
+
+        r._run_multi_token, r._tensor = counted, no_lists
+    assert [o.token_ids for o in llm.generate(prompts[:4], params)] == want[:4]
+    assert all(r in ran for r in runners)  # verification and a 2-token draft catch-up ran
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("setup", ["draft-same", "draft-other", "draft-small-pool"])
+def test_fused_greedy_steps_are_identical(
+    setup, k, greedy_reference, hf_model_dir, other_model_dir
+):
+    """`spec_fused_greedy`: the draft's catch-up and steps, verification and acceptance as one
+    device program (run eagerly here, padded to the graph widths as on a GPU) give the plain
+    greedy tokens; steps it cannot take (a prompt's prefill, the draft's first catch-up, a
+    queue, preemption) run the default way, and rejected drafts leak no block."""
+    prompts, params, want = greedy_reference
+    draft = other_model_dir if setup == "draft-other" else hf_model_dir
+    kw = dict(
+        speculative_method="draft",
+        speculative_model=str(draft),
+        num_speculative_tokens=k,
+        spec_fused_greedy=True,
+    )
+    if setup.endswith("small-pool"):
+        kw |= dict(num_gpu_blocks=16, max_num_batched_tokens=32, max_num_seqs=8)
+    llm = _llm(hf_model_dir, **kw)
+    eng = llm.engine
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == want
+    _no_leaks(llm)
+    s = eng.stats()
+    assert eng.fused.runs > 0 and s["spec_proposed_tokens"] > 0
+    assert max(eng.fused.slabs) <= 16 and set(eng.fused.slabs) <= {1, 2, 4, 8, 16}
+    if setup == "draft-same":  # the target drafting for itself: every draft is right
+        assert s["spec_acceptance_rate"] == 1.0
+    if setup == "draft-other":
+        assert s["spec_acceptance_rate"] < 0.3
+    if setup.endswith("small-pool"):
+        assert s["num_preemptions"] > 0
+
+
+def test_fused_greedy_steps_match_the_default_drafts_one_at_a_time(hf_model_dir, other_model_dir):
+    """One request, stepped: the fused engine emits the default engine's tokens at every step
+    (same drafts accepted), and a sampled request in the batch sends the step the default way."""
+    prompt = _prompts(1, seed=5)[0]
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    runs = {}
+    for fused in (False, True):
+        llm = _llm(
+            hf_model_dir,
+            speculative_method="draft",
+            speculative_model=str(other_model_dir),
+            num_speculative_tokens=3,
+            spec_fused_greedy=fused,
+        )
+        eng = llm.engine
+        eng.add_request("a", prompt, params)
+        steps = []
+        while eng.has_unfinished():
+            steps += [tuple(o.new_token_ids) for o in eng.step()]
+        runs[fused] = steps
+        _no_leaks(llm)
+    assert runs[True] == runs[False]
+    assert eng.fused.runs >= len(runs[True]) - 3  # all but the prefill and first rounds
+    sampled = SamplingParams(max_tokens=10, temperature=1.0, seed=3)
+    before = eng.fused.runs
+    eng.add_request("b", prompt, params)
+    eng.add_request("c", prompt, sampled)
+    while "c" in eng.requests:  # the sampled request runs: every step the default way
+        eng.step()
+    assert eng.fused.runs == before
+    while eng.has_unfinished():  # then the greedy one alone: fused again
+        eng.step()
+    assert eng.fused.runs > before
+    _no_leaks(llm)
+
+
+def test_fused_greedy_needs_a_draft_model():
+    with pytest.raises(ValueError, match="spec_fused_greedy"):
+        EngineArgs(
+            load_format="dummy",
+            dummy_shape="tiny",
+            speculative_method="ngram",
+            spec_fused_greedy=True,
+        )
+
+
 def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir):
     """The target drafting for itself accepts every draft, so tokens arrive 5 at a time: a stop
     token, max_tokens and EOS in the middle of such a run end the output exactly there."""

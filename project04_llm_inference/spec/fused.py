@@ -1,0 +1,347 @@
+"""Greedy draft-model speculation as one device program per step (`EngineArgs.spec_fused_greedy`).
+
+The default speculative step waits for the device three times (the draft's first token, its
+other drafts, the target's argmax) and builds every forward's inputs between those waits. At
+batch 1 on a small target the host is the bottleneck, so a wait saves nothing unless the host
+work around it goes too. Here a step of all-greedy decoding sequences is one program:
+
+1. the draft's catch-up forward, every sequence padded to 2 tokens (after a verification the
+   draft is 1 or 2 tokens behind: the target's replacement token, or its last draft and the
+   bonus token); its first draft is the argmax of its last real row;
+2. k - 1 one-token draft steps, each input the previous step's argmax, on the device;
+3. the drafts written into the target's inputs (the last token, then k drafts: k + 1 tokens per
+   sequence, padded like `ModelRunner.enable_multi_token`'s verification), one target forward;
+4. the greedy acceptance on the device: the argmax of every row, the leading drafts equal to it
+   (up to the drafts each sequence was scheduled with), the argmax after them.
+
+The host fills two pinned buffers (int64 and int32) with every input of that program (token
+ids, positions, cache slots, context lengths, block tables of both models), copies each to the
+device in one transfer, runs the program and copies its (batch, 2 + k) result back
+(accepted count, the token after them, the k drafts) without blocking, then waits on one event.
+On a GPU (no `enforce_eager`) the program is captured as one CUDA graph per batch width (the
+decode graphs' sizes up to the speculative graph limit; the batch is padded with padding rows
+that write no cache slot), so a step is: host bookkeeping, 2 copies, 1 graph launch, 1 copy
+back, 1 wait. On the CPU it runs eagerly with the same padding (what the CPU tests check).
+
+The engine uses it only when nothing else can be in the step: every running sequence decodes
+greedily without logprobs, nobody waits to be admitted, every draft catch-up is at most 2
+tokens and every padded position fits both models. Otherwise the step runs the default way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..engine.model_runner import ModelRunner, graph_batch_sizes
+from ..engine.sampler import argmax_rows
+from ..engine.sequence import Sequence
+from ..model.llama import AttnMetadata
+
+PENDING = -1  # a draft token counted by the scheduler, computed later on the device
+CATCH_UP = 2  # draft tokens per sequence in the catch-up forward (padded)
+
+
+@dataclass
+class FusedItem:
+    """One scheduled sequence of a fused step."""
+
+    seq: Sequence  # the target's sequence (decoding: num_computed_tokens == num_tokens - 1)
+    n_drafts: int  # drafts the target verifies (what the scheduler kept), 0..k
+    draft: object | None = None  # its DraftSeq, or None: no proposal (draft rows are padding)
+    catch_up: int = 0  # draft tokens to feed before proposing (1 or 2)
+    k: int = 0  # drafts the draft model proposes (>= n_drafts)
+
+
+class _Slab:
+    """Every input and output of the program at one batch width, as views of two device
+    buffers filled from two host buffers (one copy each)."""
+
+    def __init__(self, w: int, k: int, mbd: int, mbt: int, device, pinned: bool) -> None:
+        q, k1 = k + 1, k - 1
+        self.w, self.k, self.q = w, k, q
+        i64 = [
+            ("d_ids", (w * CATCH_UP,)),
+            ("d_pos", (w * CATCH_UP,)),
+            ("d_slots", (w * CATCH_UP,)),
+            ("d_rows", (w,)),
+            ("s_pos", (k1, w)),
+            ("s_slots", (k1, w)),
+            ("t_ids", (w * q,)),
+            ("t_pos", (w * q,)),
+            ("t_slots", (w * q,)),
+            ("nd", (w,)),
+        ]
+        i32 = [
+            ("d_tables", (w, mbd)),
+            ("d_ctx", (w,)),
+            ("d_cu", (w + 1,)),
+            ("s_lens", (k1, w)),
+            ("t_tables", (w, mbt)),
+            ("t_ctx", (w,)),
+            ("t_cu", (w + 1,)),
+        ]
+        self.host64, self.dev64, self.h, self.d = self._alloc(i64, torch.int64, device, pinned)
+        self.host32, self.dev32, h32, d32 = self._alloc(i32, torch.int32, device, pinned)
+        self.h |= h32
+        self.d |= d32
+        h = self.h
+        h["d_cu"][:] = np.arange(w + 1) * CATCH_UP
+        h["t_cu"][:] = np.arange(w + 1) * q
+        self.out = torch.zeros(w, 2 + k, dtype=torch.int64, device=device)
+        self.out_host = torch.zeros(w, 2 + k, dtype=torch.int64)
+        if pinned:
+            self.out_host = self.out_host.pin_memory()
+        self.k_range = torch.arange(k, device=device)
+
+    @staticmethod
+    def _alloc(layout, dtype, device, pinned):
+        align = 32  # every view starts 128-byte aligned (int32) or more, as kernels may load wide
+        sizes = [-(-int(np.prod(shape)) // align) * align for _, shape in layout]
+        total = sum(sizes)
+        host = torch.zeros(max(total, 1), dtype=dtype)
+        if pinned:
+            host = host.pin_memory()
+        dev = torch.zeros(max(total, 1), dtype=dtype, device=device)
+        hv, dv, off = {}, {}, 0
+        arr = host.numpy()
+        for (name, shape), size in zip(layout, sizes):
+            n = int(np.prod(shape))
+            hv[name] = arr[off : off + n].reshape(shape)
+            dv[name] = dev[off : off + n].view(shape)
+            off += size
+        return host, dev, hv, dv
+
+
+class FusedGreedySpec:
+    """The fused greedy speculative step of a target runner and a draft model's runner."""
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        draft: ModelRunner,
+        k: int,
+        max_batch: int,
+        *,
+        capture: bool,
+    ) -> None:
+        if k < 1 or max_batch < 1:
+            raise ValueError(
+                f"fused speculation needs k >= 1 and max_batch >= 1, got {k}, {max_batch}"
+            )
+        self.target, self.draft, self.k = target, draft, k
+        self.max_batch = max_batch
+        self.sizes = graph_batch_sizes(max_batch)
+        self.device = target.device
+        self.pinned = self.device.type == "cuda"
+        self.slabs: dict[int, _Slab] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.runs = 0  # fused steps run (tests, benchmarks)
+        if capture and self.device.type == "cuda":
+            self._capture()
+
+    # --- limits the engine checks before choosing this path -------------------------------------
+
+    def target_fits(self, seq: Sequence) -> bool:
+        """The padded verification stays inside the target's positions."""
+        return seq.num_computed_tokens + self.k + 1 <= self.target.max_model_len
+
+    def draft_fits(self, num_computed: int) -> bool:
+        """The padded catch-up stays inside the draft's positions."""
+        return num_computed + CATCH_UP <= self.draft.max_model_len
+
+    # --- the device program -----------------------------------------------------------------------
+
+    def _slab(self, w: int) -> _Slab:
+        s = self.slabs.get(w)
+        if s is None:
+            s = _Slab(
+                w,
+                self.k,
+                self.draft.max_blocks_per_seq,
+                self.target.max_blocks_per_seq,
+                self.device,
+                self.pinned,
+            )
+            d = s.d
+            s.d_meta = AttnMetadata(
+                num_decodes=0,
+                positions=d["d_pos"],
+                slot_mapping=d["d_slots"],
+                decode_block_tables=d["d_tables"][:0],
+                decode_context_lens=d["d_ctx"][:0],
+                max_context_len=0,
+                prefill_block_tables=d["d_tables"],
+                cu_seqlens_q=d["d_cu"],
+                prefill_context_lens=d["d_ctx"],
+                max_seqlen_q=CATCH_UP,
+            )
+            s.s_meta = [
+                AttnMetadata(
+                    num_decodes=w,
+                    positions=d["s_pos"][j],
+                    slot_mapping=d["s_slots"][j],
+                    decode_block_tables=d["d_tables"],
+                    decode_context_lens=d["s_lens"][j],
+                    max_context_len=self.draft.max_model_len,
+                )
+                for j in range(self.k - 1)
+            ]
+            s.t_meta = AttnMetadata(
+                num_decodes=0,
+                positions=d["t_pos"],
+                slot_mapping=d["t_slots"],
+                decode_block_tables=d["t_tables"][:0],
+                decode_context_lens=d["t_ctx"][:0],
+                max_context_len=0,
+                prefill_block_tables=d["t_tables"],
+                cu_seqlens_q=d["t_cu"],
+                prefill_context_lens=d["t_ctx"],
+                max_seqlen_q=s.q,
+            )
+            self._fill_padding(s, 0)
+            self.slabs[w] = s
+        return s
+
+    @torch.inference_mode()
+    def _program(self, s: _Slab) -> None:
+        """Draft catch-up, k - 1 draft steps, verification, acceptance: device work only (no
+        host reads), so it can be captured."""
+        dm, tm, d = self.draft.model, self.target.model, s.d
+        dkv, tkv = self.draft.kv_caches, self.target.kv_caches
+        drafts = s.out[:, 2:]
+        hidden = dm(d["d_ids"], s.d_meta, dkv)
+        tok = argmax_rows(dm.compute_logits(hidden.index_select(0, d["d_rows"])))
+        drafts[:, 0].copy_(tok)
+        for j in range(self.k - 1):
+            tok = argmax_rows(dm.compute_logits(dm(tok, s.s_meta[j], dkv)))
+            drafts[:, j + 1].copy_(tok)
+        d["t_ids"].view(s.w, s.q)[:, 1:].copy_(drafts)
+        logits = tm.compute_logits(tm(d["t_ids"], s.t_meta, tkv))
+        am = argmax_rows(logits).view(s.w, s.q)
+        ok = (drafts == am[:, : self.k]) & (s.k_range[None, :] < d["nd"][:, None])
+        n_acc = ok.long().cumprod(-1).sum(-1)
+        s.out[:, 0].copy_(n_acc)
+        s.out[:, 1].copy_(am.gather(1, n_acc[:, None])[:, 0])
+
+    def _capture(self) -> None:
+        pool = self.target._pool
+        with torch.inference_mode():
+            for w in reversed(self.sizes):  # largest first, as the runners capture
+                s = self._slab(w)
+                s.dev64.copy_(s.host64)  # every row padding: no cache slot is written
+                s.dev32.copy_(s.host32)
+                for _ in range(2):  # warm up outside the graph
+                    self._program(s)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self._program(s)
+                pool = g.pool()
+                self.graphs[w] = g
+        torch.cuda.synchronize()
+        self.target._pool = pool
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    def _fill_padding(self, s: _Slab, start: int) -> None:
+        """Rows start.. of every input: padding (no slot written, positions 0.., contexts that
+        read only their own padding)."""
+        h, w, q = s.h, s.w, s.q
+        h["d_ids"][start * CATCH_UP :] = 0
+        h["d_pos"].reshape(w, CATCH_UP)[start:] = np.arange(CATCH_UP)
+        h["d_slots"][start * CATCH_UP :] = -1
+        h["d_rows"][start:] = np.arange(start, w) * CATCH_UP
+        h["d_tables"][start:] = 0
+        h["d_ctx"][start:] = CATCH_UP
+        h["s_pos"][:, start:] = 0
+        h["s_slots"][:, start:] = -1
+        h["s_lens"][:, start:] = 1
+        h["t_ids"][start * q :] = 0
+        h["t_pos"].reshape(w, q)[start:] = np.arange(q)
+        h["t_slots"][start * q :] = -1
+        h["t_tables"][start:] = 0
+        h["t_ctx"][start:] = q
+        h["nd"][start:] = 0
+
+    def _fill(self, s: _Slab, items: list[FusedItem]) -> None:
+        h, q, k = s.h, s.q, self.k
+        dbs, tbs = self.draft.block_size, self.target.block_size
+        j = np.arange(k - 1)
+        for i, it in enumerate(items):
+            d = it.draft
+            h["d_tables"][i] = 0
+            h["s_pos"][:, i] = 0
+            h["s_slots"][:, i] = -1
+            h["s_lens"][:, i] = 1
+            base = i * CATCH_UP
+            if d is None:
+                h["d_ids"][base : base + CATCH_UP] = 0
+                h["d_pos"][base : base + CATCH_UP] = np.arange(CATCH_UP)
+                h["d_slots"][base : base + CATCH_UP] = -1
+                h["d_rows"][i] = base
+                h["d_ctx"][i] = CATCH_UP
+            else:
+                c, n = d.num_computed_tokens, it.catch_up
+                table = h["d_tables"][i]
+                table[: len(d.block_ids)] = d.block_ids
+                h["d_ids"][base : base + CATCH_UP] = 0
+                h["d_ids"][base : base + n] = d.tokens[c : c + n]
+                pos = np.arange(c, c + CATCH_UP)
+                h["d_pos"][base : base + CATCH_UP] = pos
+                h["d_slots"][base : base + CATCH_UP] = -1
+                real = pos[:n]
+                h["d_slots"][base : base + n] = (
+                    table[real // dbs].astype(np.int64) * dbs + real % dbs
+                )
+                h["d_rows"][i] = base + n - 1
+                h["d_ctx"][i] = c + CATCH_UP  # bottom-right causal: the padding stays unseen
+                steps = j[j + 1 < it.k]  # draft step j feeds draft j + 1 at position L + j
+                p = c + n + steps
+                h["s_pos"][steps, i] = p
+                h["s_slots"][steps, i] = table[p // dbs].astype(np.int64) * dbs + p % dbs
+                h["s_lens"][steps, i] = p + 1
+            seq = it.seq
+            c, base = seq.num_computed_tokens, i * q
+            ttable = h["t_tables"][i]
+            ttable[:] = 0
+            ttable[: len(seq.block_ids)] = seq.block_ids
+            h["t_ids"][base : base + q] = 0
+            h["t_ids"][base] = seq.all_token_ids[c]
+            pos = np.arange(c, c + q)
+            h["t_pos"][base : base + q] = pos
+            h["t_slots"][base : base + q] = -1
+            real = pos[: 1 + it.n_drafts]
+            h["t_slots"][base : base + len(real)] = (
+                ttable[real // tbs].astype(np.int64) * tbs + real % tbs
+            )
+            h["t_ctx"][i] = c + q
+            h["nd"][i] = it.n_drafts
+        self._fill_padding(s, len(items))
+
+    @torch.inference_mode()
+    def run(self, items: list[FusedItem]) -> np.ndarray:
+        """The program over items; returns (len(items), 2 + k) int64: accepted drafts, the
+        token after them, then the k drafts proposed (row i's first items[i].k are real)."""
+        b = len(items)
+        if not 0 < b <= self.max_batch:
+            raise ValueError(f"fused step: 1..{self.max_batch} sequences, got {b}")
+        w = min(x for x in self.sizes if x >= b)
+        s = self._slab(w)
+        self._fill(s, items)
+        s.dev64.copy_(s.host64, non_blocking=True)
+        s.dev32.copy_(s.host32, non_blocking=True)
+        g = self.graphs.get(w)
+        if g is not None:
+            g.replay()
+        else:
+            self._program(s)
+        s.out_host.copy_(s.out, non_blocking=True)
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()  # the step's one wait (the host buffers are reused next step)
+        self.runs += 1
+        return s.out_host.numpy()[:b].copy()
