@@ -346,7 +346,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
 }
 
 template <typename T, bool kNorm, bool kResidual, int kMode>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, 2)  // two CTAs an SM: <= 128 registers
     gemv_mma_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                     T* __restrict__ residual_out, const T* __restrict__ norm_w,
                     const T* __restrict__ w, T* __restrict__ out, int tokens, int k, int n_out,
