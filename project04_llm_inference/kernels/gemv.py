@@ -39,10 +39,13 @@ GEMV_MAX_TOKENS = 2
 MMA_MAX_TOKENS = 0
 MMA_KERNEL_MAX_TOKENS = 8  # the most rows the tensor-core kernel stages (B's eight columns)
 CTAS_PER_SM = 4  # the grid's bound; warps loop over the remaining rows
-# Every CTA stages its input rows in shared memory: beyond this bound (two rows of K > 40,960,
-# eight of K > 10,240) cuBLAS takes the product. The tensor-core kernel pads each row by 64 bytes
-# and adds 8.25 KB of static shared memory: 169 KB at most, within sm_80's and sm_90's 227.
+# Every CTA stages its input rows in shared memory: beyond this bound (two rows of K > 40,960)
+# cuBLAS takes the product.
 MAX_STAGED_BYTES = 160 * 1024
+# The tensor-core kernel's bound (eight rows of K > 9,216): it pads each row by 64 bytes and adds
+# 8.25 KB of static shared memory, 153 KB at most, within an A100's 163 KB a CTA (sm_90: 227).
+# Llama-3.2-1B's widest input (K = 8,192) needs 137 KB at eight tokens.
+MMA_MAX_STAGED_BYTES = 144 * 1024
 
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -116,7 +119,8 @@ def _fits(*tensors: torch.Tensor) -> bool:
         return False
     if x.dtype not in _GEMV_DTYPES or x.shape[-1] % 8:
         return False
-    if x.shape[0] * x.shape[-1] * x.element_size() > MAX_STAGED_BYTES:
+    bound = MAX_STAGED_BYTES if x.shape[0] <= GEMV_MAX_TOKENS else MMA_MAX_STAGED_BYTES
+    if x.shape[0] * x.shape[-1] * x.element_size() > bound:
         return False
     return all(t.dtype == x.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 

@@ -399,9 +399,9 @@ def test_mma_rows_do_not_depend_on_the_step_size(mma_on):
 
 
 def test_mma_widest_staged_rows_and_the_bound(mma_on):
-    """Eight rows of K = 10,240 (160 KB staged, the shared-memory opt-in) run the kernel; a few
-    more K take cuBLAS."""
-    k = gemv.MAX_STAGED_BYTES // 16
+    """Eight rows of K = 9,216 (144 KB staged, past the 48 KB default: the shared-memory opt-in)
+    run the kernel; a few more K take cuBLAS."""
+    k = gemv.MMA_MAX_STAGED_BYTES // 16
     x, w = _rand(8, k, dtype=torch.bfloat16, seed=50), _rand(64, k, dtype=torch.bfloat16, seed=51)
     assert gemv.gemv_applies(x, w)
     _assert_product_close(gemv.linear(x, w), x, w, MMA_UNIT)
