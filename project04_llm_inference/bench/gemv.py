@@ -1,6 +1,8 @@
 """The decode-step projections (csrc/gemv.cu) against cuBLAS, in achieved HBM bandwidth.
 
     python -m project04_llm_inference gemv-kernel [--reports-dir DIR]
+    python -m project04_llm_inference gemv-kernel --mma-max-tokens 8 --tokens 3 4 5 6 7 8 \
+        --chain-tokens 4 8    # the tensor-core variant (3-8 tokens): gemv_kernel_mma.json
 
 Per projection of a Llama-3.2-1B layer (and its LM head), bf16, for 1, 2, 4 and 8 tokens:
 - ours: `kernels.linear`, or `kernels.norm_linear` where the engine folds the RMSNorm (with the
@@ -14,6 +16,11 @@ Bytes = the weight + the activations read and written once; GB/s = bytes / media
 Each shape is timed in `repeats` repetitions (default 5), ours and cuBLAS alternating
 (`shared.repeat.interleave`); figures are medians with `_min`/`_max`, the speedup the median of
 per-repetition ratios.
+
+`mma_max_tokens` (3..8) turns the tensor-core variant on for the run (`kernels.gemv.MMA_MAX_TOKENS`,
+off by default): steps of 3..N tokens then run it instead of cuBLAS, and the record is written as
+`gemv_kernel_mma.json` so the default record stays. Each row says which path `ours` took
+(`path`: simt, mma, or cublas where the kernel does not take the shape).
 
 Chain: the four projections of every layer of the model back to back (16 layers: 1.95 GB of
 weights per pass), as a decode step runs them, captured in one CUDA graph per variant and timed
@@ -58,6 +65,9 @@ class GemvBenchConfig:
     """rows of the layer-chain timing (empty: skip it)"""
     chain_layers: int = 16
     """layers in the chain (Llama-3.2-1B has 16)"""
+    mma_max_tokens: int = 0
+    """3..8: steps of 3..N tokens run the tensor-core variant (kernels.gemv.MMA_MAX_TOKENS for
+    this run; record gemv_kernel_mma.json); 0: as the module sets it"""
     reports_dir: str = ""
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
 
@@ -112,6 +122,9 @@ def run_shape(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig
 
         cublas_timed = cublas
     row["uses_gemv_kernel"] = gemv.gemv_applies(x, w)
+    row["path"] = (
+        ("simt" if t <= gemv.GEMV_MAX_TOKENS else "mma") if row["uses_gemv_kernel"] else "cublas"
+    )
     row["max_abs_diff_vs_cublas"] = (ours().float() - cublas().float()).abs().max().item()
 
     def timed(fn):
@@ -231,13 +244,10 @@ def run_chain(t: int, weights: list[dict], cfg: GemvBenchConfig) -> dict:
     return row
 
 
-def run(cfg: GemvBenchConfig) -> dict:
-    """Time every (projection, tokens) shape, save the JSON record, return it with its path."""
-    from shared.gpu_state import gpu_state, state_line
-    from shared.results import output_root, save_result
+def check_config(cfg: GemvBenchConfig) -> None:
+    """Raise ValueError naming the first bad field."""
+    from project04_llm_inference.kernels import gemv
 
-    if not torch.cuda.is_available():
-        raise RuntimeError("the GEMV kernel benchmark needs a CUDA GPU")
     if cfg.repeats < 1:
         raise ValueError(f"GemvBenchConfig.repeats must be >= 1, got {cfg.repeats}")
     if not cfg.tokens or any(not 1 <= t <= 8 for t in cfg.tokens):
@@ -246,8 +256,40 @@ def run(cfg: GemvBenchConfig) -> dict:
         raise ValueError(f"GemvBenchConfig.chain_tokens must be in 1..8, got {cfg.chain_tokens}")
     if cfg.chain_layers < 1:
         raise ValueError(f"GemvBenchConfig.chain_layers must be >= 1, got {cfg.chain_layers}")
+    hi = gemv.MMA_KERNEL_MAX_TOKENS
+    if cfg.mma_max_tokens and not gemv.GEMV_MAX_TOKENS < cfg.mma_max_tokens <= hi:
+        raise ValueError(
+            f"GemvBenchConfig.mma_max_tokens must be 0 or in {gemv.GEMV_MAX_TOKENS + 1}..{hi}, "
+            f"got {cfg.mma_max_tokens}"
+        )
+
+
+def run(cfg: GemvBenchConfig) -> dict:
+    """Time every (projection, tokens) shape, save the JSON record, return it with its path."""
+    from project04_llm_inference.kernels import gemv
+
+    check_config(cfg)
+    if not torch.cuda.is_available():
+        raise RuntimeError("the GEMV kernel benchmark needs a CUDA GPU")
+    saved = gemv.MMA_MAX_TOKENS
+    if cfg.mma_max_tokens:
+        gemv.MMA_MAX_TOKENS = cfg.mma_max_tokens
+    try:
+        return _run(cfg)
+    finally:
+        gemv.MMA_MAX_TOKENS = saved
+
+
+def _run(cfg: GemvBenchConfig) -> dict:
+    from project04_llm_inference.kernels import gemv
+    from shared.gpu_state import gpu_state, state_line
+    from shared.results import output_root, save_result
+
+    mma_on = gemv.max_tokens(torch.cuda.get_device_capability()) > gemv.GEMV_MAX_TOKENS
     start = gpu_state()
     print(f"GPU at start: {state_line(start)}")
+    if mma_on:
+        print(f"tensor-core variant on for 3..{gemv.MMA_MAX_TOKENS} tokens")
     torch.manual_seed(cfg.seed)
     rows = []
     for name, n, k, fold in SHAPES_1B:
@@ -257,7 +299,8 @@ def run(cfg: GemvBenchConfig) -> dict:
             print(
                 f"{name:8s} T={t}  ours {r['ours_us']:7.1f} us {r['ours_gbps']:6.0f} GB/s   "
                 f"cuBLAS {r['cublas_us']:7.1f} us {r['cublas_gbps']:6.0f} GB/s   "
-                f"x{r['speedup_vs_cublas']:.2f}"
+                f"x{r['speedup_vs_cublas']:.2f}  ({r['path']}, max |diff| "
+                f"{r['max_abs_diff_vs_cublas']:.3g})"
             )
     chain = []
     if cfg.chain_tokens:
@@ -273,10 +316,16 @@ def run(cfg: GemvBenchConfig) -> dict:
             )
         del weights
     reports_dir = str(output_root(cfg.reports_dir))
-    results = {"rows": rows, "chain": chain, "copy_ceiling_gbps": 4294, "repeats": cfg.repeats}
+    results = {
+        "rows": rows,
+        "chain": chain,
+        "copy_ceiling_gbps": 4294,
+        "repeats": cfg.repeats,
+        "mma_max_tokens": gemv.MMA_MAX_TOKENS if mma_on else 0,
+    }
     path = save_result(
         PROJECT,
-        "gemv_kernel",
+        "gemv_kernel_mma" if mma_on else "gemv_kernel",
         results,
         baseline=(
             "cuBLAS (F.linear) with the separate fused add+RMSNorm and silu-and-mul kernels, "

@@ -21,11 +21,16 @@
 //             RoPE on the row pair of q and k and the k and v rows written to the paged cache,
 //             which saves the separate RoPE kernel's launch (see gemv.h).
 //
+// That is the kernel for one and two tokens. For three to eight, gemv_mma_kernel (below) keeps
+// the prologue and the epilogues and runs the product on tensor cores instead (sm_80+).
+//
 // Torch-free (launcher declared in gemv.h) so CI compiles it with nvcc alone.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "gemv.h"
 #include "pdl.cuh"
@@ -283,6 +288,248 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+// ---- tensor-core path: 3 to 8 tokens -------------------------------------------------------
+// The SIMT kernel above converts every staged row for every weight chunk, which makes it
+// compute-bound from about four rows on. Here the product runs on mma.sync m16n8k16 (sm_80+):
+// the weight is the A operand (16 rows x 16 k), the staged inputs the B operand (16 k x 8
+// tokens, columns t >= tokens zero), so a 16-byte weight load costs one mma and no conversion.
+//
+//   unit      16 weight rows: 16 consecutive output rows (plain); 8 gate rows and their 8 up
+//             rows (SwiGLU); 8 row pairs (j, j + head_dim / 2) of the QKV projection (RoPE). A
+//             CTA takes one unit at a time; its 8 warps split K (warp w: 256 consecutive k of
+//             every 2,048), each warp's partial 16 x 8 tile goes to shared memory and warp 0
+//             sums the 8 in a fixed order and runs the epilogue.
+//   A         lane (g, q) = (lane / 4, lane % 4) streams weight rows r0 (A row g) and r1 (A row
+//             g + 8): 16-byte loads of chunk c (k = 8c .. 8c + 7), the four lanes of a group on
+//             consecutive chunks. Such a load holds two mma's worth of A: the mma's k index is
+//             a permutation of the physical k (mma 0: k 8c + 0..3 as its columns 2q, 2q + 1,
+//             2q + 8, 2q + 9; mma 1: 8c + 4..7), and B is read with the same permutation, so
+//             the loads land in the A registers as they are: no shuffles, no ldmatrix.
+//   B         lane (g, q) needs token g's elements 8c .. 8c + 7: one 16-byte shared load of
+//             the staged row g (a row stride of 4 mod 8 chunks keeps a quarter-warp's eight
+//             16-byte reads on distinct banks).
+//   prologue  as the SIMT kernel's, for 3..8 rows, the same arithmetic in the same order: the
+//             normalised rows are bitwise the ones the one- and two-token kernel stages.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define P04_GEMV_NO_MMA 1
+#endif
+
+constexpr int kMmaTokens = 8;   // B's columns
+constexpr int kMmaUnroll = 8;   // 16-byte loads in flight per lane and weight row (2 rows)
+constexpr int kMmaGroup = 4;    // lanes per weight row in an A tile (consecutive chunks)
+constexpr int kMmaStep = kMmaGroup * kMmaUnroll * kWarps;  // chunks a CTA covers per step
+
+// Staged row stride in 16-byte chunks: >= kvec and 4 mod 8 (see B above).
+__host__ __device__ constexpr int mma_staged_stride(int kvec) { return kvec + (12 - kvec % 8) % 8; }
+
+// d += A (16 x 16) B (16 x 8), float32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint32_t b0, uint32_t b1) {
+#ifndef P04_GEMV_NO_MMA
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // the launcher's caller only dispatches here on sm_80 and newer
+#endif
+}
+
+template <typename T, bool kNorm, bool kResidual, int kMode>
+__global__ void __launch_bounds__(kWarps * 32, 2)  // two CTAs an SM: <= 128 registers
+    gemv_mma_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                    T* __restrict__ residual_out, const T* __restrict__ norm_w,
+                    const T* __restrict__ w, T* __restrict__ out, int tokens, int k, int n_out,
+                    int n_units, float eps, const GemvRope rope) {
+  extern __shared__ uint4 staged[];  // (tokens, mma_staged_stride(k / 8)) 16-byte chunks
+  __shared__ float4 partial_tile[2][kWarps][32];  // per warp, its lanes' accumulator fragments
+  const int kvec = k / kVec, ks = mma_staged_stride(kvec);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, q = lane % 4;
+  p04::allow_next_kernel();  // the next kernel may start prefetching its own weights
+
+  // ---- the unit's weight rows r0 (A row g) and r1 (A row g + 8) of this lane; -1: none ------
+  const int half = kMode == kRope ? rope.head_dim / 2 : 0;
+  const int n_pairs = kMode == kRope ? n_out / 2 : n_out;  // kSilu / kRope: pairs of rows
+  auto rows_of = [&](int unit, int& r0, int& r1) {
+    if constexpr (kMode == kPlain) {
+      r0 = unit * 16 + g;
+      r1 = r0 + 8 < n_out ? r0 + 8 : -1;
+      r0 = r0 < n_out ? r0 : -1;
+    } else {
+      const int p = unit * 8 + g;
+      if (p >= n_pairs) {
+        r0 = r1 = -1;
+      } else if constexpr (kMode == kSilu) {
+        r0 = p, r1 = p + n_out;  // gate row, up row
+      } else {
+        r0 = (p / half) * rope.head_dim + p % half, r1 = r0 + half;
+      }
+    }
+  };
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  const int n_steps = (kvec + kMmaStep - 1) / kMmaStep;
+  uint4 wa[kMmaUnroll], wb[kMmaUnroll];  // rows r0 and r1
+  // chunk of slot u at step s: warp w covers chunks [(s kWarps + w) 32, + 32) of the rows
+  auto chunk = [&](int s, int u) { return ((s * kWarps + warp) * kMmaUnroll + u) * kMmaGroup + q; };
+  auto load_step = [&](int unit, int s) {
+    int r0, r1;
+    rows_of(unit, r0, r1);
+    const uint4* p0 = wv + (int64_t)(r0 < 0 ? 0 : r0) * kvec;
+    const uint4* p1 = wv + (int64_t)(r1 < 0 ? 0 : r1) * kvec;
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int c = chunk(s, u);
+      wa[u] = r0 >= 0 && c < kvec ? load_stream(p0 + c) : make_uint4(0, 0, 0, 0);
+      wb[u] = r1 >= 0 && c < kvec ? load_stream(p1 + c) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  int unit = blockIdx.x;
+  if (unit < n_units) load_step(unit, 0);
+  p04::wait_previous_kernel();  // x and residual are the previous kernel's outputs
+
+  // ---- prologue: stage the rows t < tokens (the SIMT kernel's arithmetic and order) ----------
+  float ss[kMmaTokens];
+#pragma unroll
+  for (int t = 0; t < kMmaTokens; ++t) ss[t] = 0.f;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4* rv = reinterpret_cast<const uint4*>(residual);
+  for (int c = tid; c < kvec; c += blockDim.x) {
+#pragma unroll
+    for (int t = 0; t < kMmaTokens; ++t) {
+      if (t < tokens) {
+        uint4 v = xv[(int64_t)t * kvec + c];
+        if constexpr (kResidual) {
+          float a[8], b[8];
+          unpack8<T>(v, a);
+          unpack8<T>(rv[(int64_t)t * kvec + c], b);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) a[i] += b[i];
+          v = pack8<T>(a);  // the residual stream is stored in the model dtype
+          if (blockIdx.x == 0) reinterpret_cast<uint4*>(residual_out)[(int64_t)t * kvec + c] = v;
+        }
+        if constexpr (kNorm) {
+          float a[8];
+          unpack8<T>(v, a);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) ss[t] = fmaf(a[i], a[i], ss[t]);
+        }
+        staged[t * ks + c] = v;
+      }
+    }
+  }
+  if constexpr (kNorm) {
+    __shared__ float partial[kWarps][kMmaTokens];
+#pragma unroll
+    for (int t = 0; t < kMmaTokens; ++t) {
+      float v = ss[t];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) partial[warp][t] = v;
+    }
+    __syncthreads();
+    float inv[kMmaTokens];
+#pragma unroll
+    for (int t = 0; t < kMmaTokens; ++t) {
+      float s = 0.f;
+      for (int i = 0; i < kWarps; ++i) s += partial[i][t];
+      inv[t] = rsqrtf(s / k + eps);
+    }
+    const uint4* nw = reinterpret_cast<const uint4*>(norm_w);
+    for (int c = tid; c < kvec; c += blockDim.x) {
+      float gw[8];
+      unpack8<T>(nw[c], gw);
+#pragma unroll
+      for (int t = 0; t < kMmaTokens; ++t) {
+        if (t < tokens) {
+          float a[8];
+          unpack8<T>(staged[t * ks + c], a);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) a[i] = Vec<T>::round(a[i] * inv[t]) * gw[i];
+          staged[t * ks + c] = pack8<T>(a);
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- main loop: a unit per CTA, K split over its warps -------------------------------------
+  const uint4* xs = staged + g * ks;  // B column g: token g's staged row
+  const bool has_token = g < tokens;
+  for (int parity = 0; unit < n_units; unit += gridDim.x, parity ^= 1) {
+    float acc[4][4];  // four independent accumulators: shorter chains of dependent mma
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+    for (int s = 0; s < n_steps; ++s) {
+      // wa, wb hold step s of this unit
+#pragma unroll
+      for (int u = 0; u < kMmaUnroll; ++u) {
+        const int c = chunk(s, u);
+        const uint4 b = has_token && c < kvec ? xs[c] : make_uint4(0, 0, 0, 0);
+        float(&d0)[4] = acc[(u % 2) * 2];
+        float(&d1)[4] = acc[(u % 2) * 2 + 1];
+        mma_16816<T>(d0, wa[u].x, wb[u].x, wa[u].y, wb[u].y, b.x, b.y);  // k 8c + 0..3
+        mma_16816<T>(d1, wa[u].z, wb[u].z, wa[u].w, wb[u].w, b.z, b.w);  // k 8c + 4..7
+      }
+      // the next step, or the next unit's first: in flight during the reduction and epilogue
+      if (s + 1 < n_steps) {
+        load_step(unit, s + 1);
+      } else if (unit + gridDim.x < n_units) {
+        load_step(unit + gridDim.x, 0);
+      }
+    }
+    float4 v;
+    v.x = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
+    v.y = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
+    v.z = (acc[0][2] + acc[1][2]) + (acc[2][2] + acc[3][2]);
+    v.w = (acc[0][3] + acc[1][3]) + (acc[2][3] + acc[3][3]);
+    partial_tile[parity][warp][lane] = v;
+    // One barrier per unit: warp 0 reads this buffer before it reaches the next unit's barrier,
+    // and the buffer is written again only after that one (two units on).
+    __syncthreads();
+    if (warp != 0) continue;
+    v = partial_tile[parity][0][lane];
+#pragma unroll
+    for (int i = 1; i < kWarps; ++i) {
+      const float4 p = partial_tile[parity][i][lane];
+      v.x += p.x, v.y += p.y, v.z += p.z, v.w += p.w;
+    }
+    // ---- epilogue: lane (g, q) holds (A row g, tokens 2q, 2q + 1) and (A row g + 8, same) --
+    int r0, r1;
+    rows_of(unit, r0, r1);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int t = 2 * q + i;
+      if (t >= tokens) continue;
+      const float y0 = i ? v.y : v.x, y1 = i ? v.w : v.z;
+      T* o = out + (int64_t)t * n_out;
+      if constexpr (kMode == kPlain) {
+        if (r0 >= 0) o[r0] = Vec<T>::from_f2(y0, y0).x;
+        if (r1 >= 0) o[r1] = Vec<T>::from_f2(y1, y1).x;
+      } else if (r0 >= 0) {
+        if constexpr (kMode == kRope) {
+          rope_epilogue<T>(rope, o, r0, half, t, Vec<T>::round(y0), Vec<T>::round(y1));
+        } else {
+          const float gate = Vec<T>::round(y0), up = Vec<T>::round(y1);
+          const float a = gate / (1.f + __expf(-gate)) * up;
+          o[r0] = Vec<T>::from_f2(a, a).x;  // r0 is the pair's index: the output column
+        }
+      }
+    }
+  }
+}
+
 template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
 cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
   auto kernel = gemv_kernel<T, NT, kNorm, kResidual, kMode>;
@@ -307,6 +554,41 @@ cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
                      a.n_out, n_units, a.eps, a.rope);
 }
 
+template <typename T, bool kNorm, bool kResidual, int kMode>
+cudaError_t launch_mma_typed(const GemvArgs& a, cudaStream_t stream) {
+  auto kernel = gemv_mma_kernel<T, kNorm, kResidual, kMode>;
+  const size_t smem = (size_t)a.tokens * mma_staged_stride(a.k / kVec) * sizeof(uint4);
+  if (smem > 48 * 1024) {
+    static size_t opted = 48 * 1024;  // as in launch_typed
+    if (smem > opted) {
+      const cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (err != cudaSuccess) return err;
+      opted = smem;
+    }
+  }
+  // 16 rows a unit (plain), else 8 row pairs
+  const int n_units = kMode == kPlain ? (a.n_out + 15) / 16
+                                      : ((kMode == kRope ? a.n_out / 2 : a.n_out) + 7) / 8;
+  int ctas = n_units;
+  if (a.max_ctas > 0 && ctas > a.max_ctas) ctas = a.max_ctas;
+  return p04::launch(kernel, dim3(ctas), dim3(kWarps * 32), smem, stream, a.pdl,
+                     static_cast<const T*>(a.x), static_cast<const T*>(a.residual),
+                     static_cast<T*>(a.residual_out), static_cast<const T*>(a.norm_w),
+                     static_cast<const T*>(a.w), static_cast<T*>(a.out), a.tokens, a.k,
+                     a.n_out, n_units, a.eps, a.rope);
+}
+
+// NT = 1 or 2: the SIMT kernel for that many rows; NT = kMmaTokens: the tensor-core kernel.
+template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
+cudaError_t launch_variant(const GemvArgs& a, cudaStream_t stream) {
+  if constexpr (NT == kMmaTokens) {
+    return launch_mma_typed<T, kNorm, kResidual, kMode>(a, stream);
+  } else {
+    return launch_typed<T, NT, kNorm, kResidual, kMode>(a, stream);
+  }
+}
+
 template <typename T, int NT>
 cudaError_t launch_mode(const GemvArgs& a, cudaStream_t stream) {
   const bool norm = a.norm_w != nullptr, res = a.residual != nullptr;
@@ -316,36 +598,39 @@ cudaError_t launch_mode(const GemvArgs& a, cudaStream_t stream) {
     if (!norm || a.silu_mul || D <= 0 || D % 2 ||
         a.n_out != (a.rope.n_heads + 2 * a.rope.n_kv_heads) * D)
       return cudaErrorInvalidValue;
-    return res ? launch_typed<T, NT, true, true, kRope>(a, stream)
-               : launch_typed<T, NT, true, false, kRope>(a, stream);
+    return res ? launch_variant<T, NT, true, true, kRope>(a, stream)
+               : launch_variant<T, NT, true, false, kRope>(a, stream);
   }
   if (!norm) {
     if (res || a.silu_mul) return cudaErrorInvalidValue;  // not a combination the model uses
-    return launch_typed<T, NT, false, false, kPlain>(a, stream);
+    return launch_variant<T, NT, false, false, kPlain>(a, stream);
   }
   if (!res) {
-    return a.silu_mul ? launch_typed<T, NT, true, false, kSilu>(a, stream)
-                      : launch_typed<T, NT, true, false, kPlain>(a, stream);
+    return a.silu_mul ? launch_variant<T, NT, true, false, kSilu>(a, stream)
+                      : launch_variant<T, NT, true, false, kPlain>(a, stream);
   }
-  return a.silu_mul ? launch_typed<T, NT, true, true, kSilu>(a, stream)
-                    : launch_typed<T, NT, true, true, kPlain>(a, stream);
+  return a.silu_mul ? launch_variant<T, NT, true, true, kSilu>(a, stream)
+                    : launch_variant<T, NT, true, true, kPlain>(a, stream);
 }
 
 // One and two rows. Measured on an H200 (bench gemv-kernel), the kernel beats cuBLAS and the
 // separate norm and activation kernels there or matches it (the LM head: 1.00x and 0.98x); from
 // four rows on, converting the staged rows for every weight chunk makes it compute-bound and
 // cuBLAS's GEMMs catch up or win.
+// Three to eight: the tensor-core kernel (not measured yet; the Python wrapper dispatches here
+// only where kernels/gemv.py's MMA_MAX_TOKENS enables it).
 template <typename T>
 cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
   if (a.tokens <= 1) return launch_mode<T, 1>(a, stream);
-  return launch_mode<T, 2>(a, stream);
+  if (a.tokens == 2) return launch_mode<T, 2>(a, stream);
+  return launch_mode<T, kMmaTokens>(a, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_gemv(const GemvArgs& a, DType dtype, cudaStream_t stream) {
   if (a.tokens == 0 || a.n_out == 0) return cudaSuccess;
-  if (a.tokens > 2 || a.k % kVec != 0 || a.k <= 0) return cudaErrorInvalidValue;
+  if (a.tokens > kMmaTokens || a.k % kVec != 0 || a.k <= 0) return cudaErrorInvalidValue;
   if (a.residual != nullptr && a.residual_out == nullptr) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kBF16: return launch_tokens<__nv_bfloat16>(a, stream);

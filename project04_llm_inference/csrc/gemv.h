@@ -5,7 +5,8 @@
 
 #include "norm_act.h"  // DType
 
-// out (T, n_out) = act(pre(x) @ w^T) for one or two tokens, w (rows, K) row-major.
+// out (T, n_out) = act(pre(x) @ w^T) for one to eight tokens (three to eight: tensor cores,
+// sm_80 and newer), w (rows, K) row-major.
 //   pre:  norm_w == nullptr: x as is. Otherwise RMSNorm of h, where h = x + residual when
 //         residual != nullptr (rounded to the model dtype, written to residual_out by one CTA),
 //         else h = x; normalised in float32, rounded, scaled by norm_w, rounded (Llama's order).
@@ -17,7 +18,8 @@
 //         float32 table cos_sin (max_positions, head_dim) = [cos | sin]) on q and k, and the
 //         rotated k and v written to k_cache / v_cache (num_blocks, block_size, n_kv_heads,
 //         head_dim) at slot slots[t] (-1: not written). Each warp computes the row pair (j,
-//         j + head_dim / 2) of one head, so the rotation needs nothing from another warp.
+//         j + head_dim / 2) of one head (three to eight tokens: a lane holds both rows of its
+//         pair), so the rotation needs nothing from another warp.
 // K % 8 == 0 and every pointer 16-byte aligned (checked by the caller); 16-bit dtypes only.
 // max_ctas bounds the grid (warps then loop over rows): a few CTAs per SM is enough.
 struct GemvRope {

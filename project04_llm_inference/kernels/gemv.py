@@ -3,8 +3,9 @@
 `linear(x, w)` is `F.linear` and `norm_linear(...)` is the RMSNorm, the projection and (for the
 MLP) silu-and-mul in sequence, or (for the attention, `rope=RopeWrite(...)`) RoPE and the KV-cache
 write after the QKV projection; on a CUDA device, for at most `GEMV_MAX_TOKENS` tokens of a
-16-bit dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the other kernels.
-Every other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so
+16-bit dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the other kernels
+(from three tokens up to `MMA_MAX_TOKENS`, on sm_80 and newer, its tensor-core variant: off until
+it is measured). Every other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so
 the CPU engine computes exactly what it computed before these kernels existed.
 """
 
@@ -29,10 +30,22 @@ CSRC = Path(__file__).resolve().parent.parent / "csrc"
 # (gemv_kernel_rows_1_to_8.json, before the weight preload) 0.75-1.14x at four and 0.44-0.83x at
 # eight, so larger steps go to cuBLAS.
 GEMV_MAX_TOKENS = 2
+# The tensor-core variant (gemv_mma_kernel: mma.sync with the weight as the A operand and up to
+# eight staged rows as B, so a weight chunk costs a few mma instead of converting every row) takes
+# 3..MMA_MAX_TOKENS tokens on sm_80 and newer. 0: off, steps of 3-8 tokens go to cuBLAS. It has not
+# run on a GPU yet: enable it (8, or the largest count that beats cuBLAS) only after the GPU tests
+# (test_gemv_gpu.py) pass and the benchmark shows it ahead of cuBLAS plus the separate kernels:
+#   python -m project04_llm_inference gemv-kernel --mma-max-tokens 8 --tokens 3 4 5 6 7 8
+MMA_MAX_TOKENS = 0
+MMA_KERNEL_MAX_TOKENS = 8  # the most rows the tensor-core kernel stages (B's eight columns)
 CTAS_PER_SM = 4  # the grid's bound; warps loop over the remaining rows
 # Every CTA stages its input rows in shared memory: beyond this bound (two rows of K > 40,960)
 # cuBLAS takes the product.
 MAX_STAGED_BYTES = 160 * 1024
+# The tensor-core kernel's bound (eight rows of K > 9,216): it pads each row by 64 bytes and adds
+# 8.25 KB of static shared memory, 153 KB at most, within an A100's 163 KB a CTA (sm_90: 227).
+# Llama-3.2-1B's widest input (K = 8,192) needs 137 KB at eight tokens.
+MMA_MAX_STAGED_BYTES = 144 * 1024
 
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -72,6 +85,24 @@ def _max_ctas(device_index: int) -> int:
     return CTAS_PER_SM * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def max_tokens(capability: tuple[int, int]) -> int:
+    """The most tokens one launch takes on a device of this compute capability: `GEMV_MAX_TOKENS`,
+    or `MMA_MAX_TOKENS` where the tensor-core variant is enabled and the device has mma (sm_80)."""
+    if MMA_MAX_TOKENS == 0:
+        return GEMV_MAX_TOKENS
+    if not GEMV_MAX_TOKENS < MMA_MAX_TOKENS <= MMA_KERNEL_MAX_TOKENS:
+        raise ValueError(
+            f"MMA_MAX_TOKENS must be 0 (off) or in {GEMV_MAX_TOKENS + 1}..{MMA_KERNEL_MAX_TOKENS}, "
+            f"got {MMA_MAX_TOKENS}"
+        )
+    return MMA_MAX_TOKENS if tuple(capability) >= (8, 0) else GEMV_MAX_TOKENS
+
+
 def _check_matrix(name: str, t: torch.Tensor, ndim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -82,11 +113,14 @@ def _check_matrix(name: str, t: torch.Tensor, ndim: int) -> None:
 def _fits(*tensors: torch.Tensor) -> bool:
     """Whether the kernel can take these tensors (else the composed PyTorch path runs)."""
     x = tensors[0]
-    if x.device.type != "cuda" or not 0 < x.shape[0] <= GEMV_MAX_TOKENS:
+    if x.device.type != "cuda" or x.shape[0] <= 0:
+        return False
+    if x.shape[0] > GEMV_MAX_TOKENS and x.shape[0] > max_tokens(_capability(x.device.index or 0)):
         return False
     if x.dtype not in _GEMV_DTYPES or x.shape[-1] % 8:
         return False
-    if x.shape[0] * x.shape[-1] * x.element_size() > MAX_STAGED_BYTES:
+    bound = MAX_STAGED_BYTES if x.shape[0] <= GEMV_MAX_TOKENS else MMA_MAX_STAGED_BYTES
+    if x.shape[0] * x.shape[-1] * x.element_size() > bound:
         return False
     return all(t.dtype == x.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 

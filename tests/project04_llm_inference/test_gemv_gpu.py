@@ -14,6 +14,25 @@ Tolerances, from the arithmetic (u = unit roundoff of the dtype: 2^-8 bf16, 2^-1
 - RoPE and the cache write behind the QKV projection: each row is accumulated exactly as the plain
   product accumulates it, rounded to the dtype, then rotated with the RoPE kernel's operations
   in its order: bitwise equal to the plain GEMV followed by the RoPE kernel.
+
+The tensor-core variant (3 to 8 tokens, `MMA_MAX_TOKENS`; the tests below switch it on):
+- the product: a product of two 16-bit values is exact in float32; mma.sync adds a block of b
+  of them (b >= 4) to its accumulator with every term aligned to the largest one's exponent and
+  truncated, not rounded, to float32's 24 bits, then the sum truncated or rounded (Fasi et al.,
+  "Numerical behavior of NVIDIA tensor cores", 2021). Each aligned term then loses less than
+  2^-23 of the block's largest term, the sum less than 2^-23 of itself, so a block adds at most
+  (b + 2) 2^-23 S with S = |x| @ |w|^T, and the K / b blocks with the kernel's ten float32
+  additions of partial sums (four accumulators, eight warps; 2^-24 S each) at most
+  (1.5 K + 5) 2^-23 S <= K 2^-22 S for K >= 10: gamma_K with unit 2^-22 instead of 2^-24.
+  Small-integer inputs make every partial sum exact (integers below 2^24, which neither the
+  alignment nor the rounding touches): there the output is bitwise the exact product, rounded
+  once to the dtype, which checks the operand layouts with no tolerance at all.
+- the folded RMSNorm: the same arithmetic in the same order as the one-token kernel's: bitwise
+  equal to it, row by row (and so within the 2u bound above).
+- silu-and-mul and RoPE: each output element's mma result depends only on its own weight row and
+  token (not on the row's place in the 16-row tile), so the same bitwise equalities as above.
+- a token's output is the same bits at any step size from 3 to 8 (columns of B are independent);
+  against the one- and two-token kernel it differs within the bounds (another summation order).
 """
 
 from __future__ import annotations
@@ -32,8 +51,8 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 EPS = 1e-5
 
 
-def _gamma(k: int) -> float:
-    return k * 2.0**-24 / (1 - k * 2.0**-24)
+def _gamma(k: int, unit: float = 2.0**-24) -> float:
+    return k * unit / (1 - k * unit)
 
 
 def _rand(*shape, dtype, scale=1.0, seed=0):
@@ -41,11 +60,12 @@ def _rand(*shape, dtype, scale=1.0, seed=0):
     return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
 
 
-def _assert_product_close(out, x, w):
-    """out against the exact x @ w^T, within the bound in the module docstring."""
+def _assert_product_close(out, x, w, unit: float = 2.0**-24):
+    """out against the exact x @ w^T, within the bound in the module docstring (unit: of the
+    float32 accumulation, 2^-22 for the tensor-core variant)."""
     u, k = UNIT_ROUNDOFF[x.dtype], x.shape[1]
     exact = x.double() @ w.double().T
-    bound = u * exact.abs() + (1 + u) * _gamma(k) * (x.double().abs() @ w.double().abs().T)
+    bound = u * exact.abs() + (1 + u) * _gamma(k, unit) * (x.double().abs() @ w.double().abs().T)
     err = (out.double() - exact).abs()
     worst = (err - bound).max().item()
     assert worst <= 0, f"max error {err.max().item():.3g} exceeds the bound by {worst:.3g}"
@@ -148,7 +168,7 @@ def test_rows_do_not_depend_on_the_batch():
 @pytest.mark.parametrize(
     "x_shape,w_shape,dtype",
     [
-        ((3, 64), (32, 64), torch.bfloat16),  # more tokens than the kernel takes
+        ((3, 64), (32, 64), torch.bfloat16),  # 3 tokens: the tensor-core variant is off
         ((2, 60), (32, 60), torch.bfloat16),  # K not a multiple of 8
         ((2, 64), (32, 64), torch.float32),
     ],  # not a 16-bit dtype
@@ -192,8 +212,8 @@ def test_replays_in_a_cuda_graph():
 
 
 @pytest.mark.smoke  # programmatic dependent launch keeps every read after the write it needs
-@pytest.mark.parametrize("tokens", [1, 2])
-def test_a_chain_with_pdl_equals_ordinary_launches(tokens):
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8])  # 5, 8: the tensor-core variant
+def test_a_chain_with_pdl_equals_ordinary_launches(tokens, monkeypatch):
     """Layers of norm -> projection -> projection -> norm+SwiGLU -> projection, each product
     reading the one before, captured in one CUDA graph with PDL: every kernel starts early and
     loads weights before it waits, so a read of an input before its producer finished would
@@ -202,6 +222,7 @@ def test_a_chain_with_pdl_equals_ordinary_launches(tokens):
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs sm_90 or newer")
+    monkeypatch.setattr(gemv, "MMA_MAX_TOKENS", 8)
     d, f, layers = 2048, 4096, 4
     ws = [
         {
@@ -215,6 +236,7 @@ def test_a_chain_with_pdl_equals_ordinary_launches(tokens):
         for i in range(layers)
     ]
     x = _rand(tokens, d, dtype=torch.bfloat16, seed=20)
+    assert gemv.gemv_applies(x, ws[0]["a"])
 
     def chain():
         h, res = x, None
@@ -241,3 +263,174 @@ def test_a_chain_with_pdl_equals_ordinary_launches(tokens):
             assert torch.equal(out, want) and torch.equal(stream, want_stream)
     finally:
         pdl.USE_PDL = saved
+
+
+# ---- the tensor-core variant: 3 to 8 tokens ---------------------------------------------------
+
+MMA_UNIT = 2.0**-22  # the accumulation's unit (module docstring)
+# Llama-3.2-1B's projections (rows, K, fold) and the LM head, as bench/gemv.py times them
+SHAPES_1B = [
+    (3072, 2048, "qkv"),
+    (2048, 2048, "o"),
+    (16384, 2048, "gate_up"),
+    (2048, 8192, "down"),
+    (128256, 2048, "lm_head"),
+]
+MMA_TOKENS = [3, 4, 5, 6, 7, 8]
+
+
+@pytest.fixture
+def mma_on(monkeypatch):
+    """The tensor-core variant on for 3..8 tokens (off by default until measured)."""
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("the tensor-core variant needs sm_80 or newer")
+    monkeypatch.setattr(gemv, "MMA_MAX_TOKENS", 8)
+
+
+def _ints(*shape, dtype, seed):
+    """Integers in [-3, 3]: every partial sum of a product of K <= 8192 terms is exact."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(-3, 4, shape, device="cuda", generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", MMA_TOKENS)
+@pytest.mark.parametrize("n,k", [(n, k) for n, k, _ in SHAPES_1B] + [(200, 64), (24, 136)])
+def test_mma_linear_is_within_the_rounding_bound(mma_on, dtype, tokens, n, k):
+    x = _rand(tokens, k, dtype=dtype, seed=31)
+    w = _rand(n, k, dtype=dtype, scale=0.02, seed=32)
+    assert gemv.gemv_applies(x, w)
+    _assert_product_close(gemv.linear(x, w), x, w, MMA_UNIT)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", MMA_TOKENS)
+@pytest.mark.parametrize("n,k", [(n, k) for n, k, _ in SHAPES_1B] + [(200, 64), (24, 136)])
+def test_mma_linear_of_small_integers_is_exact(mma_on, dtype, tokens, n, k):
+    """Exact partial sums: any slip in the A or B fragment layout, the k permutation, the
+    K split over warps or a tail shows as a wrong value, with no tolerance to hide in."""
+    x, w = _ints(tokens, k, dtype=dtype, seed=33), _ints(n, k, dtype=dtype, seed=34)
+    want = (x.double() @ w.double().T).to(dtype)
+    assert torch.equal(gemv.linear(x, w), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", MMA_TOKENS)
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_mma_norm_linear_normalises_like_the_one_token_kernel(mma_on, dtype, tokens, with_residual):
+    k = 2048
+    x = _rand(tokens, k, dtype=dtype, seed=35)
+    res = _rand(tokens, k, dtype=dtype, seed=36) if with_residual else None
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=37)).to(dtype)
+    x0, r0 = x.clone(), None if res is None else res.clone()
+    eye = torch.eye(k, device="cuda", dtype=dtype)
+    hn, stream = gemv.norm_linear(x, res, g, eye, EPS)
+    assert torch.equal(x, x0) and (res is None or torch.equal(res, r0)), "inputs were modified"
+    want_hn, want_stream = _norm_reference(x0, r0, g)
+    assert torch.equal(stream, want_stream), "the residual stream is not x + residual, rounded"
+    u = UNIT_ROUNDOFF[dtype]
+    err = (hn.double() - want_hn.double()).abs()
+    assert (err <= 2 * u * want_hn.double().abs() + 1e-30).all(), f"max error {err.max():.3g}"
+    for t in range(tokens):  # the one-token kernel: the same arithmetic, the same order
+        row = x0[t : t + 1].contiguous()
+        one, _ = gemv.norm_linear(
+            row, None if r0 is None else r0[t : t + 1].contiguous(), g, eye, EPS
+        )
+        assert torch.equal(hn[t : t + 1], one), f"token {t}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", MMA_TOKENS)
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_mma_norm_linear_product_and_silu_fold(mma_on, dtype, tokens, with_residual):
+    n, k = 16384, 2048  # Llama-3.2-1B's gate/up projection
+    x = _rand(tokens, k, dtype=dtype, seed=38)
+    res = _rand(tokens, k, dtype=dtype, seed=39) if with_residual else None
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=40)).to(dtype)
+    w = _rand(n, k, dtype=dtype, scale=0.02, seed=41)
+
+    def call(weight, **kw):
+        return gemv.norm_linear(x, None if res is None else res, g, weight, EPS, **kw)
+
+    hn, _ = call(torch.eye(k, device="cuda", dtype=dtype))
+    y, stream = call(w)
+    _assert_product_close(y, hn, w, MMA_UNIT)  # the product of the kernel's own normalised input
+    act, act_stream = call(w, silu_mul=True)
+    assert act.shape == (tokens, n // 2)
+    assert torch.equal(act, silu_and_mul(y)), "the folded silu-and-mul differs from the kernel"
+    assert torch.equal(act_stream, stream)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", MMA_TOKENS)
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(32, 8, 64), (16, 4, 128), (8, 8, 64)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_mma_norm_linear_rope_fold_is_the_gemv_then_the_rope_kernel(
+    mma_on, dtype, tokens, hq, hkv, d, with_residual
+):
+    k, blocks, bs = 2048, 8, 16
+    x = _rand(tokens, k, dtype=dtype, seed=42)
+    res = _rand(tokens, k, dtype=dtype, seed=43) if with_residual else None
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=44)).to(dtype)
+    w = _rand((hq + 2 * hkv) * d, k, dtype=dtype, scale=0.02, seed=45)
+    inv = 1.0 / (500_000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    cos_sin = rope_cos_sin_cache(inv.float().cuda(), 512)
+    pos = torch.tensor([37, 300, 5, 511, 0, 64, 65, 200][:tokens], device="cuda")
+    slots = torch.tensor([5, -1, 17, 100, 127, 0, 64, -1][:tokens], device="cuda")
+    caches = [_rand(blocks, bs, hkv, d, dtype=dtype, seed=s) for s in (46, 47)]
+    want_caches = [c.clone() for c in caches]
+    want, want_res = gemv.norm_linear(x.clone(), None if res is None else res.clone(), g, w, EPS)
+    rope_cache.rope_and_cache(*gemv.qkv_views(want, hq, hkv, d), pos, cos_sin, *want_caches, slots)
+    rope = gemv.RopeWrite(hq, hkv, pos, cos_sin, caches[0], caches[1], slots)
+    got, got_res = gemv.norm_linear(x, res, g, w, EPS, rope=rope)
+    assert torch.equal(got, want), "q, k, v rows differ"
+    assert torch.equal(got_res, want_res)
+    assert torch.equal(caches[0], want_caches[0]), "k cache differs"
+    assert torch.equal(caches[1], want_caches[1]), "v cache differs"
+
+
+def test_mma_rows_do_not_depend_on_the_step_size(mma_on):
+    """A token's output is the same bits at any step of 3 to 8 tokens."""
+    x = _rand(8, 2048, dtype=torch.bfloat16, seed=48)
+    w = _rand(3072, 2048, dtype=torch.bfloat16, scale=0.02, seed=49)
+    full = gemv.linear(x, w)
+    for lo, hi in [(0, 3), (0, 7), (2, 7), (5, 8)]:
+        assert torch.equal(gemv.linear(x[lo:hi].contiguous(), w), full[lo:hi]), (lo, hi)
+
+
+def test_mma_widest_staged_rows_and_the_bound(mma_on):
+    """Eight rows of K = 9,216 (144 KB staged, past the 48 KB default: the shared-memory opt-in)
+    run the kernel; a few more K take cuBLAS."""
+    k = gemv.MMA_MAX_STAGED_BYTES // 16
+    x, w = _rand(8, k, dtype=torch.bfloat16, seed=50), _rand(64, k, dtype=torch.bfloat16, seed=51)
+    assert gemv.gemv_applies(x, w)
+    _assert_product_close(gemv.linear(x, w), x, w, MMA_UNIT)
+    x, w = _rand(8, k + 8, dtype=torch.bfloat16, seed=52), _rand(64, k + 8, dtype=torch.bfloat16)
+    assert not gemv.gemv_applies(x, w)
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+
+
+def test_more_than_eight_tokens_take_cublas(mma_on):
+    x, w = _rand(9, 64, dtype=torch.bfloat16, seed=53), _rand(32, 64, dtype=torch.bfloat16)
+    assert not gemv.gemv_applies(x, w)
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+
+
+@pytest.mark.smoke  # the tensor-core variant, every fold, captured and replayed
+def test_mma_replays_in_a_cuda_graph(mma_on):
+    k, t = 2048, 6
+    x = _rand(t, k, dtype=torch.bfloat16, seed=54)
+    res = _rand(t, k, dtype=torch.bfloat16, seed=55)
+    g = (1 + _rand(k, dtype=torch.float32, scale=0.1, seed=56)).to(torch.bfloat16)
+    w = _rand(512, k, dtype=torch.bfloat16, scale=0.02, seed=57)
+    gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)  # builds and warms up outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        act, stream = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
+        y = gemv.linear(act, w[:, :256].contiguous())
+    for seed in (58, 59):
+        x.copy_(_rand(t, k, dtype=torch.bfloat16, seed=seed))
+        graph.replay()
+        want_act, want_stream = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
+        assert torch.equal(act, want_act) and torch.equal(stream, want_stream)
+        assert torch.equal(y, gemv.linear(want_act, w[:, :256].contiguous()))

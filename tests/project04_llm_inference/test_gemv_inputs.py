@@ -94,3 +94,54 @@ def test_norm_linear_rope_arguments_are_checked():
         gemv.norm_linear(
             x, None, g, _t(128, 64, dtype=torch.float32), EPS, rope=rope, silu_mul=True
         )
+
+
+def test_the_tensor_core_variant_is_off_unless_enabled(monkeypatch):
+    monkeypatch.setattr(gemv, "MMA_MAX_TOKENS", 0)
+    assert gemv.max_tokens((9, 0)) == gemv.max_tokens((8, 0)) == gemv.GEMV_MAX_TOKENS == 2
+    monkeypatch.setattr(gemv, "MMA_MAX_TOKENS", 8)
+    assert gemv.max_tokens((9, 0)) == gemv.max_tokens((8, 6)) == 8
+    assert gemv.max_tokens((7, 5)) == 2  # no bf16 mma.sync before sm_80: cuBLAS
+    monkeypatch.setattr(gemv, "MMA_MAX_TOKENS", 5)
+    assert gemv.max_tokens((9, 0)) == 5
+
+
+@pytest.mark.parametrize("bad", [1, 2, 9, -1])
+def test_a_tensor_core_bound_the_kernel_cannot_take_is_refused(monkeypatch, bad):
+    monkeypatch.setattr(gemv, "MMA_MAX_TOKENS", bad)
+    with pytest.raises(ValueError, match="MMA_MAX_TOKENS must be 0 .off. or in 3..8"):
+        gemv.max_tokens((9, 0))
+
+
+@pytest.mark.parametrize("tokens", [3, 8])
+def test_cpu_tensors_take_the_composed_path_with_the_tensor_core_variant_on(monkeypatch, tokens):
+    monkeypatch.setattr(gemv, "MMA_MAX_TOKENS", 8)
+    x, g, w, res = (
+        _t(tokens, 64),
+        1 + 0.1 * _t(64, seed=2),
+        _t(48, 64, seed=3),
+        _t(tokens, 64, seed=4),
+    )
+    assert not gemv.gemv_applies(x, w)
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))
+    want_h, want_stream = reference.fused_add_rms_norm(x.clone(), res.clone(), g, EPS)
+    out, stream = gemv.norm_linear(x, res, g, w, EPS, silu_mul=True)
+    assert torch.equal(out, reference.silu_and_mul(F.linear(want_h, w)))
+    assert torch.equal(stream, want_stream)
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("mma_max_tokens", 2, "mma_max_tokens must be 0 or in 3..8"),
+        ("mma_max_tokens", 9, "mma_max_tokens must be 0 or in 3..8"),
+        ("tokens", [3, 9], "tokens must be in 1..8"),
+        ("repeats", 0, "repeats must be >= 1"),
+    ],
+)
+def test_the_benchmark_config_is_checked_before_any_gpu_work(field, value, match):
+    from project04_llm_inference.bench.gemv import GemvBenchConfig, check_config
+
+    check_config(GemvBenchConfig(mma_max_tokens=8, tokens=[3, 4, 5, 6, 7, 8]))
+    with pytest.raises(ValueError, match=match):
+        check_config(GemvBenchConfig(**{field: value}))

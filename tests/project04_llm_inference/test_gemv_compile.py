@@ -1,0 +1,73 @@
+"""CPU tier (needs nvcc, no GPU): csrc/gemv.cu compiles for sm_90a (the H200) and sm_80 (the
+oldest target of bf16 mma.sync) with the extension build's device flags, and no kernel spills
+registers: the SIMT kernel for one and two tokens and the tensor-core kernel for three to
+eight, for both dtypes and every fold."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shared.cuda_build import find_nvcc
+
+CSRC = Path(__file__).resolve().parents[2] / "project04_llm_inference" / "csrc"
+FLAGS = ("-std=c++17", "-O3", "--use_fast_math", "-lineinfo")  # shared.cuda_build's, less torch
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+
+
+def ptxas_report(text: str) -> dict[str, dict[str, int]]:
+    """Mangled kernel name -> registers, stack frame and spill bytes, from `-Xptxas -v`."""
+    kernels, name = {}, None
+    for line in text.splitlines():
+        if m := _ENTRY.search(line):
+            name = m.group(1)
+            kernels[name] = {"registers": 0, "frame": 0, "spill_stores": 0, "spill_loads": 0}
+        elif name and (m := _SPILL.search(line)):
+            kernels[name].update(
+                frame=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3))
+            )
+        elif name and (m := _USED.search(line)):
+            kernels[name]["registers"] = int(m.group(1))
+    return kernels
+
+
+def test_the_report_parser_reads_registers_and_spills():
+    text = """\
+ptxas info    : Compiling entry function '_Z1av' for 'sm_90a'
+ptxas info    : Function properties for _Z1av
+    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 33280 bytes smem
+ptxas info    : Compiling entry function '_Z1bv' for 'sm_90a'
+ptxas info    : Function properties for _Z1bv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+"""
+    assert ptxas_report(text) == {
+        "_Z1av": {"registers": 255, "frame": 16, "spill_stores": 8, "spill_loads": 12},
+        "_Z1bv": {"registers": 32, "frame": 0, "spill_stores": 0, "spill_loads": 0},
+    }
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found: CUDA toolkit absent")
+@pytest.mark.slow  # ~20 s per architecture on two cores
+@pytest.mark.parametrize("arch", ["90a", "80"])
+def test_gemv_compiles_without_spills(arch, tmp_path):
+    cmd = [find_nvcc(), *FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v"]
+    cmd += [f"-I{CSRC}", "-c", str(CSRC / "gemv.cu"), "-o", str(tmp_path / "gemv.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    kernels = ptxas_report(proc.stdout + proc.stderr)
+    simt = {n: k for n, k in kernels.items() if "11gemv_kernel" in n}
+    mma = {n: k for n, k in kernels.items() if "15gemv_mma_kernel" in n}
+    assert len(simt) == 28  # 2 dtypes x 2 row counts x 7 (norm, residual, epilogue) variants
+    assert len(mma) == 14  # 2 dtypes x 7 variants
+    spilled = {n: k for n, k in kernels.items() if k["spill_stores"] or k["spill_loads"]}
+    assert not spilled
+    # __launch_bounds__(256, 2): two CTAs of the tensor-core kernel fit an SM's registers
+    assert all(0 < k["registers"] <= 128 for k in mma.values()), mma
