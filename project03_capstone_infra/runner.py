@@ -90,14 +90,36 @@ def child_env(
 _STARTED: list[subprocess.Popen] = []  # every torchrun job `start` made, for `stop_started`
 
 
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL a torchrun job started by `start`, its workers included, and reap it.
+
+    The job runs in a session of its own (so that a signal reaches only it), and torchrun in
+    turn starts every worker in a session of its own: a signal to torchrun's process group
+    never reaches them, and a SIGKILLed torchrun cannot pass one on, so its workers would run
+    on, orphaned. torchrun is first stopped (SIGSTOP: it starts no worker while they are
+    listed), its descendants are listed, then all are killed."""
+    import psutil
+
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGSTOP)
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in below:
+        with suppress(psutil.NoSuchProcess):
+            child.kill()
+    proc.wait()
+
+
 def stop_started() -> None:
-    """SIGKILL every torchrun job this process started that still runs, workers included: each
-    runs in a session of its own (so that a signal reaches only it) and would outlive us."""
+    """SIGKILL every torchrun job this process started that still runs, workers included
+    (`kill_job`): they would outlive us."""
     for proc in _STARTED:
         if proc.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_job(proc)
     _STARTED.clear()
 
 
@@ -162,7 +184,7 @@ def finish(proc: subprocess.Popen, t0: float, timeout: float) -> Finished:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_job(proc)
         out, _ = proc.communicate()
         raise TimeoutError(
             f"torchrun did not finish within {timeout:.0f} s; output:\n{out[-4000:]}"

@@ -8,6 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
+
+import psutil
 
 from project03_capstone_infra import runner
 from project03_capstone_infra.faults import read_events
@@ -46,14 +49,23 @@ def test_sigterm_to_a_demo_ends_the_torchrun_jobs_it_started(tmp_path):
             assert time.time() < deadline, "the trainer never reached a step"
             time.sleep(0.1)
         assert _group_alive(pgid)
+        # torchrun starts its workers in sessions of their own: killing its group alone
+        # would leave them running, orphaned
+        workers = psutil.Process(pgid).children(recursive=True)
+        assert workers
         demo.send_signal(signal.SIGTERM)
         assert demo.wait(timeout=60) == 128 + signal.SIGTERM
         deadline = time.time() + 20
         while _group_alive(pgid) and time.time() < deadline:
             time.sleep(0.1)
-        assert not _group_alive(pgid), "torchrun or its workers outlived the demo"
+        assert not _group_alive(pgid), "torchrun outlived the demo"
+        _, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, f"torchrun's workers outlived the demo: {[w.pid for w in alive]}"
     finally:
         if demo.poll() is None:
             demo.kill()
         if "pgid" in locals() and _group_alive(pgid):
             os.killpg(pgid, signal.SIGKILL)
+        for w in locals().get("workers", []):
+            with suppress(psutil.NoSuchProcess):
+                w.kill()
