@@ -54,6 +54,10 @@ class SpecBenchConfig:
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
     ks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
     """draft-model speculation: tokens proposed per step, one engine each"""
+    fused_ks: tuple[int, ...] = (2, 3, 4)
+    """draft-model speculation with EngineArgs.spec_fused_greedy (the draft's catch-up and k - 1
+    steps, the verification and the greedy acceptance as one device program, one read-back a
+    step): tokens proposed per step, one engine each (method 'draft-fused'); empty: none"""
     ngram_ks: tuple[int, ...] = (2, 4, 8)
     """n-gram lookup: tokens proposed per step, one engine each; empty: no n-gram rows"""
     batches: tuple[int, ...] = (1, 8)
@@ -91,13 +95,14 @@ class SpecBenchConfig:
         if not str(self.models_dir).strip():
             raise ValueError("models_dir: expected a path, got an empty string")
         self.ks, self.ngram_ks = tuple(sorted(set(self.ks))), tuple(sorted(set(self.ngram_ks)))
+        self.fused_ks = tuple(sorted(set(self.fused_ks)))
         self.batches = tuple(sorted(set(self.batches)))
         self.workloads = tuple(w for w in WORKLOADS if w in set(self.workloads))
-        for name in ("ks", "ngram_ks"):
+        for name in ("ks", "fused_ks", "ngram_ks"):
             if any(not 1 <= k <= 64 for k in getattr(self, name)):
                 raise ValueError(f"{name}: expected values in [1, 64], got {getattr(self, name)}")
-        if not self.ks and not self.ngram_ks:
-            raise ValueError("ks, ngram_ks: both empty, nothing to compare")
+        if not self.ks and not self.fused_ks and not self.ngram_ks:
+            raise ValueError("ks, fused_ks, ngram_ks: all empty, nothing to compare")
         if not self.batches or any(b < 1 for b in self.batches):
             raise ValueError(f"batches: expected sizes >= 1, got {self.batches}")
         if not self.workloads:
@@ -221,6 +226,7 @@ def engine_plan(cfg: SpecBenchConfig) -> list[tuple[str, int]]:
         ("none", 0),
         *multi,
         *(("draft", k) for k in cfg.ks),
+        *(("draft-fused", k) for k in cfg.fused_ks),
         *(("ngram", k) for k in cfg.ngram_ks),
     ]
 
@@ -231,9 +237,10 @@ def build_llm(cfg: SpecBenchConfig, target: Path, draft: Path, method: str, k: i
     if method == "multi-step":
         extra = dict(num_scheduler_steps=k)
     elif method != "none":
-        extra = dict(speculative_method=method, num_speculative_tokens=k)
-        if method == "draft":
-            extra["speculative_model"] = str(draft)
+        fused = method == "draft-fused"
+        extra = dict(speculative_method="draft" if fused else method, num_speculative_tokens=k)
+        if method in ("draft", "draft-fused"):
+            extra.update(speculative_model=str(draft), spec_fused_greedy=fused)
         else:
             extra.update(
                 ngram_prompt_lookup_min=cfg.ngram_min, ngram_prompt_lookup_max=cfg.ngram_max
@@ -334,15 +341,23 @@ def best_draft(rows: list[dict], goal: float) -> dict:
     """The best draft-model speedup at batch 1 on held-out files, against the goal; and its
     speed over multi-step decoding's (without speculation) where that was timed."""
     here = [r for r in rows if r["batch"] == 1 and r["workload"] == "held-out"]
-    cands = [r for r in here if r["method"] == "draft"]
+    cands = [r for r in here if r["method"] in ("draft", "draft-fused")]
     if not cands:
-        return {"goal": goal, "speedup": None, "k": None, "met": None, "vs_multi_step": None}
+        return {
+            "goal": goal,
+            "speedup": None,
+            "k": None,
+            "method": None,
+            "met": None,
+            "vs_multi_step": None,
+        }
     r = max(cands, key=lambda r: r["speedup"])
     multi = next((m for m in here if m["method"] == "multi-step"), None)
     return {
         "goal": goal,
         "speedup": r["speedup"],
         "k": r["k"],
+        "method": r["method"],
         "met": r["speedup"] >= goal,
         "vs_multi_step": r["output_tok_s"] / multi["output_tok_s"] if multi else None,
     }
@@ -351,7 +366,7 @@ def best_draft(rows: list[dict], goal: float) -> dict:
 def _line(row: dict) -> str:
     acc, mal = row["acceptance_rate"], row["mean_accepted_len"]
     return (
-        f"{row['workload']:>12} batch {row['batch']:>3} {row['method']:>10} k={row['k']}: "
+        f"{row['workload']:>12} batch {row['batch']:>3} {row['method']:>11} k={row['k']}: "
         f"{row['output_tok_s']:,.1f} tok/s, {row['ms_per_token']:.2f} ms/token, "
         f"{row['speedup']:.2f}x, acceptance {'n/a' if acc is None else f'{acc:.2f}'}, "
         f"accepted len {'n/a' if mal is None else f'{mal:.2f}'}, "
@@ -391,7 +406,7 @@ def run(cfg: SpecBenchConfig) -> dict:
     held, root = heldout_files(record, tok)
     wls = build_workloads(cfg, tok, held, root)
     max_len = max(w["prompt_len_max"] for w in wls.values()) + cfg.max_tokens
-    max_len += max((*cfg.ks, *cfg.ngram_ks, cfg.multi_step)) + 1  # positions past the last token
+    max_len += max((*cfg.ks, *cfg.fused_ks, *cfg.ngram_ks, cfg.multi_step)) + 1  # positions past the last token
     limit = _model_shape(target)["max_position_embeddings"] or max_len
     if max_len > limit:
         raise ValueError(
@@ -503,7 +518,7 @@ def run(cfg: SpecBenchConfig) -> dict:
         vs = best["vs_multi_step"]
         print(
             f"best batch-1 draft speedup on held-out files: {best['speedup']:.2f}x at "
-            f"k={best['k']} (goal >= {best['goal']}x: {'met' if best['met'] else 'missed'})"
+            f"k={best['k']}, {best['method']} (goal >= {best['goal']}x: {'met' if best['met'] else 'missed'})"
             + (f"; {vs:.2f}x multi-step decoding's speed" if vs else "")
         )
     return res

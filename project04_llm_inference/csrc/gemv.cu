@@ -530,20 +530,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2)  // two CTAs an SM: <= 128 reg
   }
 }
 
+// Opts a kernel in to `smem` bytes of dynamic shared memory, the largest size asked for so far
+// (`opted`: the caller's, one per kernel instantiation). The 48 KiB that needs no opt-in counts the
+// kernel's static shared memory too (the tensor-core kernel's partial tiles), so the opt-in is made
+// from the first launch on rather than only past 48 KiB of dynamic memory: 5 rows of K = 4096
+// (41 KiB dynamic + 8 KiB static) failed to launch without it.
+template <typename Kernel>
+cudaError_t opt_in_smem(Kernel* kernel, size_t smem, size_t& opted) {
+  if (smem <= opted) return cudaSuccess;
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err == cudaSuccess) opted = smem;
+  return err;
+}
+
 template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
 cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
   auto kernel = gemv_kernel<T, NT, kNorm, kResidual, kMode>;
   const size_t smem = (size_t)NT * a.k * sizeof(T);
-  if (smem > 48 * 1024) {
-    // Opt in once per instantiation to the largest size asked for so far.
-    static size_t opted = 48 * 1024;
-    if (smem > opted) {
-      const cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (err != cudaSuccess) return err;
-      opted = smem;
-    }
-  }
+  static size_t opted = 0;  // this instantiation's opt-in so far
+  if (const cudaError_t err = opt_in_smem(kernel, smem, opted); err != cudaSuccess) return err;
   const int n_units = kMode == kRope ? a.n_out / 2 : a.n_out;
   int ctas = (n_units + kWarps - 1) / kWarps;
   if (a.max_ctas > 0 && ctas > a.max_ctas) ctas = a.max_ctas;
@@ -558,15 +564,8 @@ template <typename T, bool kNorm, bool kResidual, int kMode>
 cudaError_t launch_mma_typed(const GemvArgs& a, cudaStream_t stream) {
   auto kernel = gemv_mma_kernel<T, kNorm, kResidual, kMode>;
   const size_t smem = (size_t)a.tokens * mma_staged_stride(a.k / kVec) * sizeof(uint4);
-  if (smem > 48 * 1024) {
-    static size_t opted = 48 * 1024;  // as in launch_typed
-    if (smem > opted) {
-      const cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (err != cudaSuccess) return err;
-      opted = smem;
-    }
-  }
+  static size_t opted = 0;  // this instantiation's opt-in so far
+  if (const cudaError_t err = opt_in_smem(kernel, smem, opted); err != cudaSuccess) return err;
   // 16 rows a unit (plain), else 8 row pairs
   const int n_units = kMode == kPlain ? (a.n_out + 15) / 16
                                       : ((kMode == kRope ? a.n_out / 2 : a.n_out) + 7) / 8;

@@ -4,9 +4,9 @@
 MLP) silu-and-mul in sequence, or (for the attention, `rope=RopeWrite(...)`) RoPE and the KV-cache
 write after the QKV projection; on a CUDA device, for at most `GEMV_MAX_TOKENS` tokens of a
 16-bit dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the other kernels
-(from three tokens up to `MMA_MAX_TOKENS`, on sm_80 and newer, its tensor-core variant: off until
-it is measured). Every other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so
-the CPU engine computes exactly what it computed before these kernels existed.
+(from three tokens up to `MMA_MAX_TOKENS`, on sm_80 and newer, its tensor-core variant). Every
+other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so the CPU
+engine computes exactly what it computed before these kernels existed.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ CSRC = Path(__file__).resolve().parent.parent / "csrc"
 GEMV_MAX_TOKENS = 2
 # The tensor-core variant (gemv_mma_kernel: mma.sync with the weight as the A operand and up to
 # eight staged rows as B, so a weight chunk costs a few mma instead of converting every row) takes
-# 3..MMA_MAX_TOKENS tokens on sm_80 and newer. 0: off, steps of 3-8 tokens go to cuBLAS. It has not
-# run on a GPU yet: enable it (8, or the largest count that beats cuBLAS) only after the GPU tests
-# (test_gemv_gpu.py) pass and the benchmark shows it ahead of cuBLAS plus the separate kernels:
-#   python -m project04_llm_inference gemv-kernel --mma-max-tokens 8 --tokens 3 4 5 6 7 8
-MMA_MAX_TOKENS = 0
+# 3..MMA_MAX_TOKENS tokens on sm_80 and newer (0: off, steps of 3-8 tokens go to cuBLAS). Measured
+# on an H200 (gemv_kernel_mma.json: gemv-kernel --mma-max-tokens 8 --tokens 3 4 5 6 7 8
+# --chain-tokens 4 8): against cuBLAS plus the separate norm/activation/RoPE kernels, 1.10-1.31x on
+# the QKV projection, 0.97-1.06x on the output one, 1.00-1.13x on gate/up, 0.87-0.92x on the plain
+# down projection and 0.93x on the LM head; a chain of 16 layers (with PDL) 1.18x at 4 tokens and
+# 1.10x at 8.
+MMA_MAX_TOKENS = 8
 MMA_KERNEL_MAX_TOKENS = 8  # the most rows the tensor-core kernel stages (B's eight columns)
 CTAS_PER_SM = 4  # the grid's bound; warps loop over the remaining rows
 # Every CTA stages its input rows in shared memory: beyond this bound (two rows of K > 40,960)

@@ -58,6 +58,7 @@ def _cfg(models_dir, reports_dir="") -> spec.SpecBenchConfig:
         models_dir=str(models_dir),
         reports_dir=str(reports_dir),
         ks=(2, 3),
+        fused_ks=(2,),
         ngram_ks=(2,),
         batches=(1, 2),
         num_prompts=2,
@@ -107,7 +108,14 @@ def test_record_structure(bench, models):
     assert 0.0 <= train["draft"]["top1_agreement"] <= 1.0
 
     rows = res["rows"]
-    plan = [("none", 0), ("multi-step", 4), ("draft", 2), ("draft", 3), ("ngram", 2)]
+    plan = [
+        ("none", 0),
+        ("multi-step", 4),
+        ("draft", 2),
+        ("draft", 3),
+        ("draft-fused", 2),
+        ("ngram", 2),
+    ]
     assert [(e["method"], e["k"]) for e in res["engines"]] == plan
     assert len(rows) == len(plan) * 2 * 2  # engines x workloads x batches
     for w in spec.WORKLOADS:
