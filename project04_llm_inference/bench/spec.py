@@ -406,7 +406,8 @@ def run(cfg: SpecBenchConfig) -> dict:
     held, root = heldout_files(record, tok)
     wls = build_workloads(cfg, tok, held, root)
     max_len = max(w["prompt_len_max"] for w in wls.values()) + cfg.max_tokens
-    max_len += max((*cfg.ks, *cfg.fused_ks, *cfg.ngram_ks, cfg.multi_step)) + 1  # positions past the last token
+    # positions past the last token
+    max_len += max((*cfg.ks, *cfg.fused_ks, *cfg.ngram_ks, cfg.multi_step)) + 1
     limit = _model_shape(target)["max_position_embeddings"] or max_len
     if max_len > limit:
         raise ValueError(

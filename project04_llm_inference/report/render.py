@@ -26,6 +26,7 @@ RECORDS = (
     "prefix_caching",
     "decode_attention",
     "gemv_kernel",
+    "gemv_kernel_mma",
     "prefill_attention",
     "spec_decode",
     "serving",
@@ -393,7 +394,8 @@ def _decode_kernel_md(rec: dict) -> str:
     )
 
 
-def _gemv_kernel_md(rec: dict) -> str:
+def _gemv_kernel_md(rec: dict, mma: bool = False) -> str:
+    kernel = "tensor-core GEMV" if mma else "GEMV kernel"
     rows = [
         {
             "projection": r["name"],
@@ -402,7 +404,7 @@ def _gemv_kernel_md(rec: dict) -> str:
             "folded in": {"norm": "RMSNorm", "norm_silu": "RMSNorm, silu-and-mul"}.get(
                 r["fold"], ""
             ),
-            "path": "GEMV kernel" if r.get("uses_gemv_kernel") else "cuBLAS (dispatch)",
+            "path": kernel if r.get("uses_gemv_kernel") else "cuBLAS (dispatch)",
             "ours (us)": ranged(r, "ours_us", _num),
             "ours (GB/s)": ranged(r, "ours_gbps", _num),
             "cuBLAS (us)": ranged(r, "cublas_us", _num),
@@ -411,6 +413,15 @@ def _gemv_kernel_md(rec: dict) -> str:
         }
         for r in rec["results"]["rows"]
     ]
+    if mma:
+        head = (
+            "## Decode-step projections of 3-8 tokens (tensor-core GEMV)\n\nThe same "
+            "measurement for three to eight tokens (a speculative verification, a decode batch "
+            "of 3-8) with the kernel's tensor-core variant (`mma.sync` m16n8k16, the streamed "
+            "weight as the A operand, the staged tokens as B), which the engine runs for "
+            f"3..{rec['results'].get('mma_max_tokens')} tokens (`kernels.gemv.MMA_MAX_TOKENS`). "
+        )
+        return head + _gemv_rest(rec, rows)
     return (
         "## Decode-step projections (GEMV kernel)\n\nEach projection of a Llama-3.2-1B "
         "layer and the LM head for a few tokens, bf16, L2 flushed between runs. Ours: one "
@@ -420,6 +431,16 @@ def _gemv_kernel_md(rec: dict) -> str:
         "engine ran them before. Rows whose path is cuBLAS are beyond the kernel's row "
         "limit: there ours is the baseline's path (the engine's dispatch). Bytes: the weight "
         "plus the activations read and written once.\n\n"
+        + _table(rows)
+        + "\n"
+        + _gemv_chain_md(rec)
+    )
+
+
+def _gemv_rest(rec: dict, rows: list[dict]) -> str:
+    return (
+        "Baseline, same process: cuBLAS with the separate add+RMSNorm and silu-and-mul "
+        "kernels. Bytes: the weight plus the activations read and written once.\n\n"
         + _table(rows)
         + "\n"
         + _gemv_chain_md(rec)
@@ -589,6 +610,8 @@ def render(reports_dir: str | Path) -> list[Path]:
         ("prefill_attention", _prefill_kernel_md),
     ):
         parts.append(fn(recs[name]) if name in recs else f"## {name}\n\nnot measured: no record.\n")
+        if name == "gemv_kernel" and "gemv_kernel_mma" in recs:
+            parts.append(_gemv_kernel_md(recs["gemv_kernel_mma"], mma=True))
     if "spec_decode" in recs:
         parts.append(_spec_md(recs["spec_decode"]))
     if "serving" in recs:
@@ -621,10 +644,11 @@ SPEC_METHODS = {
     "none": "no speculation",
     "multi-step": "no speculation, multi-step",
     "draft": "draft model",
+    "draft-fused": "draft model, fused step",
     "ngram": "n-gram lookup",
 }
 # The workload each method is made for: its line in the chart.
-SPEC_HOME = {"draft": "held-out", "ngram": "code-editing"}
+SPEC_HOME = {"draft": "held-out", "draft-fused": "held-out", "ngram": "code-editing"}
 
 
 def _spec_context(res: dict) -> str:
@@ -670,8 +694,21 @@ def _spec_context(res: dict) -> str:
         "verification (each verification also emits one token of the target's). Same "
         "tokens: requests whose tokens equal the engine without speculation's exactly. "
         "Multi-step (for reference): the engine without speculation running k decode steps "
-        "per host round trip." + agree
+        "per host round trip."
+        + (
+            " Fused step (EngineArgs.spec_fused_greedy): the draft's catch-up and k - 1 steps, "
+            "the verification and the greedy acceptance as one device program (a CUDA graph) "
+            "with one read-back a step."
+            if any(r["method"] == "draft-fused" for r in res["rows"])
+            else ""
+        )
+        + agree
     )
+
+
+def _spec_how(best: dict) -> str:
+    """', fused step' when the best draft row is the fused path (older records name no method)."""
+    return ", fused step" if best.get("method") == "draft-fused" else ""
 
 
 def _spec_md(rec: dict) -> str:
@@ -707,7 +744,8 @@ def _spec_md(rec: dict) -> str:
     if best.get("speedup") is not None:
         line = (
             f"\n\nBest batch-1 draft-model speedup on held-out files: {best['speedup']:.2f}x "
-            f"at k = {best['k']} (goal >= {best['goal']}x: {_status(best['met'])})."
+            f"at k = {best['k']}{_spec_how(best)} (goal >= {best['goal']}x: "
+            f"{_status(best['met'])})."
         )
     return f"## Speculative decoding\n\n{_spec_context(res)}{line}\n\n{_table(rows)}\n"
 
@@ -762,7 +800,8 @@ def _spec_summary(recs: dict) -> str:
     else:
         text += (
             f"best batch-1 draft-model speedup on held-out files {best['speedup']:.2f}x at "
-            f"k = {best['k']}, goal >= {best['goal']}x: **{_status(best['met'])}**."
+            f"k = {best['k']}{_spec_how(best)}, goal >= {best['goal']}x: "
+            f"**{_status(best['met'])}**."
         )
         if best.get("vs_multi_step"):
             text += (

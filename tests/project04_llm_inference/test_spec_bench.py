@@ -268,7 +268,7 @@ def test_held_out_only_allows_short_prompts():
 
 
 def _row(workload, batch, method, k, tok_s, base, acc=None, same=1.0):
-    prop = 100 * k if method in ("draft", "ngram") else 0
+    prop = 100 * k if method in ("draft", "draft-fused", "ngram") else 0
     return {
         "workload": workload,
         "batch": batch,
@@ -292,8 +292,11 @@ def _row(workload, batch, method, k, tok_s, base, acc=None, same=1.0):
     }
 
 
-def _spec_record(folder, *, draft_b1: float, draft_train: dict | None = None) -> None:
-    """A hand-written spec_decode record: batch-1 draft at k=4 reaches `draft_b1` x."""
+def _spec_record(
+    folder, *, draft_b1: float, draft_train: dict | None = None, fused_b1: float | None = None
+) -> None:
+    """A hand-written spec_decode record: batch-1 draft at k=4 reaches `draft_b1` x (and the
+    fused step at k=4 `fused_b1` x, when given)."""
     from shared.results import save_result
 
     rows = []
@@ -308,6 +311,11 @@ def _spec_record(folder, *, draft_b1: float, draft_train: dict | None = None) ->
             rows += [
                 _row(w, 1, "draft", k, base1 * s, base1, 0.7),
                 _row(w, 8, "draft", k, base8 * 1.1, base8, 0.7, same=31 / 32),
+            ]
+        if fused_b1 is not None:
+            rows += [
+                _row(w, 1, "draft-fused", 4, base1 * fused_b1, base1, 0.7),
+                _row(w, 8, "draft-fused", 4, base8 * 1.2, base8, 0.7),
             ]
         rows += [
             _row(w, 1, "ngram", 4, base1 * (2.6 if w == "code-editing" else 0.9), base1, 0.5),
@@ -404,6 +412,36 @@ def test_report_renders_the_spec_record(tmp_path, draft_b1, monkeypatch):
     assert ngram in summary
     assert f"That is {draft_b1 / 1.5:.2f}x the speed of multi-step decoding" in summary
     assert "NVIDIA H200" in summary
+
+
+def test_report_names_the_fused_step_when_it_is_the_best(tmp_path, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _spec_record(tmp_path, draft_b1=1.2, fused_b1=1.5)
+    rec = json.loads((tmp_path / PROJECT / "spec_decode.json").read_text())
+    best = rec["results"]["best_batch1_draft"]
+    assert (best["method"], best["k"], best["met"]) == ("draft-fused", 4, False)
+    assert best["speedup"] == pytest.approx(1.5)
+    md, summary = (p.read_text() for p in render(tmp_path)[:2])
+    assert "| held-out | 1 | draft model, fused step | 4 | 750 |" in md
+    assert "Fused step (EngineArgs.spec_fused_greedy)" in md
+    assert "1.50x at k = 4, fused step (goal >= 2.0x: missed)" in md
+    assert "1.50x at k = 4, fused step, goal >= 2.0x: **missed**" in summary
+    from shared import charts
+
+    module = importlib.import_module("project04_llm_inference.report.render")
+    seen = {}
+    monkeypatch.setattr(charts, "line_chart", lambda path, series, **kw: seen.update(series))
+    module._spec_charts({"spec_decode": rec}, tmp_path)
+    assert seen["draft model, fused step, batch 1 (held-out)"] == ((4,), (pytest.approx(1.5),))
+
+
+def test_records_without_a_fused_step_say_nothing_of_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _spec_record(tmp_path, draft_b1=1.2)
+    md = render(tmp_path)[0].read_text()
+    assert "fused" not in md
 
 
 def test_spec_chart_lines(tmp_path, monkeypatch):
