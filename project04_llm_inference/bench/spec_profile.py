@@ -321,9 +321,11 @@ def engine_plan(cfg: SpecProfileConfig) -> list[tuple[str, dict]]:
         plan.append((f"multi-step-{cfg.multi_step}", dict(num_scheduler_steps=cfg.multi_step)))
     for k in cfg.ks:
         for path in cfg.paths:
-            kw = dict(speculative_method="draft", num_speculative_tokens=k)
-            if path == "fused":
-                kw["spec_fused_greedy"] = True
+            kw = dict(
+                speculative_method="draft",
+                num_speculative_tokens=k,
+                spec_fused_greedy=path == "fused",
+            )
             plan.append((f"draft-k{k}-{path}", kw))
     return plan
 

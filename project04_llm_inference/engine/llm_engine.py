@@ -133,7 +133,7 @@ class LLMEngine:
         if isinstance(self.proposer, DraftProposer):
             self.proposer.allocate(num_blocks, args.block_size)
         self.fused: FusedGreedySpec | None = None
-        if args.spec_fused_greedy:
+        if args.fused_greedy:
             self.fused = FusedGreedySpec(
                 self.runner,
                 self.proposer.runner,

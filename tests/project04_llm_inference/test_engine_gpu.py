@@ -243,6 +243,46 @@ def test_graph_verification_equals_eager_verification_of_the_same_shapes(d64_dir
     graphed_llm.engine.block_manager.check_no_leaks([])
 
 
+def test_fused_speculative_steps_replay_cuda_graphs(d64_dir):
+    """A draft model's all-greedy steps run fused by default (EngineArgs.spec_fused_greedy):
+    one CUDA graph per batch width, captured when the engine is built, and every fused step
+    replays one (no eager run of the program); drafts are accepted, and neither model leaks a
+    block. How often its tokens equal the default step's is printed, not asserted (bf16 on
+    random weights: the two paths run the draft's catch-up at different shapes, which may flip
+    a near-tie of the draft; the target's rows are the same padded verification)."""
+    prompts = [p * 3 for p in _prompts(16, 4, 40, seed=6)]
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    kw = dict(max_model_len=1024, num_gpu_blocks=512)
+    spec = dict(
+        speculative_method="draft", speculative_model=str(d64_dir), num_speculative_tokens=4
+    )
+    llm = LLM(str(d64_dir), **kw, **spec)
+    fused = llm.engine.fused
+    assert fused is not None and sorted(fused.graphs) == [1, 2, 4, 8, 16, 32]
+    eager_runs = 0
+    program = fused._program
+
+    def counted(slab):
+        nonlocal eager_runs
+        eager_runs += 1
+        return program(slab)
+
+    fused._program = counted
+    got = llm.generate(prompts, params)
+    s = llm.engine.stats()
+    assert fused.runs > 0 and eager_runs == 0
+    assert s["spec_accepted_tokens"] > 0
+    assert all(len(o.token_ids) == 48 for o in got)
+    llm.engine.block_manager.check_no_leaks([])
+    llm.engine.proposer.block_manager.check_no_leaks(llm.engine.proposer.live())
+    default = LLM(str(d64_dir), spec_fused_greedy=False, **kw, **spec).generate(prompts, params)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(got, default))
+    print(
+        f"fused steps {fused.runs}, acceptance {s['spec_acceptance_rate']:.3f}; "
+        f"fused == default step {same}/16"
+    )
+
+
 def test_chunked_argmax_equals_argmax_on_the_gpu():
     from project04_llm_inference.engine.sampler import argmax_rows
 

@@ -330,14 +330,27 @@ def greedy_reference(hf_model_dir, hf_model):
 
 @pytest.mark.parametrize(
     "setup",
-    ["ngram", "draft-same", "draft-other", "ngram-small-pool", "draft-small-pool"],
+    [
+        "ngram",
+        "draft-same",
+        "draft-other",
+        "ngram-small-pool",
+        "draft-small-pool",
+        "draft-same-default-step",
+        "draft-other-default-step",
+        "draft-small-pool-default-step",
+    ],
 )
 def test_greedy_speculation_is_identical(setup, greedy_reference, hf_model_dir, other_model_dir):
     """16 prompts, 40 tokens each, in one continuous batch; the small-pool variants add
     preemption, chunked prefill (32-token step budget) and prefix-cache hits (a preempted
-    sequence finding the blocks it filled while speculating)."""
+    sequence finding the blocks it filled while speculating). A draft model's greedy steps run
+    fused by default; the "-default-step" variants turn that off (spec_fused_greedy=False)."""
     prompts, params, want = greedy_reference
     kw = dict(num_speculative_tokens=4)
+    if setup.endswith("-default-step"):
+        setup = setup.removesuffix("-default-step")
+        kw["spec_fused_greedy"] = False
     if setup.startswith("ngram"):
         kw |= dict(speculative_method="ngram", ngram_prompt_lookup_max=3)
     else:
@@ -352,6 +365,10 @@ def test_greedy_speculation_is_identical(setup, greedy_reference, hf_model_dir, 
     _no_leaks(llm)
     s = llm.engine.stats()
     assert s["spec_proposed_tokens"] > 0
+    fused = llm.engine.fused
+    assert (fused is not None) == (setup.startswith("draft") and "spec_fused_greedy" not in kw)
+    if fused is not None:
+        assert fused.runs > 0
     if small:
         assert s["num_preemptions"] > 0 and s["prefix_cache_hits"] > 0
     if setup == "ngram":
@@ -378,7 +395,10 @@ def test_padded_multi_token_steps_give_the_same_tokens(
         kw |= dict(speculative_method="ngram", ngram_prompt_lookup_max=3)
     else:
         draft = other_model_dir if setup == "draft-other" else hf_model_dir
-        kw |= dict(speculative_method="draft", speculative_model=str(draft))
+        # the default step's padded verification and catch-up (the fused step pads its own)
+        kw |= dict(
+            speculative_method="draft", speculative_model=str(draft), spec_fused_greedy=False
+        )
     if setup.endswith("small-pool"):
         kw |= dict(num_gpu_blocks=16, max_num_batched_tokens=32, max_num_seqs=8)
     llm = _llm(hf_model_dir, **kw)
@@ -420,6 +440,7 @@ def test_padded_steps_build_no_tensors_from_lists(greedy_reference, hf_model_dir
         speculative_method="draft",
         speculative_model=str(hf_model_dir),
         num_speculative_tokens=3,
+        spec_fused_greedy=False,  # the default step's padded path
     )
     eng = llm.engine
     runners = (eng.runner, eng.proposer.runner)
@@ -524,6 +545,25 @@ def test_fused_greedy_needs_a_draft_model():
             speculative_method="ngram",
             spec_fused_greedy=True,
         )
+
+
+@pytest.mark.parametrize(
+    "method, flag, on",
+    [
+        ("draft", None, True),  # the default: on with a draft model
+        ("draft", True, True),
+        ("draft", False, False),
+        ("ngram", None, False),  # nothing to fuse without a draft model
+        ("ngram", False, False),
+        ("none", None, False),
+    ],
+)
+def test_fused_greedy_is_on_by_default_with_a_draft_model(method, flag, on, hf_model_dir):
+    kw = dict(speculative_model=str(hf_model_dir)) if method == "draft" else {}
+    args = EngineArgs(
+        model=str(hf_model_dir), speculative_method=method, spec_fused_greedy=flag, **kw
+    )
+    assert args.fused_greedy is on
 
 
 def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir):
