@@ -90,6 +90,11 @@ class SpecBenchConfig:
     """also time the engine without speculation at this many decode steps per host round trip
     (EngineArgs.num_scheduler_steps), the other way to emit several tokens per sync, for
     reference (its speedup is over the one-step engine too); 0 or 1: skip"""
+    repeats: int = 1
+    """repetitions of the whole plan, every engine rebuilt each time, the order reversed on every
+    other one (none, multi-step, drafts, ..., then back); tok/s, ms/token and speedup (over that
+    repetition's own baseline) are medians over them with min-max (shared.repeat); the counts
+    and token comparisons are the first repetition's"""
 
     def __post_init__(self) -> None:
         if not str(self.models_dir).strip():
@@ -135,6 +140,8 @@ class SpecBenchConfig:
             raise ValueError(f"goal_speedup: expected a finite number > 0, got {self.goal_speedup}")
         if not 0 <= self.multi_step <= 64:
             raise ValueError(f"multi_step: expected 0..64, got {self.multi_step}")
+        if isinstance(self.repeats, bool) or not 1 <= self.repeats <= 50:
+            raise ValueError(f"repeats: expected 1..50, got {self.repeats}")
 
 
 # --- models and prompts ------------------------------------------------------------------------
@@ -216,6 +223,9 @@ def build_workloads(cfg: SpecBenchConfig, tok, files: list[Path], root: Path) ->
 # --- one engine, one timed run -------------------------------------------------------------------
 
 SPEC_COUNTERS = ("spec_proposed_tokens", "spec_accepted_tokens", "spec_verifications", "steps")
+# a row's figures that are medians over repetitions (with _min, _max, _reps); the rest (counts,
+# acceptance, token comparisons: the same every repetition) are the first repetition's
+REPEATED = ("output_tok_s", "ms_per_token", "wall_s", "speedup", "baseline_output_tok_s")
 
 
 def engine_plan(cfg: SpecBenchConfig) -> list[tuple[str, int]]:
@@ -396,6 +406,7 @@ def run(cfg: SpecBenchConfig) -> dict:
 
     from shared.cli import writable_dir
     from shared.progress import progress
+    from shared.repeat import merge_runs, repetition_order
 
     from .baselines import free_cuda
 
@@ -415,53 +426,66 @@ def run(cfg: SpecBenchConfig) -> dict:
             f"{limit}"
         )
     plan = engine_plan(cfg)
-    rows, engines, bases = [], [], {}
+    engines: list[dict] = []
     ctx: dict = {}
-    total = len(plan) * len(wls) * len(cfg.batches)
+    # every repetition's rows, keyed (workload, batch, method, k), in the plan's order
+    reps: list[dict[tuple, dict]] = []
+    total = len(plan) * len(wls) * len(cfg.batches) * cfg.repeats
     with progress(total, "spec bench", unit="run", every=1) as bar:
-        for method, k in plan:
-            t0 = time.perf_counter()
-            llm = build_llm(cfg, target, draft, method, k, max_len)
-            build_s = time.perf_counter() - t0
-            ctx = {
-                "device": str(llm.engine.device),
-                "dtype": str(llm.engine.dtype).removeprefix("torch."),
-            }
-            if cfg.warmup_tokens:
-                for w in wls.values():
-                    timed_run(
-                        llm, w["prompts"][: max(cfg.batches)], max(cfg.batches), cfg.warmup_tokens
-                    )
-            stats = llm.engine.stats()
-            engines.append(
-                {
-                    "method": method,
-                    "k": k,
-                    "build_s": build_s,
-                    "cuda_graph_sizes": stats.get("cuda_graph_sizes"),
-                    "num_kv_blocks": stats.get("num_kv_blocks"),
+        for r in range(cfg.repeats):
+            runs: dict[tuple, dict] = {}
+            for method, k in repetition_order(plan, r):
+                t0 = time.perf_counter()
+                llm = build_llm(cfg, target, draft, method, k, max_len)
+                build_s = time.perf_counter() - t0
+                ctx = {
+                    "device": str(llm.engine.device),
+                    "dtype": str(llm.engine.dtype).removeprefix("torch."),
                 }
-            )
-            for wname, w in wls.items():
-                for b in cfg.batches:
-                    r = timed_run(llm, w["prompts"], b, cfg.max_tokens)
-                    base = bases.get((wname, b))
-                    row = summarise(
-                        r,
-                        workload=wname,
-                        batch=b,
-                        method=method,
-                        k=k,
-                        max_tokens=cfg.max_tokens,
-                        base=base,
+                if cfg.warmup_tokens:
+                    for w in wls.values():
+                        b = max(cfg.batches)
+                        timed_run(llm, w["prompts"][:b], b, cfg.warmup_tokens)
+                if r == 0:
+                    stats = llm.engine.stats()
+                    engines.append(
+                        {
+                            "method": method,
+                            "k": k,
+                            "build_s": build_s,
+                            "cuda_graph_sizes": stats.get("cuda_graph_sizes"),
+                            "num_kv_blocks": stats.get("num_kv_blocks"),
+                        }
                     )
-                    if base is None:
-                        bases[(wname, b)] = {"tokens": r["tokens"], "row": row}
-                    rows.append(row)
-                    bar.log(_line(row))
-                    bar.advance(status=f"{method} k={k}")
-            del llm
-            free_cuda()
+                for wname, w in wls.items():
+                    for b in cfg.batches:
+                        runs[(wname, b, method, k)] = timed_run(
+                            llm, w["prompts"], b, cfg.max_tokens
+                        )
+                        bar.advance(status=f"{method} k={k} (repetition {r + 1})")
+                del llm
+                free_cuda()
+            rows_r = {}
+            for method, k in plan:  # the baseline first: every row's speedup is over it
+                for wname in wls:
+                    for b in cfg.batches:
+                        base = runs[(wname, b, "none", 0)]
+                        rows_r[(wname, b, method, k)] = summarise(
+                            runs[(wname, b, method, k)],
+                            workload=wname,
+                            batch=b,
+                            method=method,
+                            k=k,
+                            max_tokens=cfg.max_tokens,
+                            base=None
+                            if method == "none"
+                            else {"tokens": base["tokens"], "row": rows_r[(wname, b, "none", 0)]},
+                        )
+            reps.append(rows_r)
+            for row in rows_r.values():
+                bar.log(_line(row) + (f" (repetition {r + 1})" if cfg.repeats > 1 else ""))
+    rows = [merge_runs([rr[key] for rr in reps], REPEATED) for key in reps[0]]
+    bases = {(r["workload"], r["batch"]): r for r in rows if r["method"] == "none"}
     res = {
         "context": {
             **ctx,
@@ -485,18 +509,21 @@ def run(cfg: SpecBenchConfig) -> dict:
         "workloads": {n: {k: v for k, v in w.items() if k != "prompts"} for n, w in wls.items()},
         "engines": engines,
         "rows": rows,
+        "repeats": cfg.repeats,
         "best_batch1_draft": best_draft(rows, cfg.goal_speedup),
         "note": "speedup: output tok/s over the engine without speculation on the same workload "
         "and batch, same run; multi-step: that engine at k decode steps per host round trip, "
         "for reference; mean_accepted_len: accepted drafts per verification (each also "
         "emits one token of the target's); lossless_share: requests whose tokens equal the "
-        "engine without speculation's exactly",
+        "engine without speculation's exactly; with repeats > 1, output_tok_s, ms_per_token, "
+        "wall_s and speedup (each repetition's over its own baseline) are medians, with _min, "
+        "_max and _reps",
     }
     offline._save(
         cfg,
         NAME,
         res,
-        baseline={f"{w}/batch {b}": v["row"]["output_tok_s"] for (w, b), v in bases.items()},
+        baseline={f"{w}/batch {b}": v["output_tok_s"] for (w, b), v in bases.items()},
     )
     offline._table(
         "speculative decoding (output tok/s; speedup over no speculation, same workload and batch)",

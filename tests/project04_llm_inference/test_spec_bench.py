@@ -11,8 +11,11 @@ different token can only be a bug. Speed is printed by the bench, never asserted
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import math
+import statistics
 from dataclasses import asdict
 
 import pytest
@@ -20,6 +23,7 @@ import torch
 
 from project04_llm_inference.bench import spec
 from project04_llm_inference.report import render
+from shared.repeat import range_text
 
 from .conftest import RECORD_ENV as ENV
 
@@ -257,6 +261,51 @@ def test_missing_models_is_one_line_with_the_train_command(tmp_path, capsys):
 def test_bad_config_names_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         spec.SpecBenchConfig(**kw)
+
+
+def test_repeats_give_medians_over_rebuilt_engines(models, tmp_path, monkeypatch):
+    """--repeats 2: every engine built twice (the order reversed the second time), each row's
+    tok/s, ms/token and speedup the median of its repetitions, the speedup of each repetition
+    over that repetition's own baseline; the report shows the range."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = dataclasses.replace(
+        _cfg(models, tmp_path),
+        ks=(2,),
+        fused_ks=(),
+        ngram_ks=(),
+        multi_step=0,
+        batches=(1,),
+        workloads=("held-out",),
+        warmup_tokens=0,
+        repeats=2,
+    )
+    built = []
+    orig = spec.build_llm
+    monkeypatch.setattr(
+        spec, "build_llm", lambda c, t, d, m, k, n: built.append((m, k)) or orig(c, t, d, m, k, n)
+    )
+    res = spec.run(cfg)
+    assert built == [("none", 0), ("draft", 2), ("draft", 2), ("none", 0)]
+    assert res["repeats"] == 2 and len(res["rows"]) == 2
+    base, draft = res["rows"]
+    assert base["method"] == "none" and base["speedup_reps"] == [1.0, 1.0]
+    for r in (base, draft):
+        for f in ("output_tok_s", "ms_per_token", "speedup"):
+            reps = r[f"{f}_reps"]
+            assert len(reps) == 2 and r[f] == pytest.approx(statistics.median(reps))
+            assert r[f"{f}_min"] == min(reps) and r[f"{f}_max"] == max(reps)
+    per_rep = [a / b for a, b in zip(draft["output_tok_s_reps"], base["output_tok_s_reps"])]
+    assert draft["speedup_reps"] == pytest.approx(per_rep)
+    assert draft["proposed_tokens"] > 0 and draft["lossless_share"] == 1.0  # float32: lossless
+    md = render(tmp_path)[0].read_text()
+    module = importlib.import_module("project04_llm_inference.report.render")
+    cell = range_text(draft["speedup"], draft["speedup_min"], draft["speedup_max"], module._num)
+    assert f"| {cell} |" in md
+
+
+def test_repeats_must_be_positive():
+    with pytest.raises(ValueError, match="repeats"):
+        spec.SpecBenchConfig(repeats=0)
 
 
 def test_held_out_only_allows_short_prompts():
