@@ -331,7 +331,7 @@ def measure(cfg: AttentionBenchConfig) -> dict:
             del q, k, v, do
             torch.cuda.empty_cache()
             bar.advance(status=f"head dim {d}, seq {s}, {'causal' if causal else 'non-causal'}")
-    from project01_cuda_kernel.attention import resolve_fwd_kernel
+    from project01_cuda_kernel.attention import resolve_fwd_kernel, select_fwd_kernel
 
     return {
         "rows": rows,
@@ -339,7 +339,11 @@ def measure(cfg: AttentionBenchConfig) -> dict:
         "memory": memory,
         "skipped": skipped,
         "repeats": cfg.repeats,
-        "ours_forward_kernel": resolve_fwd_kernel("auto"),  # what "ours" ran forward
+        "ours_forward_kernel": resolve_fwd_kernel("auto"),  # at head dims the Hopper one has
+        # what "ours" ran forward at each head dim ("auto" takes fa2 where Hopper has no instance)
+        "ours_forward_kernels": {
+            str(d): select_fwd_kernel("auto", False, d) for d in cfg.head_dims
+        },
     }
 
 

@@ -8,6 +8,8 @@ The README's generated blocks sit between `<!-- name -->` and `<!-- /name -->` m
 - gemm:compile   registers / shared memory / spills of each GEMM kernel (compile.json)
 - gemm:profile   Nsight Compute occupancy and throughput (profile_gemm.json)
 - attention      the FlashAttention section (report.attention.render_markdown)
+- attention:hd256  head dim 256 against SDPA FLASH and cuDNN (attention_hd256.json,
+                 report.attention.render_record)
 
 `gemm.py` and `attention.py` here render each side; this module puts the README, summary.md (the
 repository README's block) and the charts together. A figure recorded over two or more
@@ -48,6 +50,17 @@ def _load(path: Path) -> dict | None:
         raise ValueError(f"{path} is not valid JSON: {e}") from e
 
 
+# Further bench-attention records, each with its own README block: marker -> (record name, the
+# bench-attention arguments that wrote it).
+ATTENTION_RECORDS = {
+    "attention:hd256": (
+        "attention_hd256",
+        "--head-dims 256 --seq-lens 1024 4096 16384 --providers ours flash cudnn --repeats 3 "
+        "--no-charts --name attention_hd256",
+    ),
+}
+
+
 def image_prefix_for(readme: Path, reports_dir: Path) -> str:
     """The charts' folder as a link relative to the README's folder."""
     rel = os.path.relpath(Path(reports_dir).resolve() / PROJECT, Path(readme).resolve().parent)
@@ -85,6 +98,15 @@ def render_all(reports_dir: Path, image_prefix: str | None = None) -> dict[str, 
         out["attention"] = attention.render_markdown(reports_dir)
     else:
         out["attention"] = attention.render_markdown(reports_dir, image_prefix=image_prefix)
+    for marker, (name, args) in ATTENTION_RECORDS.items():
+        rec = _load(folder / f"{name}.json")
+        out[marker] = (
+            attention.render_record(rec)
+            if rec is not None
+            else missing.format(
+                what=f"`{name}.json`", cmd=f"python -m project01_cuda_kernel bench-attention {args}"
+            )
+        )
     return out
 
 
@@ -114,6 +136,10 @@ def render_summary(reports_dir: Path) -> str:
             ),
             "",
         ]
+    for name, _ in ATTENTION_RECORDS.values():
+        rec = _load(folder / f"{name}.json")
+        if rec is not None:
+            parts += [attention.headline(rec), ""]
     if not parts:
         return "_No measurements yet: run `make project01` on a CUDA GPU._\n"
     return "\n".join(parts)

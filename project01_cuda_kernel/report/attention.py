@@ -5,6 +5,11 @@
 Markdown: throughput tables against SDPA's backends, the targets with the gaps stated, memory,
 Nsight Compute figures and the charts. `render_charts(json_path)` draws the charts of a record:
 throughput against sequence length per mode, and memory.
+
+`render_record(record)` renders another `bench-attention` record (`--name`, e.g. attention_hd256:
+`--head-dims 256 --providers ours flash cudnn`) as its own section: throughput tables of the
+providers it holds, ours / FLASH and ours / cuDNN, the checks and memory; `headline(record)` is
+its line for summary.md.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from project01_cuda_kernel import PROJECT
 from shared.repeat import ranged, row_ratio, spread_text
 
+from ..attention import HOPPER_HEAD_DIMS
 from ..bench.attention import MODES, PROVIDERS, VARIANT_MODE
 
 TARGET_FWD = 0.90  # FlashAttention-2-style forward / SDPA FLASH, head dim 128, seq >= 2k
@@ -88,7 +94,12 @@ def _ratio_cell(ours: dict | None, base: dict | None) -> str:
     return spread_text(row_ratio(ours, base, "tflops"), ".2f")
 
 
-def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
+def _throughput_table(
+    rows: list[dict], head_dim: int, mode: str, *, present_only: bool = False
+) -> str:
+    """One mode at one head dim: ours, its variants, the SDPA backends and ours / FLASH.
+    `present_only`: only the SDPA backends the record measured, and ours / cuDNN as well when
+    cuDNN is one of them (for records of a few providers)."""
     t = _by_key(rows)
     seqs = sorted({r["seq_len"] for r in rows if r["head_dim"] == head_dim})
     variants = [
@@ -96,9 +107,15 @@ def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
         for name in MODE_VARIANTS.get(mode, ())
         if any(k[4] == name and k[3] == mode and k[0] == head_dim for k in t)
     ]
+    sdpa = [
+        (p, n)
+        for p, n in SDPA_COLUMNS
+        if not present_only or any(k[4] == p and k[3] == mode and k[0] == head_dim for k in t)
+    ]
+    vs_cudnn = present_only and any(p == "cudnn" for p, _ in sdpa)
     header = ["causal", "seq", "batch x heads", "ours"]
     header += [VARIANT_LABELS[name] for name in variants]
-    header += [n for _, n in SDPA_COLUMNS] + ["ours / FLASH"]
+    header += [n for _, n in sdpa] + ["ours / FLASH"] + (["ours / cuDNN"] if vs_cudnn else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * (len(header) - 2)]
     shapes = {(r["seq_len"]): (r["batch"], r["heads"]) for r in rows if r["head_dim"] == head_dim}
     for causal in (False, True):
@@ -110,8 +127,10 @@ def _throughput_table(rows: list[dict], head_dim: int, mode: str) -> str:
             b, h = shapes[s]
             cells = ["yes" if causal else "no", f"{s:,}", f"{b} x {h}", _cell(ours)]
             cells += [_cell(t.get((head_dim, s, causal, mode, name))) for name in variants]
-            cells += [_cell(t.get((head_dim, s, causal, mode, p))) for p, _ in SDPA_COLUMNS]
+            cells += [_cell(t.get((head_dim, s, causal, mode, p))) for p, _ in sdpa]
             cells.append(_ratio_cell(ours, flash))
+            if vs_cudnn:
+                cells.append(_ratio_cell(ours, t.get((head_dim, s, causal, mode, "cudnn"))))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -310,6 +329,172 @@ def render_markdown(
             parts.append(f"![attention {mode}]({image_prefix}attention_{mode}.png)")
     if (folder / "attention_memory.png").exists():
         parts.append(f"![attention memory]({image_prefix}attention_memory.png)")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+MODE_TITLES = (("fwd", "forward"), ("bwd", "backward"), ("fwd_bwd", "fwd+bwd"))
+
+
+def _ratio_ranges(rows: list[dict], base: str) -> dict[str, tuple[float, float]]:
+    """Mode (and "all") -> (lowest, highest) ours / base over every shape of the record, each the
+    median of the per-repetition ratios; empty when `base` was not measured."""
+    t = _by_key(rows)
+    by_mode: dict[str, list[float]] = {}
+    for (d, s, causal, m, p), row in t.items():
+        if p == "ours":
+            r = row_ratio(row, t.get((d, s, causal, m, base)), "tflops")
+            if r is not None:
+                by_mode.setdefault(m, []).append(r.median)
+    out = {m: (min(v), max(v)) for m, v in by_mode.items()}
+    if by_mode:
+        every = [x for v in by_mode.values() for x in v]
+        out["all"] = (min(every), max(every))
+    return out
+
+
+def _ranges_sentence(rows: list[dict], base: str, label: str) -> str | None:
+    rr = _ratio_ranges(rows, base)
+    if not rr:
+        return None
+    per_mode = ", ".join(
+        f"{title} {rr[m][0]:.2f}–{rr[m][1]:.2f}" for m, title in MODE_TITLES if m in rr
+    )
+    lo, hi = rr["all"]
+    return f"ours / {label} {lo:.2f}–{hi:.2f}x ({per_mode})"
+
+
+def _dims_text(rows: list[dict]) -> str:
+    return ", ".join(str(d) for d in sorted({r["head_dim"] for r in rows}))
+
+
+def headline(record: dict) -> str:
+    """One line for summary.md: where it was measured and ours / FLASH, ours / cuDNN."""
+    from shared.results import environment_line
+
+    rows = record["results"]["rows"]
+    parts = [
+        s
+        for s in (
+            _ranges_sentence(rows, "flash", "FLASH"),
+            _ranges_sentence(rows, "cudnn", "cuDNN"),
+        )
+        if s
+    ]
+    dtype = (record.get("config") or {}).get("dtype", "bfloat16")
+    return (
+        f"**FlashAttention at head dim {_dims_text(rows)} vs SDPA** ({dtype}; "
+        f"{environment_line(record.get('environment', {}))}; the tables in "
+        "[project01_cuda_kernel/README.md](project01_cuda_kernel/README.md)): "
+        + (
+            "over every shape and mode, medians of the per-repetition ratios, "
+            + "; ".join(parts)
+            + "."
+            if parts
+            else "no SDPA baseline measured."
+        )
+    )
+
+
+def _forward_kernel_text(rows: list[dict], recorded: str) -> str:
+    """What 'ours' ran forward at the record's head dims. `recorded` is the record's
+    `ours_forward_kernel` (what "auto" resolves to on its GPU); the Hopper forward runs only at
+    HOPPER_HEAD_DIMS, so at the others (256) "auto" ran the FlashAttention-2 forward."""
+    dims = sorted({r["head_dim"] for r in rows})
+    hopper = [d for d in dims if recorded == "hopper" and d in HOPPER_HEAD_DIMS]
+    other = [d for d in dims if d not in hopper]
+    text = []
+    if hopper:
+        text.append(
+            f"'ours' runs the Hopper forward (wgmma + TMA) at head dim "
+            f"{'/'.join(map(str, hopper))} and the FlashAttention-2-style backward."
+        )
+    if other:
+        text.append(
+            f"{'At head dim ' + '/'.join(map(str, other)) + ' ' if hopper else ''}"
+            "'ours' runs the FlashAttention-2-style forward and backward"
+            + (
+                f" (the Hopper forward has no head-dim-{'/'.join(map(str, other))} instance, "
+                'so `kernel="auto"` runs the FlashAttention-2 forward on this GPU too).'
+                if recorded == "hopper"
+                else "."
+            )
+        )
+    return " ".join(text)
+
+
+def render_record(record: dict) -> str:
+    """Markdown for a `bench-attention` record other than attention.json (its own section):
+    throughput tables per head dim and mode with the SDPA backends it measured, ours / FLASH and
+    ours / cuDNN per shape and their ranges, the output checks and memory."""
+    from shared.results import environment_line
+
+    res = record["results"]
+    rows = res["rows"]
+    env = record.get("environment", {})
+    cfg = record.get("config", {})
+    name = record.get("name") or cfg.get("name") or "attention"
+    dims = sorted({r["head_dim"] for r in rows})
+    heads = sorted({(r["head_dim"], r["heads"]) for r in rows})
+    shape = ", ".join(f"{h} heads of {d}" for d, h in heads)
+    parts = [
+        f"### Head dim {_dims_text(rows)} vs SDPA (`{name}.json`)",
+        "",
+        f"Measured on {environment_line(env)}; dtype {cfg.get('dtype', 'bfloat16')}; "
+        f"{cfg.get('total_tokens', 16384):,} tokens per batch, hidden {cfg.get('hidden', 2048)} "
+        f"({shape}); medians of `triton.testing.do_bench` (L2 flushed), all providers in the "
+        "same process. "
+        + _repeats_sentence(res.get("repeats") or 1)
+        + "TFLOP/s count 4·B·H·S²·D forward (half when causal) and 2.5x that backward. "
+        + _forward_kernel_text(rows, res.get("ours_forward_kernel", "fa2")),
+        "",
+    ]
+    ranges = [
+        s
+        for s in (
+            _ranges_sentence(rows, "flash", "FLASH"),
+            _ranges_sentence(rows, "cudnn", "cuDNN"),
+        )
+        if s
+    ]
+    if ranges:
+        parts += [
+            "Over every shape and mode (medians of the per-repetition ratios): "
+            + "; ".join(ranges)
+            + ".",
+            "",
+        ]
+    for d in sorted(dims, reverse=True):
+        for mode, title in MODE_TITLES:
+            if not any(r["head_dim"] == d and r["mode"] == mode for r in rows):
+                continue
+            parts += [
+                f"Head dim {d}, {title}, TFLOP/s:",
+                "",
+                _throughput_table(rows, d, mode, present_only=True),
+                "",
+            ]
+    checks = res.get("checks", [])
+    if checks:
+        worst = max(c["max_abs_diff_vs_flash"] for c in checks)
+        parts += [
+            f"Output check at every benchmarked shape: the largest difference from SDPA FLASH's "
+            f"output over all {len(checks)} shapes is {worst:.2e} (max abs, bf16 outputs).",
+            "",
+        ]
+    skipped = res.get("skipped", [])
+    if skipped:
+        parts += [
+            "Not measured (the backend refused the shape): "
+            + "; ".join(
+                f"{s['provider']} d{s['head_dim']} S{s['seq_len']}"
+                f"{' causal' if s['causal'] else ''}"
+                for s in skipped
+            ),
+            "",
+        ]
+    mem = _memory_table(res.get("memory", []))
+    if mem:
+        parts += [mem, ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
