@@ -51,6 +51,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -242,8 +243,8 @@ def _prestage(tr, cap: int) -> dict:
 
 
 def _median(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else None
+    """The median (of an even count, the mean of the middle two), None for no values."""
+    return statistics.median(xs) if xs else None
 
 
 def _sync_keys(res: dict) -> list[str]:
@@ -431,7 +432,7 @@ def _measure(cfg: BenchConfig, train_cfg, out: dict, outs: list[Path], t_start: 
     for _ in range(cfg.warmup_steps):
         tr.train_step()
     times = sorted(tr.train_step()["step_s"] for _ in range(cfg.timed_steps))
-    median = times[len(times) // 2]
+    median = statistics.median(times)
     res["baseline"] = {
         "median_step_s": median,
         "min_step_s": times[0],

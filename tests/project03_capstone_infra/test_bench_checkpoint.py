@@ -103,3 +103,12 @@ def test_two_ranks_end_to_end_beside_the_one_rank_record(tmp_path, monkeypatch):
         "checkpoint_bench_ws2.png",
         "summary.md",  # a reports folder: the project summary is refreshed with the record
     ]
+
+
+def test_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    """A repetition of two steady saves is summarised by their mean, not the larger one."""
+    from project03_capstone_infra.bench_checkpoint import _median
+
+    assert _median([0.45, 0.25]) == pytest.approx(0.35)
+    assert _median([0.3, 0.1, 0.2]) == 0.2
+    assert _median([]) is None
