@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -639,8 +640,7 @@ class Trainer:
             self.report_fn(self._summary(status="running"))
 
     def _summary(self, status: str) -> dict:
-        times = sorted(self.step_times)
-        med = times[len(times) // 2] if times else None
+        med = statistics.median(self.step_times) if self.step_times else None
         last = self.losses[max(self.losses)] if self.losses else None
         return {
             "status": status,
