@@ -52,12 +52,15 @@ class SpecBenchConfig:
     """folder of target/, draft/ and train_record.json written by spec.train_corpus"""
     reports_dir: str = ""
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
-    ks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
-    """draft-model speculation: tokens proposed per step, one engine each"""
-    fused_ks: tuple[int, ...] = (2, 3, 4)
-    """draft-model speculation with EngineArgs.spec_fused_greedy (the draft's catch-up and k - 1
-    steps, the verification and the greedy acceptance as one device program, one read-back a
-    step): tokens proposed per step, one engine each (method 'draft-fused'); empty: none"""
+    ks: tuple[int, ...] = (2, 4)
+    """draft-model speculation with the default step (spec_fused_greedy=False: the draft's
+    proposal, verification and acceptance apart, three read-backs a step): tokens proposed per
+    step, one engine each (method 'draft'); empty: none"""
+    fused_ks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
+    """draft-model speculation as the engine runs it by default, all-greedy steps fused
+    (EngineArgs.spec_fused_greedy: the draft's catch-up and k - 1 steps, the verification and
+    the greedy acceptance as one device program, one read-back a step): tokens proposed per
+    step, one engine each (method 'draft-fused'); empty: none"""
     ngram_ks: tuple[int, ...] = (2, 4, 8)
     """n-gram lookup: tokens proposed per step, one engine each; empty: no n-gram rows"""
     batches: tuple[int, ...] = (1, 8)
