@@ -190,6 +190,26 @@ def _target_lines(rows: list[dict], forward_kernel: str = "fa2") -> list[str]:
     return out
 
 
+def _skipped_and_memory(res: dict) -> list[str]:
+    """The shapes a backend refused, then the memory table, as report lines."""
+    parts: list[str] = []
+    skipped = res.get("skipped", [])
+    if skipped:
+        parts += [
+            "Not measured (the backend refused the shape): "
+            + "; ".join(
+                f"{s['provider']} d{s['head_dim']} S{s['seq_len']}"
+                f"{' causal' if s['causal'] else ''}"
+                for s in skipped
+            ),
+            "",
+        ]
+    mem = _memory_table(res.get("memory", []))
+    if mem:
+        parts += [mem, ""]
+    return parts
+
+
 def _memory_table(memory: list[dict]) -> str:
     if not memory:
         return ""
@@ -309,20 +329,7 @@ def render_markdown(
             "reference (error at most 2x SDPA's own).",
             "",
         ]
-    skipped = res.get("skipped", [])
-    if skipped:
-        parts += [
-            "Not measured (the backend refused the shape): "
-            + "; ".join(
-                f"{s['provider']} d{s['head_dim']} S{s['seq_len']}"
-                f"{' causal' if s['causal'] else ''}"
-                for s in skipped
-            ),
-            "",
-        ]
-    mem = _memory_table(res.get("memory", []))
-    if mem:
-        parts += [mem, ""]
+    parts += _skipped_and_memory(res)
     parts += [_ncu_table(ncu), ""]
     for mode in ("fwd", "bwd", "fwd_bwd"):
         if (folder / f"attention_{mode}.png").exists():
@@ -481,20 +488,7 @@ def render_record(record: dict) -> str:
             f"output over all {len(checks)} shapes is {worst:.2e} (max abs, bf16 outputs).",
             "",
         ]
-    skipped = res.get("skipped", [])
-    if skipped:
-        parts += [
-            "Not measured (the backend refused the shape): "
-            + "; ".join(
-                f"{s['provider']} d{s['head_dim']} S{s['seq_len']}"
-                f"{' causal' if s['causal'] else ''}"
-                for s in skipped
-            ),
-            "",
-        ]
-    mem = _memory_table(res.get("memory", []))
-    if mem:
-        parts += [mem, ""]
+    parts += _skipped_and_memory(res)
     return "\n".join(parts).rstrip() + "\n"
 
 

@@ -317,11 +317,7 @@ class LLMEngine:
                 seq.num_computed_tokens += len(emitted)
                 self.block_manager.register_computed(seq)
                 seq.spec_token_ids.clear()
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            if seq.finish_reason is not None:
-                self._finish(seq)
-            outputs.append(self._output(seq, emitted))
+            outputs.append(self._settle(seq, emitted, now))
         for seq in proposed:  # drafts the scheduler did not run
             seq.spec_token_ids.clear()
         c = self.counters
@@ -435,11 +431,7 @@ class LLMEngine:
             # K/V were written for the last token and every emitted token but the newest
             seq.num_computed_tokens += len(emitted)
             self.block_manager.register_computed(seq)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            if seq.finish_reason is not None:
-                self._finish(seq)
-            outputs.append(self._output(seq, emitted))
+            outputs.append(self._settle(seq, emitted, now))
         c = self.counters
         c.decode_tokens += produced
         c.steps += run.k
@@ -558,11 +550,7 @@ class LLMEngine:
             seq.num_computed_tokens += len(emitted)
             self.block_manager.register_computed(seq)
             seq.spec_token_ids.clear()
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            if seq.finish_reason is not None:
-                self._finish(seq)
-            outputs.append(self._output(seq, emitted))
+            outputs.append(self._settle(seq, emitted, now))
         for seq in proposed:  # placeholders of sequences the batch left out (preempted)
             seq.spec_token_ids.clear()
         c.decode_tokens += len(items)
@@ -591,6 +579,15 @@ class LLMEngine:
         if seq.finish_reason is not None and self.tokenizer is not None:
             # (a stop string returned above with its cut text, which may be empty)
             seq.output_text = self.tokenizer.decode(seq.output_token_ids)
+
+    def _settle(self, seq: Sequence, emitted: list[int], now: float) -> RequestOutput:
+        """After a step appended `emitted` to `seq`: its first-token time, its end if it
+        finished, and its output."""
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if seq.finish_reason is not None:
+            self._finish(seq)
+        return self._output(seq, emitted)
 
     def _output(self, seq: Sequence, new: list[int]) -> RequestOutput:
         finished = seq.finish_reason is not None
