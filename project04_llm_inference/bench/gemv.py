@@ -17,9 +17,9 @@ Each shape is timed in `repeats` repetitions (default 5), ours and cuBLAS altern
 (`shared.repeat.interleave`); figures are medians with `_min`/`_max`, the speedup the median of
 per-repetition ratios.
 
-`mma_max_tokens` (3..8) turns the tensor-core variant on for the run (`kernels.gemv.MMA_MAX_TOKENS`,
-off by default): steps of 3..N tokens then run it instead of cuBLAS, and the record is written as
-`gemv_kernel_mma.json` so the default record stays. Each row says which path `ours` took
+Rows of 3..8 tokens run the tensor-core variant where the engine does (`kernels.gemv.MMA_MAX_TOKENS`,
+8 on sm_80 and newer). `mma_max_tokens` (3..8) sets that bound for the run and writes the record
+as `gemv_kernel_mma.json` (the tensor-core study) instead of `gemv_kernel.json`. Each row says which path `ours` took
 (`path`: simt, mma, or cublas where the kernel does not take the shape).
 
 Chain: the four projections of every layer of the model back to back (16 layers: 1.95 GB of
@@ -67,7 +67,7 @@ class GemvBenchConfig:
     """layers in the chain (Llama-3.2-1B has 16)"""
     mma_max_tokens: int = 0
     """3..8: steps of 3..N tokens run the tensor-core variant (kernels.gemv.MMA_MAX_TOKENS for
-    this run; record gemv_kernel_mma.json); 0: as the module sets it"""
+    this run), record gemv_kernel_mma.json; 0: the engine's setting, record gemv_kernel.json"""
     reports_dir: str = ""
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
 
@@ -325,7 +325,7 @@ def _run(cfg: GemvBenchConfig) -> dict:
     }
     path = save_result(
         PROJECT,
-        "gemv_kernel_mma" if mma_on else "gemv_kernel",
+        "gemv_kernel_mma" if cfg.mma_max_tokens else "gemv_kernel",
         results,
         baseline=(
             "cuBLAS (F.linear) with the separate fused add+RMSNorm and silu-and-mul kernels, "
