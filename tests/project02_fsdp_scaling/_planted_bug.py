@@ -46,4 +46,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from shared.distributed import exit_under_launcher
+
+    code = main(sys.argv[1:])
+    # as the package's own entry points do: under torchrun, leave without the interpreter's
+    # teardown, where a gloo worker thread can abort after the results are written
+    exit_under_launcher(code)
+    sys.exit(code)
