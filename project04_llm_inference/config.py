@@ -115,10 +115,10 @@ class EngineArgs:
     spec_fused_greedy: bool | None = None
     """With 'draft': run a step whose sequences all decode greedily as one device program (the
     draft's catch-up and k - 1 steps, verification, acceptance; one CUDA graph per batch width
-    on a GPU) with one read-back, instead of three read-backs and host work between them (other
-    steps run the default way). None: on with 'draft' (measured on an H200: 1.38-1.47x over no
-    speculation at batch 1 where the default step gave 0.93-0.94x); False: always the default
-    step; True: on, and an error without 'draft'."""
+    on a GPU) with one read-back, instead of three read-backs and host work between them (the
+    unfused step, which steps with a sampled sequence always take). None: on with 'draft'
+    (measured on an H200: 1.38-1.47x over no speculation at batch 1 where the unfused step gave
+    0.93-0.94x); False: always the unfused step; True: on, and an error without 'draft'."""
 
     @property
     def fused_greedy(self) -> bool:

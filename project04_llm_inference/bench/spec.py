@@ -53,7 +53,7 @@ class SpecBenchConfig:
     reports_dir: str = ""
     """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
     ks: tuple[int, ...] = (2, 4)
-    """draft-model speculation with the default step (spec_fused_greedy=False: the draft's
+    """draft-model speculation with the unfused step (spec_fused_greedy=False: the draft's
     proposal, verification and acceptance apart, three read-backs a step): tokens proposed per
     step, one engine each (method 'draft'); empty: none"""
     fused_ks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)

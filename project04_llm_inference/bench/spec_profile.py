@@ -97,7 +97,8 @@ class SpecProfileConfig:
     ks: tuple[int, ...] = (2, 4)
     """Draft tokens per step, one speculative engine (each path) per k."""
     paths: tuple[Literal["default", "fused"], ...] = ("default", "fused")
-    """Speculative paths timed: the default step, and EngineArgs.spec_fused_greedy."""
+    """Speculative paths timed: the unfused step ("default": spec_fused_greedy=False) and
+    the fused one (EngineArgs.spec_fused_greedy)."""
     multi_step: int = 8
     """Also time plain decoding at this many steps per round trip (0 or 1: skip)."""
     prompt_tokens: int = 256
