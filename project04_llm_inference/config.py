@@ -119,6 +119,13 @@ class EngineArgs:
     unfused step, which steps with a sampled sequence always take). None: on with 'draft'
     (measured on an H200: 1.38-1.47x over no speculation at batch 1 where the unfused step gave
     0.93-0.94x); False: always the unfused step; True: on, and an error without 'draft'."""
+    spec_fused_rounds: int = 1
+    """With the fused step: rounds of draft, verification and acceptance per device program
+    (one read-back for all of them, each round's inputs formed on the device from the last
+    one's result), so the host's share of a step is paid once per this many verifications.
+    Taken when every sequence of the step verifies all its drafts and holds the blocks for
+    rounds x (num_speculative_tokens + 1) more tokens; tokens past a stop are computed and
+    dropped. 1: one round a program."""
 
     @property
     def fused_greedy(self) -> bool:
@@ -187,6 +194,15 @@ class EngineArgs:
             raise ValueError(
                 "EngineArgs.speculative_model is only used with speculative_method 'draft', "
                 f"got it with {method!r}"
+            )
+        if self.spec_fused_rounds < 1:
+            raise ValueError(
+                f"EngineArgs.spec_fused_rounds must be >= 1, got {self.spec_fused_rounds}"
+            )
+        if self.spec_fused_rounds > 1 and not self.fused_greedy:
+            raise ValueError(
+                "EngineArgs.spec_fused_rounds > 1 needs the fused step (speculative_method "
+                f"'draft', spec_fused_greedy not False), got {method!r}, {self.spec_fused_greedy}"
             )
         if self.spec_fused_greedy is True and method != "draft":
             raise ValueError(

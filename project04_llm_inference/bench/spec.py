@@ -39,6 +39,7 @@ from typing import Literal
 from . import offline
 
 NAME = "spec_decode"
+DRAFT_METHODS = ("draft", "draft-fused", "draft-rounds")  # the draft-model engines
 WORKLOADS = ("held-out", "code-editing")
 SEPARATOR = "\n# ---- the code above again, edited ----\n"
 TRAIN_COMMAND = "python -m project04_llm_inference.spec.train_corpus --models-dir {}"
@@ -61,6 +62,12 @@ class SpecBenchConfig:
     (EngineArgs.spec_fused_greedy: the draft's catch-up and k - 1 steps, the verification and
     the greedy acceptance as one device program, one read-back a step): tokens proposed per
     step, one engine each (method 'draft-fused'); empty: none"""
+    rounds_ks: tuple[int, ...] = (3, 4, 5)
+    """the fused step in rounds (EngineArgs.spec_fused_rounds = fused_rounds: that many rounds
+    of draft, verification and acceptance per device program and read-back, each formed on the
+    device): tokens proposed per round, one engine each (method 'draft-rounds'); empty: none"""
+    fused_rounds: int = 4
+    """rounds per program of the 'draft-rounds' engines (>= 2)"""
     ngram_ks: tuple[int, ...] = (2, 4, 8)
     """n-gram lookup: tokens proposed per step, one engine each; empty: no n-gram rows"""
     batches: tuple[int, ...] = (1, 8)
@@ -104,13 +111,16 @@ class SpecBenchConfig:
             raise ValueError("models_dir: expected a path, got an empty string")
         self.ks, self.ngram_ks = tuple(sorted(set(self.ks))), tuple(sorted(set(self.ngram_ks)))
         self.fused_ks = tuple(sorted(set(self.fused_ks)))
+        self.rounds_ks = tuple(sorted(set(self.rounds_ks)))
         self.batches = tuple(sorted(set(self.batches)))
         self.workloads = tuple(w for w in WORKLOADS if w in set(self.workloads))
-        for name in ("ks", "fused_ks", "ngram_ks"):
+        for name in ("ks", "fused_ks", "rounds_ks", "ngram_ks"):
             if any(not 1 <= k <= 64 for k in getattr(self, name)):
                 raise ValueError(f"{name}: expected values in [1, 64], got {getattr(self, name)}")
-        if not self.ks and not self.fused_ks and not self.ngram_ks:
-            raise ValueError("ks, fused_ks, ngram_ks: all empty, nothing to compare")
+        if not (self.ks or self.fused_ks or self.rounds_ks or self.ngram_ks):
+            raise ValueError("ks, fused_ks, rounds_ks, ngram_ks: all empty, nothing to compare")
+        if self.rounds_ks and not 2 <= self.fused_rounds <= 64:
+            raise ValueError(f"fused_rounds: expected 2..64, got {self.fused_rounds}")
         if not self.batches or any(b < 1 for b in self.batches):
             raise ValueError(f"batches: expected sizes >= 1, got {self.batches}")
         if not self.workloads:
@@ -240,6 +250,7 @@ def engine_plan(cfg: SpecBenchConfig) -> list[tuple[str, int]]:
         *multi,
         *(("draft", k) for k in cfg.ks),
         *(("draft-fused", k) for k in cfg.fused_ks),
+        *(("draft-rounds", k) for k in cfg.rounds_ks),
         *(("ngram", k) for k in cfg.ngram_ks),
     ]
 
@@ -250,10 +261,12 @@ def build_llm(cfg: SpecBenchConfig, target: Path, draft: Path, method: str, k: i
     if method == "multi-step":
         extra = dict(num_scheduler_steps=k)
     elif method != "none":
-        fused = method == "draft-fused"
+        fused = method in ("draft-fused", "draft-rounds")
         extra = dict(speculative_method="draft" if fused else method, num_speculative_tokens=k)
-        if method in ("draft", "draft-fused"):
+        if method in DRAFT_METHODS:
             extra.update(speculative_model=str(draft), spec_fused_greedy=fused)
+            if method == "draft-rounds":
+                extra.update(spec_fused_rounds=cfg.fused_rounds)
         else:
             extra.update(
                 ngram_prompt_lookup_min=cfg.ngram_min, ngram_prompt_lookup_max=cfg.ngram_max
@@ -354,7 +367,7 @@ def best_draft(rows: list[dict], goal: float) -> dict:
     """The best draft-model speedup at batch 1 on held-out files, against the goal; and its
     speed over multi-step decoding's (without speculation) where that was timed."""
     here = [r for r in rows if r["batch"] == 1 and r["workload"] == "held-out"]
-    cands = [r for r in here if r["method"] in ("draft", "draft-fused")]
+    cands = [r for r in here if r["method"] in DRAFT_METHODS]
     if not cands:
         return {
             "goal": goal,
@@ -421,7 +434,10 @@ def run(cfg: SpecBenchConfig) -> dict:
     wls = build_workloads(cfg, tok, held, root)
     max_len = max(w["prompt_len_max"] for w in wls.values()) + cfg.max_tokens
     # positions past the last token
-    max_len += max((*cfg.ks, *cfg.fused_ks, *cfg.ngram_ks, cfg.multi_step)) + 1
+    ahead = max((*cfg.ks, *cfg.fused_ks, *cfg.ngram_ks, cfg.multi_step)) + 1
+    if cfg.rounds_ks:  # a program of rounds runs only with room for all of them
+        ahead = max(ahead, cfg.fused_rounds * (max(cfg.rounds_ks) + 1))
+    max_len += ahead
     limit = _model_shape(target)["max_position_embeddings"] or max_len
     if max_len > limit:
         raise ValueError(
@@ -484,6 +500,8 @@ def run(cfg: SpecBenchConfig) -> dict:
                             if method == "none"
                             else {"tokens": base["tokens"], "row": rows_r[(wname, b, "none", 0)]},
                         )
+                        if method == "draft-rounds":
+                            rows_r[(wname, b, method, k)]["rounds"] = cfg.fused_rounds
             reps.append(rows_r)
             for row in rows_r.values():
                 bar.log(_line(row) + (f" (repetition {r + 1})" if cfg.repeats > 1 else ""))

@@ -140,6 +140,7 @@ class LLMEngine:
                 args.num_speculative_tokens,
                 min(SPEC_GRAPH_MAX_BATCH, args.max_num_seqs),
                 capture=self.device.type == "cuda" and not args.enforce_eager,
+                rounds=args.spec_fused_rounds,
             )
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -525,12 +526,31 @@ class LLMEngine:
                 out[id(s)] = entry
         return out
 
+    def _hold_rounds(self, items: list[FusedItem]) -> bool:
+        """Whether this fused step runs `spec_fused_rounds` rounds: the items qualify
+        (`FusedGreedySpec.can_run_rounds`) and both pools give every sequence the blocks for
+        them (blocks taken for a step that then runs one round stay with their sequence)."""
+        fused = self.fused
+        if not fused.can_run_rounds(items):
+            return False
+        ahead = fused.rounds_tokens()
+        draft_bm = self.proposer.block_manager
+        for it in items:
+            seq, d = it.seq, it.draft
+            if not self.block_manager.allocate(seq, ahead):
+                return False
+            if not draft_bm.allocate(d, seq.num_computed_tokens + ahead - d.num_computed_tokens):
+                return False
+        return True
+
     def _step_fused(self, batch, plan: dict[int, tuple], proposed, running_now: int, t0: float):
         items = []
         for seq, n in batch.items:
             entry = plan.get(id(seq))
             # the scheduler keeps a prefix of the drafts (or none): those are verified
             items.append(FusedItem(seq, n - 1, *entry) if entry else FusedItem(seq, n - 1))
+        if self._hold_rounds(items):
+            return self._step_fused_rounds(items, proposed, running_now, t0)
         res = self.fused.run(items)
         c = self.counters
         outputs = []
@@ -558,6 +578,55 @@ class LLMEngine:
         c.peak_running_seqs = max(c.peak_running_seqs, running_now)
         self.step_log.append(
             StepRecord(0, len(items), time.perf_counter() - t0, draft_tokens=n_drafts)
+        )
+        return outputs
+
+    def _step_fused_rounds(self, items: list[FusedItem], proposed, running_now: int, t0: float):
+        """A fused step of `spec_fused_rounds` rounds: each round's tokens appended in order
+        until the sequence stops (later rounds dropped); the draft's state follows the rounds
+        that were kept."""
+        res = self.fused.run_rounds(items)  # (rounds, len(items), 2 + k)
+        c, k = self.counters, self.fused.k
+        outputs = []
+        now = time.monotonic()
+        n_drafts = rounds_run = 0
+        for i, it in enumerate(items):
+            seq, d = it.seq, it.draft
+            cd, dn = d.num_computed_tokens, it.catch_up
+            emitted: list[int] = []
+            for r in range(res.shape[0]):
+                if seq.finish_reason is not None:
+                    break  # stopped in an earlier round: this one is dropped
+                n_acc, final = int(res[r, i, 0]), int(res[r, i, 1])
+                drafts = res[r, i, 2:].tolist()
+                rounds_run += 1
+                n_drafts += k
+                c.spec_verifications += 1
+                c.spec_proposed += k
+                c.spec_accepted += n_acc
+                new = self._append(seq, drafts[:n_acc] + [final], None)
+                # K/V are valid for the last token and the accepted drafts that were kept
+                seq.num_computed_tokens += len(new)
+                self.block_manager.register_computed(seq)
+                emitted += new
+                # the draft keeps min(n_acc, k - 1) drafts' K/V and catches up on the rest
+                cd, dn = cd + dn + min(n_acc, k - 1), 1 + (n_acc == k)
+            self.proposer.finish_rounds(d, seq.all_token_ids, cd)
+            seq.spec_token_ids.clear()
+            outputs.append(self._settle(seq, emitted, now))
+        for seq in proposed:  # placeholders of sequences the batch left out (preempted)
+            seq.spec_token_ids.clear()
+        c.decode_tokens += rounds_run
+        c.steps += res.shape[0]
+        c.peak_running_seqs = max(c.peak_running_seqs, running_now)
+        self.step_log.append(
+            StepRecord(
+                0,
+                len(items),
+                time.perf_counter() - t0,
+                draft_tokens=n_drafts,
+                num_steps=res.shape[0],
+            )
         )
         return outputs
 

@@ -645,10 +645,16 @@ SPEC_METHODS = {
     "multi-step": "no speculation, multi-step",
     "draft": "draft model",
     "draft-fused": "draft model, fused step",
+    "draft-rounds": "draft model, fused step in rounds",
     "ngram": "n-gram lookup",
 }
 # The workload each method is made for: its line in the chart.
-SPEC_HOME = {"draft": "held-out", "draft-fused": "held-out", "ngram": "code-editing"}
+SPEC_HOME = {
+    "draft": "held-out",
+    "draft-fused": "held-out",
+    "draft-rounds": "held-out",
+    "ngram": "code-editing",
+}
 
 
 def _spec_context(res: dict) -> str:
@@ -699,16 +705,32 @@ def _spec_context(res: dict) -> str:
             " Fused step (EngineArgs.spec_fused_greedy): the draft's catch-up and k - 1 steps, "
             "the verification and the greedy acceptance as one device program (a CUDA graph) "
             "with one read-back a step."
-            if any(r["method"] == "draft-fused" for r in res["rows"])
+            if any(r["method"] in ("draft-fused", "draft-rounds") for r in res["rows"])
+            else ""
+        )
+        + (
+            f" In rounds (EngineArgs.spec_fused_rounds = {rounds}): {rounds} such rounds per "
+            "program and read-back, each round's inputs formed on the device from the last "
+            "one's acceptance."
+            if (rounds := _spec_rounds(res))
             else ""
         )
         + agree
     )
 
 
+def _spec_rounds(res: dict) -> int | None:
+    """Rounds per program of the record's 'draft-rounds' rows (None: it has none)."""
+    rows = [r for r in res["rows"] if r["method"] == "draft-rounds"]
+    return rows[0].get("rounds") if rows else None
+
+
 def _spec_how(best: dict) -> str:
     """', fused step' when the best draft row is the fused path (older records name no method)."""
-    return ", fused step" if best.get("method") == "draft-fused" else ""
+    return {
+        "draft-fused": ", fused step",
+        "draft-rounds": ", fused step in rounds",
+    }.get(best.get("method"), "")
 
 
 def _spec_md(rec: dict) -> str:

@@ -217,6 +217,13 @@ class DraftProposer:
         d.tokens.extend(drafts)
         d.num_computed_tokens = d.num_tokens - 1
 
+    def finish_rounds(self, d: DraftSeq, target: list[int], num_computed: int) -> None:
+        """After a fused program of rounds: the draft's tokens are the target's (`target`), its
+        K/V valid for the first num_computed of them (`FusedGreedySpec` rounds)."""
+        d.tokens = list(target)
+        d.synced = len(d.tokens)
+        d.num_computed_tokens = min(num_computed, len(d.tokens) - 1)
+
     def _propose_rest_greedy(self, seqs, ks, active, drafts) -> None:
         """Greedy rounds after the first draft token: the remaining one-token steps run back to
         back on the device (`ModelRunner.run_multi`), one read-back instead of one per token;

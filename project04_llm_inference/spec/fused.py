@@ -26,6 +26,18 @@ back, 1 wait. On the CPU it runs eagerly with the same padding (what the CPU tes
 The engine uses it only when nothing else can be in the step: every running sequence decodes
 greedily without logprobs, nobody waits to be admitted, every draft catch-up is at most 2
 tokens and every padded position fits both models. Otherwise the step runs the default way.
+
+Rounds (`EngineArgs.spec_fused_rounds` = R > 1): R rounds of 1-4 in one program and one
+read-back, each round's inputs formed on the device from the state the last one left
+(`_program_rounds`), so the host's share of a step is paid once per R verifications. Per
+sequence the state is the target's computed length L and its last token, and the draft's
+computed length and its 1 or 2 catch-up tokens; after a round that accepted a of k drafts
+(bonus token b): L += a + 1, last = b, the draft keeps the K/V of min(a, k - 1) drafts and
+catches up on b (a < k) or on its last draft and b (a = k). It runs when every sequence of the
+step has its k drafts scheduled, its blocks for R (k + 1) more tokens in both pools, and the
+positions for them. A sequence that stops inside the program (stop token, EOS, max_tokens)
+keeps the tokens up to the stop; the rounds after it were computed and are dropped, as
+multi-step decoding drops the steps after a stop.
 """
 
 from __future__ import annotations
@@ -59,9 +71,20 @@ class _Slab:
     """Every input and output of the program at one batch width, as views of two device
     buffers filled from two host buffers (one copy each)."""
 
-    def __init__(self, w: int, k: int, mbd: int, mbt: int, device, pinned: bool) -> None:
+    def __init__(
+        self, w: int, k: int, mbd: int, mbt: int, device, pinned: bool, rounds: int = 1
+    ) -> None:
         q, k1 = k + 1, k - 1
-        self.w, self.k, self.q = w, k, q
+        self.w, self.k, self.q, self.rounds = w, k, q, rounds
+        # rounds > 1: the state each round's inputs are formed from, on the device
+        state = [
+            ("L", (w,)),  # the target's computed length: the last token's position
+            ("last", (w,)),  # the target's last token (its K/V not yet computed)
+            ("cd", (w,)),  # the draft's computed length
+            ("dn", (w,)),  # the draft's catch-up tokens: 1 or 2
+            ("dtok", (w, CATCH_UP)),  # those tokens (then zeros)
+            ("real", (w,)),  # 1: a scheduled sequence, 0: a padding row
+        ]
         i64 = [
             ("d_ids", (w * CATCH_UP,)),
             ("d_pos", (w * CATCH_UP,)),
@@ -73,6 +96,7 @@ class _Slab:
             ("t_pos", (w * q,)),
             ("t_slots", (w * q,)),
             ("nd", (w,)),
+            *(state if rounds > 1 else []),
         ]
         i32 = [
             ("d_tables", (w, mbd)),
@@ -90,11 +114,15 @@ class _Slab:
         h = self.h
         h["d_cu"][:] = np.arange(w + 1) * CATCH_UP
         h["t_cu"][:] = np.arange(w + 1) * q
-        self.out = torch.zeros(w, 2 + k, dtype=torch.int64, device=device)
-        self.out_host = torch.zeros(w, 2 + k, dtype=torch.int64)
+        shape = (w, 2 + k) if rounds == 1 else (rounds, w, 2 + k)
+        self.out = torch.zeros(shape, dtype=torch.int64, device=device)
+        self.out_host = torch.zeros(shape, dtype=torch.int64)
         if pinned:
             self.out_host = self.out_host.pin_memory()
         self.k_range = torch.arange(k, device=device)
+        self.q_range = torch.arange(q, device=device)
+        self.c_range = torch.arange(CATCH_UP, device=device)
+        self.w_range = torch.arange(w, device=device)
 
     @staticmethod
     def _alloc(layout, dtype, device, pinned):
@@ -126,19 +154,25 @@ class FusedGreedySpec:
         max_batch: int,
         *,
         capture: bool,
+        rounds: int = 1,
     ) -> None:
-        if k < 1 or max_batch < 1:
+        if k < 1 or max_batch < 1 or rounds < 1:
             raise ValueError(
-                f"fused speculation needs k >= 1 and max_batch >= 1, got {k}, {max_batch}"
+                "fused speculation needs k >= 1, max_batch >= 1 and rounds >= 1, got "
+                f"{k}, {max_batch}, {rounds}"
             )
         self.target, self.draft, self.k = target, draft, k
         self.max_batch = max_batch
+        self.rounds = rounds
         self.sizes = graph_batch_sizes(max_batch)
         self.device = target.device
         self.pinned = self.device.type == "cuda"
-        self.slabs: dict[int, _Slab] = {}
+        self.slabs: dict[int, _Slab] = {}  # one round a program, by batch width
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.round_slabs: dict[int, _Slab] = {}  # `rounds` rounds a program (rounds > 1)
+        self.round_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.runs = 0  # fused steps run (tests, benchmarks)
+        self.round_runs = 0  # of those, programs of `rounds` rounds
         if capture and self.device.type == "cuda":
             self._capture()
 
@@ -152,10 +186,23 @@ class FusedGreedySpec:
         """The padded catch-up stays inside the draft's positions."""
         return num_computed + CATCH_UP <= self.draft.max_model_len
 
+    def rounds_fit(self, num_computed: int) -> bool:
+        """`rounds` rounds from a target computed length of num_computed stay inside both
+        models' positions (the furthest a round writes is its last draft position, L + k, with
+        L at most num_computed + (rounds - 1)(k + 1))."""
+        end = num_computed + self.rounds * (self.k + 1)
+        return end <= min(self.target.max_model_len, self.draft.max_model_len)
+
+    def rounds_tokens(self) -> int:
+        """Positions past the target's computed length that a program of `rounds` rounds may
+        write, in either model (the blocks to hold before running one)."""
+        return self.rounds * (self.k + 1)
+
     # --- the device program -----------------------------------------------------------------------
 
-    def _slab(self, w: int) -> _Slab:
-        s = self.slabs.get(w)
+    def _slab(self, w: int, rounds: int = 1) -> _Slab:
+        slabs = self.slabs if rounds == 1 else self.round_slabs
+        s = slabs.get(w)
         if s is None:
             s = _Slab(
                 w,
@@ -164,6 +211,7 @@ class FusedGreedySpec:
                 self.target.max_blocks_per_seq,
                 self.device,
                 self.pinned,
+                rounds,
             )
             d = s.d
             s.d_meta = AttnMetadata(
@@ -202,16 +250,24 @@ class FusedGreedySpec:
                 max_seqlen_q=s.q,
             )
             self._fill_padding(s, 0)
-            self.slabs[w] = s
+            slabs[w] = s
         return s
 
     @torch.inference_mode()
     def _program(self, s: _Slab) -> None:
         """Draft catch-up, k - 1 draft steps, verification, acceptance: device work only (no
         host reads), so it can be captured."""
+        if s.rounds == 1:
+            self._round(s, s.out)
+        else:
+            self._program_rounds(s)
+
+    def _round(self, s: _Slab, out: torch.Tensor) -> None:
+        """One round over the slab's inputs; out (w, 2 + k): accepted drafts, the token after
+        them, the k drafts."""
         dm, tm, d = self.draft.model, self.target.model, s.d
         dkv, tkv = self.draft.kv_caches, self.target.kv_caches
-        drafts = s.out[:, 2:]
+        drafts = out[:, 2:]
         hidden = dm(d["d_ids"], s.d_meta, dkv)
         tok = argmax_rows(dm.compute_logits(hidden.index_select(0, d["d_rows"])))
         drafts[:, 0].copy_(tok)
@@ -223,24 +279,89 @@ class FusedGreedySpec:
         am = argmax_rows(logits).view(s.w, s.q)
         ok = (drafts == am[:, : self.k]) & (s.k_range[None, :] < d["nd"][:, None])
         n_acc = ok.long().cumprod(-1).sum(-1)
-        s.out[:, 0].copy_(n_acc)
-        s.out[:, 1].copy_(am.gather(1, n_acc[:, None])[:, 0])
+        out[:, 0].copy_(n_acc)
+        out[:, 1].copy_(am.gather(1, n_acc[:, None])[:, 0])
+
+    # --- rounds: every round's inputs formed on the device ------------------------------------------
+
+    @staticmethod
+    def _slots(tables: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
+        """Cache slots of positions pos (w, n) through the block tables (w, max blocks)."""
+        idx = torch.clamp(
+            torch.div(pos, block_size, rounding_mode="floor"), max=tables.shape[1] - 1
+        )
+        return tables.gather(1, idx).long() * block_size + pos % block_size
+
+    def _form_inputs(self, s: _Slab, real: torch.Tensor) -> None:
+        """A round's inputs from the state (what `_fill` computes on the host for one round):
+        the draft's catch-up at its computed length, its steps after it, the target's
+        verification at L; padding rows (real False) write no slot."""
+        d, k, w, q = s.d, self.k, s.w, s.q
+        cd, dn, L = d["cd"], d["dn"], d["L"]
+        dbs, tbs = self.draft.block_size, self.target.block_size
+        dpos = cd[:, None] + s.c_range  # (w, CATCH_UP)
+        live = real[:, None] & (s.c_range[None, :] < dn[:, None])
+        d["d_ids"].copy_(d["dtok"].view(-1))
+        d["d_pos"].copy_(dpos.view(-1))
+        d["d_slots"].copy_(torch.where(live, self._slots(d["d_tables"], dpos, dbs), -1).view(-1))
+        d["d_rows"].copy_(s.w_range * CATCH_UP + dn - 1)
+        d["d_ctx"].copy_(cd + CATCH_UP)  # bottom-right causal: the padding stays unseen
+        if k > 1:  # draft step j feeds draft j + 1 at position cd + dn + j
+            spos = torch.where(real[:, None], (cd + dn)[:, None] + s.k_range[None, : k - 1], 0)
+            slots = torch.where(real[:, None], self._slots(d["d_tables"], spos, dbs), -1)
+            d["s_pos"].copy_(spos.t())
+            d["s_slots"].copy_(slots.t())
+            d["s_lens"].copy_((spos + 1).t())
+        tpos = L[:, None] + s.q_range  # (w, q)
+        tlive = real[:, None] & (s.q_range[None, :] < 1 + d["nd"][:, None])
+        d["t_ids"].view(w, q)[:, 0].copy_(d["last"])
+        d["t_pos"].copy_(tpos.view(-1))
+        d["t_slots"].copy_(torch.where(tlive, self._slots(d["t_tables"], tpos, tbs), -1).view(-1))
+        d["t_ctx"].copy_(L + q)
+
+    def _advance_state(self, s: _Slab, out: torch.Tensor, real: torch.Tensor) -> None:
+        """The state after a round (out: its (w, 2 + k) result); padding rows keep theirs."""
+        d, k = s.d, self.k
+        a, bonus, drafts = out[:, 0], out[:, 1], out[:, 2:]
+        every = a == k  # every draft accepted: the draft is 2 behind (its last draft, bonus)
+        new = {
+            "L": d["L"] + a + 1,
+            "last": bonus,
+            "cd": d["cd"] + d["dn"] + torch.clamp(a, max=k - 1),
+            "dn": 1 + every.long(),
+        }
+        t0 = torch.where(every, drafts[:, k - 1], bonus)
+        t1 = torch.where(every, bonus, torch.zeros_like(bonus))
+        for name, v in new.items():
+            d[name].copy_(torch.where(real, v, d[name]))
+        d["dtok"].copy_(torch.where(real[:, None], torch.stack((t0, t1), 1), d["dtok"]))
+
+    def _program_rounds(self, s: _Slab) -> None:
+        """`s.rounds` rounds, each formed from the state the one before left (module doc)."""
+        real = s.d["real"] != 0
+        for r in range(s.rounds):
+            self._form_inputs(s, real)
+            self._round(s, s.out[r])
+            if r + 1 < s.rounds:
+                self._advance_state(s, s.out[r], real)
 
     def _capture(self) -> None:
         pool = self.target._pool
+        kinds = [(1, self.graphs)] + ([(self.rounds, self.round_graphs)] if self.rounds > 1 else [])
         with torch.inference_mode():
             for w in reversed(self.sizes):  # largest first, as the runners capture
-                s = self._slab(w)
-                s.dev64.copy_(s.host64)  # every row padding: no cache slot is written
-                s.dev32.copy_(s.host32)
-                for _ in range(2):  # warm up outside the graph
-                    self._program(s)
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    self._program(s)
-                pool = g.pool()
-                self.graphs[w] = g
+                for rounds, graphs in kinds:
+                    s = self._slab(w, rounds)
+                    s.dev64.copy_(s.host64)  # every row padding: no cache slot is written
+                    s.dev32.copy_(s.host32)
+                    for _ in range(2):  # warm up outside the graph
+                        self._program(s)
+                    torch.cuda.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        self._program(s)
+                    pool = g.pool()
+                    graphs[w] = g
         torch.cuda.synchronize()
         self.target._pool = pool
 
@@ -265,6 +386,30 @@ class FusedGreedySpec:
         h["t_tables"][start:] = 0
         h["t_ctx"][start:] = q
         h["nd"][start:] = 0
+        if s.rounds > 1:  # a padding row's state: positions from 0, no slot, never advanced
+            for name in ("L", "last", "cd", "dtok", "real"):
+                h[name][start:] = 0
+            h["dn"][start:] = 1
+
+    def _fill_rounds(self, s: _Slab, items: list[FusedItem]) -> None:
+        """The state and block tables of a program of rounds (`_form_inputs` makes the rest)."""
+        h = s.h
+        for i, it in enumerate(items):
+            seq, d = it.seq, it.draft
+            c, cd, n = seq.num_computed_tokens, d.num_computed_tokens, it.catch_up
+            h["L"][i] = c
+            h["last"][i] = seq.all_token_ids[c]
+            h["cd"][i] = cd
+            h["dn"][i] = n
+            h["dtok"][i] = 0
+            h["dtok"][i, :n] = d.tokens[cd : cd + n]
+            h["real"][i] = 1
+            h["nd"][i] = it.n_drafts
+            for name, ids in (("d_tables", d.block_ids), ("t_tables", seq.block_ids)):
+                table = h[name][i]
+                table[:] = 0
+                table[: len(ids)] = ids
+        self._fill_padding(s, len(items))
 
     def _fill(self, s: _Slab, items: list[FusedItem]) -> None:
         h, q, k = s.h, s.q, self.k
@@ -321,6 +466,51 @@ class FusedGreedySpec:
             h["nd"][i] = it.n_drafts
         self._fill_padding(s, len(items))
 
+    def can_run_rounds(self, items: list[FusedItem]) -> bool:
+        """Whether these items may run as a program of `rounds` rounds: every one drafts k and
+        verifies all k (nothing cut by the scheduler) and its positions fit (`rounds_fit`). The
+        caller holds the blocks (`rounds_tokens`)."""
+        if self.rounds == 1 or not 0 < len(items) <= self.max_batch:
+            return False
+        return all(
+            it.draft is not None
+            and it.k == self.k
+            and it.n_drafts == self.k
+            and 1 <= it.catch_up <= CATCH_UP
+            and self.rounds_fit(it.seq.num_computed_tokens)
+            for it in items
+        )
+
+    @torch.inference_mode()
+    def run_rounds(self, items: list[FusedItem]) -> np.ndarray:
+        """`rounds` rounds over items (`can_run_rounds` holds); returns (rounds, len(items),
+        2 + k) int64: per round, accepted drafts, the token after them, the k drafts."""
+        if not self.can_run_rounds(items):
+            raise ValueError("fused rounds: these items cannot run as a program of rounds")
+        b = len(items)
+        w = min(x for x in self.sizes if x >= b)
+        s = self._slab(w, self.rounds)
+        self._fill_rounds(s, items)
+        out = self._launch(s, self.round_graphs.get(w))
+        self.runs += 1
+        self.round_runs += 1
+        return out[:, :b].copy()
+
+    def _launch(self, s: _Slab, g) -> np.ndarray:
+        """Inputs to the device, the program (its graph when captured), the result back."""
+        s.dev64.copy_(s.host64, non_blocking=True)
+        s.dev32.copy_(s.host32, non_blocking=True)
+        if g is not None:
+            g.replay()
+        else:
+            self._program(s)
+        s.out_host.copy_(s.out, non_blocking=True)
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()  # the step's one wait (the host buffers are reused next step)
+        return s.out_host.numpy()
+
     @torch.inference_mode()
     def run(self, items: list[FusedItem]) -> np.ndarray:
         """The program over items; returns (len(items), 2 + k) int64: accepted drafts, the
@@ -331,17 +521,6 @@ class FusedGreedySpec:
         w = min(x for x in self.sizes if x >= b)
         s = self._slab(w)
         self._fill(s, items)
-        s.dev64.copy_(s.host64, non_blocking=True)
-        s.dev32.copy_(s.host32, non_blocking=True)
-        g = self.graphs.get(w)
-        if g is not None:
-            g.replay()
-        else:
-            self._program(s)
-        s.out_host.copy_(s.out, non_blocking=True)
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()  # the step's one wait (the host buffers are reused next step)
+        out = self._launch(s, self.graphs.get(w))
         self.runs += 1
-        return s.out_host.numpy()[:b].copy()
+        return out[:b].copy()

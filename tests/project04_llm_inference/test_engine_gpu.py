@@ -243,6 +243,29 @@ def test_graph_verification_equals_eager_verification_of_the_same_shapes(d64_dir
     graphed_llm.engine.block_manager.check_no_leaks([])
 
 
+def _count_eager_programs(fused) -> list:
+    """Record every eager run of the fused program (a graph replay does not call it)."""
+    runs, program = [], fused._program
+
+    def counted(slab):
+        runs.append(slab.w)
+        return program(slab)
+
+    fused._program = counted
+    return runs
+
+
+def _fused_run_checked(llm, outs, eager: list, max_tokens: int) -> dict:
+    """After a run of fused steps: no eager program (every step replayed a graph), drafts
+    accepted, every request at max_tokens, no block leaked in either pool; the stats."""
+    s = llm.engine.stats()
+    assert not eager and s["spec_accepted_tokens"] > 0
+    assert all(len(o.token_ids) == max_tokens for o in outs)
+    llm.engine.block_manager.check_no_leaks([])
+    llm.engine.proposer.block_manager.check_no_leaks(llm.engine.proposer.live())
+    return s
+
+
 def test_fused_speculative_steps_replay_cuda_graphs(d64_dir):
     """A draft model's all-greedy steps run fused by default (EngineArgs.spec_fused_greedy):
     one CUDA graph per batch width, captured when the engine is built, and every fused step
@@ -259,27 +282,46 @@ def test_fused_speculative_steps_replay_cuda_graphs(d64_dir):
     llm = LLM(str(d64_dir), **kw, **spec)
     fused = llm.engine.fused
     assert fused is not None and sorted(fused.graphs) == [1, 2, 4, 8, 16, 32]
-    eager_runs = 0
-    program = fused._program
-
-    def counted(slab):
-        nonlocal eager_runs
-        eager_runs += 1
-        return program(slab)
-
-    fused._program = counted
+    eager = _count_eager_programs(fused)
     got = llm.generate(prompts, params)
-    s = llm.engine.stats()
-    assert fused.runs > 0 and eager_runs == 0
-    assert s["spec_accepted_tokens"] > 0
-    assert all(len(o.token_ids) == 48 for o in got)
-    llm.engine.block_manager.check_no_leaks([])
-    llm.engine.proposer.block_manager.check_no_leaks(llm.engine.proposer.live())
+    s = _fused_run_checked(llm, got, eager, 48)
+    assert fused.runs > 0
     default = LLM(str(d64_dir), spec_fused_greedy=False, **kw, **spec).generate(prompts, params)
     same = sum(a.token_ids == b.token_ids for a, b in zip(got, default))
     print(
         f"fused steps {fused.runs}, acceptance {s['spec_acceptance_rate']:.3f}; "
         f"fused == default step {same}/16"
+    )
+
+
+def test_fused_rounds_replay_cuda_graphs(d64_dir):
+    """EngineArgs.spec_fused_rounds = 3: a CUDA graph of three rounds per batch width beside the
+    one-round graphs, captured when the engine is built, each round's inputs formed on the
+    device from the last one's acceptance. Programs of rounds replay those graphs (no eager
+    run), accept drafts and leak no block in either pool. One request at a time (batch width
+    1 throughout) they run the same kernels on the same inputs as the one-round fused step, so
+    their tokens must be identical to its; over a batch (where a finished sequence changes the
+    width sooner on the one-round path) the share is printed."""
+    prompts = [p * 3 for p in _prompts(8, 4, 40, seed=7)]
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    kw = dict(max_model_len=1024, num_gpu_blocks=512)
+    spec = dict(
+        speculative_method="draft", speculative_model=str(d64_dir), num_speculative_tokens=4
+    )
+    llm = LLM(str(d64_dir), spec_fused_rounds=3, **kw, **spec)
+    fused = llm.engine.fused
+    assert sorted(fused.round_graphs) == sorted(fused.graphs) == [1, 2, 4, 8, 16, 32]
+    eager = _count_eager_programs(fused)
+    one = [llm.generate([p], params)[0].token_ids for p in prompts[:4]]
+    batched = llm.generate(prompts, params)
+    s = _fused_run_checked(llm, batched, eager, 48)
+    assert fused.round_runs > 0
+    ref = LLM(str(d64_dir), **kw, **spec)  # one round a program
+    assert [ref.generate([p], params)[0].token_ids for p in prompts[:4]] == one
+    same = sum(a.token_ids == b.token_ids for a, b in zip(batched, ref.generate(prompts, params)))
+    print(
+        f"programs of rounds {fused.round_runs} of {fused.runs} fused steps, acceptance "
+        f"{s['spec_acceptance_rate']:.3f}; batched tokens equal to one-round fused {same}/8"
     )
 
 

@@ -63,6 +63,8 @@ def _cfg(models_dir, reports_dir="") -> spec.SpecBenchConfig:
         reports_dir=str(reports_dir),
         ks=(2, 3),
         fused_ks=(2,),
+        rounds_ks=(2,),
+        fused_rounds=2,
         ngram_ks=(2,),
         batches=(1, 2),
         num_prompts=2,
@@ -118,10 +120,12 @@ def test_record_structure(bench, models):
         ("draft", 2),
         ("draft", 3),
         ("draft-fused", 2),
+        ("draft-rounds", 2),
         ("ngram", 2),
     ]
     assert [(e["method"], e["k"]) for e in res["engines"]] == plan
     assert len(rows) == len(plan) * 2 * 2  # engines x workloads x batches
+    assert {r.get("rounds") for r in rows if r["method"] == "draft-rounds"} == {2}
     for w in spec.WORKLOADS:
         for b in (1, 2):
             mine = [r for r in rows if r["workload"] == w and r["batch"] == b]
@@ -148,7 +152,7 @@ def test_record_structure(bench, models):
         (
             r
             for r in rows
-            if r["method"] in ("draft", "draft-fused")
+            if r["method"] in ("draft", "draft-fused", "draft-rounds")
             and r["batch"] == 1
             and r["workload"] == "held-out"
         ),
@@ -251,8 +255,10 @@ def test_missing_models_is_one_line_with_the_train_command(tmp_path, capsys):
         (dict(num_prompts=3), "num_prompts"),
         (dict(batches=(0,)), "batches"),
         (dict(ks=(0, 2)), "ks"),
-        (dict(ks=(), fused_ks=(), ngram_ks=()), "ks, fused_ks, ngram_ks"),
+        (dict(ks=(), fused_ks=(), rounds_ks=(), ngram_ks=()), "ks, fused_ks, rounds_ks"),
         (dict(fused_ks=(2, 65)), "fused_ks"),
+        (dict(rounds_ks=(0,)), "rounds_ks"),
+        (dict(fused_rounds=1), "fused_rounds"),
         (dict(prompt_tokens=64, max_tokens=64), "prompt_tokens"),
         (dict(ngram_min=3, ngram_max=2), "ngram_min"),
         (dict(goal_speedup=math.inf), "goal_speedup"),
@@ -274,6 +280,7 @@ def test_repeats_give_medians_over_rebuilt_engines(models, tmp_path, monkeypatch
         _cfg(models, tmp_path),
         ks=(2,),
         fused_ks=(),
+        rounds_ks=(),
         ngram_ks=(),
         multi_step=0,
         batches=(1,),
@@ -344,10 +351,16 @@ def _row(workload, batch, method, k, tok_s, base, acc=None, same=1.0):
 
 
 def _spec_record(
-    folder, *, draft_b1: float, draft_train: dict | None = None, fused_b1: float | None = None
+    folder,
+    *,
+    draft_b1: float,
+    draft_train: dict | None = None,
+    fused_b1: float | None = None,
+    rounds_b1: float | None = None,
 ) -> None:
     """A hand-written spec_decode record: batch-1 draft at k=4 reaches `draft_b1` x (and the
-    fused step at k=4 `fused_b1` x, when given)."""
+    fused step at k=4 `fused_b1` x, the fused step in 4 rounds at k=4 `rounds_b1` x, when
+    given)."""
     from shared.results import save_result
 
     rows = []
@@ -367,6 +380,11 @@ def _spec_record(
             rows += [
                 _row(w, 1, "draft-fused", 4, base1 * fused_b1, base1, 0.7),
                 _row(w, 8, "draft-fused", 4, base8 * 1.2, base8, 0.7),
+            ]
+        if rounds_b1 is not None:
+            rows += [
+                _row(w, 1, "draft-rounds", 4, base1 * rounds_b1, base1, 0.7) | {"rounds": 4},
+                _row(w, 8, "draft-rounds", 4, base8 * 1.3, base8, 0.7) | {"rounds": 4},
             ]
         rows += [
             _row(w, 1, "ngram", 4, base1 * (2.6 if w == "code-editing" else 0.9), base1, 0.5),
@@ -486,6 +504,19 @@ def test_report_names_the_fused_step_when_it_is_the_best(tmp_path, monkeypatch):
     monkeypatch.setattr(charts, "line_chart", lambda path, series, **kw: seen.update(series))
     module._spec_charts({"spec_decode": rec}, tmp_path)
     assert seen["draft model, fused step, batch 1 (held-out)"] == ((4,), (pytest.approx(1.5),))
+
+
+def test_report_names_the_rounds_when_they_are_the_best(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _spec_record(tmp_path, draft_b1=1.2, fused_b1=1.5, rounds_b1=2.1)
+    rec = json.loads((tmp_path / PROJECT / "spec_decode.json").read_text())
+    best = rec["results"]["best_batch1_draft"]
+    assert (best["method"], best["k"], best["met"]) == ("draft-rounds", 4, True)
+    md, summary = (p.read_text() for p in render(tmp_path)[:2])
+    assert "| held-out | 1 | draft model, fused step in rounds | 4 | 1,050 |" in md
+    assert "In rounds (EngineArgs.spec_fused_rounds = 4): 4 such rounds" in md
+    assert "2.10x at k = 4, fused step in rounds (goal >= 2.0x: met)" in md
+    assert "2.10x at k = 4, fused step in rounds, goal >= 2.0x: **met**" in summary
 
 
 def test_records_without_a_fused_step_say_nothing_of_it(tmp_path, monkeypatch):

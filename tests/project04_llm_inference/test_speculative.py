@@ -466,15 +466,18 @@ def test_padded_steps_build_no_tensors_from_lists(greedy_reference, hf_model_dir
     assert all(r in ran for r in runners)  # verification and a 2-token draft catch-up ran
 
 
+@pytest.mark.parametrize("rounds", [1, 3])
 @pytest.mark.parametrize("k", [1, 4])
 @pytest.mark.parametrize("setup", ["draft-same", "draft-other", "draft-small-pool"])
 def test_fused_greedy_steps_are_identical(
-    setup, k, greedy_reference, hf_model_dir, other_model_dir
+    setup, k, rounds, greedy_reference, hf_model_dir, other_model_dir
 ):
     """`spec_fused_greedy`: the draft's catch-up and steps, verification and acceptance as one
     device program (run eagerly here, padded to the graph widths as on a GPU) give the plain
     greedy tokens; steps it cannot take (a prompt's prefill, the draft's first catch-up, a
-    queue, preemption) run the default way, and rejected drafts leak no block."""
+    queue, preemption) run the default way, and rejected drafts leak no block. With
+    `spec_fused_rounds` the program runs several rounds, each formed on the device from the
+    last one's acceptance: the same tokens."""
     prompts, params, want = greedy_reference
     draft = other_model_dir if setup == "draft-other" else hf_model_dir
     kw = dict(
@@ -482,6 +485,7 @@ def test_fused_greedy_steps_are_identical(
         speculative_model=str(draft),
         num_speculative_tokens=k,
         spec_fused_greedy=True,
+        spec_fused_rounds=rounds,
     )
     if setup.endswith("small-pool"):
         kw |= dict(num_gpu_blocks=16, max_num_batched_tokens=32, max_num_seqs=8)
@@ -492,7 +496,11 @@ def test_fused_greedy_steps_are_identical(
     _no_leaks(llm)
     s = eng.stats()
     assert eng.fused.runs > 0 and s["spec_proposed_tokens"] > 0
-    assert max(eng.fused.slabs) <= 16 and set(eng.fused.slabs) <= {1, 2, 4, 8, 16}
+    assert set(eng.fused.slabs) <= {1, 2, 4, 8, 16}
+    if rounds > 1:  # programs of rounds ran, and only those widths
+        assert eng.fused.round_runs > 0 and set(eng.fused.round_slabs) <= {1, 2, 4, 8, 16}
+    else:
+        assert eng.fused.round_runs == 0 and not eng.fused.round_slabs
     if setup == "draft-same":  # the target drafting for itself: every draft is right
         assert s["spec_acceptance_rate"] == 1.0
     if setup == "draft-other":
@@ -537,6 +545,21 @@ def test_fused_greedy_steps_match_the_default_drafts_one_at_a_time(hf_model_dir,
     _no_leaks(llm)
 
 
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(spec_fused_rounds=0), "spec_fused_rounds must be >= 1"),
+        (dict(speculative_method="ngram", spec_fused_rounds=2), "needs the fused step"),
+        (dict(speculative_method="draft", spec_fused_greedy=False, spec_fused_rounds=2), "fused"),
+    ],
+)
+def test_fused_rounds_need_the_fused_step(kw, match, hf_model_dir):
+    if kw.get("speculative_method") == "draft":
+        kw = kw | dict(speculative_model=str(hf_model_dir))
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(model=str(hf_model_dir), **kw)
+
+
 def test_fused_greedy_needs_a_draft_model():
     with pytest.raises(ValueError, match="spec_fused_greedy"):
         EngineArgs(
@@ -566,7 +589,8 @@ def test_fused_greedy_is_on_by_default_with_a_draft_model(method, flag, on, hf_m
     assert args.fused_greedy is on
 
 
-def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir):
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_stops_inside_an_accepted_run_cut_exactly(rounds, greedy_reference, hf_model_dir):
     """The target drafting for itself accepts every draft, so tokens arrive 5 at a time: a stop
     token, max_tokens and EOS in the middle of such a run end the output exactly there."""
     prompts, _, want = greedy_reference
@@ -581,7 +605,11 @@ def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir
 
     def run(params, **kw):
         llm = _llm(
-            hf_model_dir, speculative_method="draft", speculative_model=str(hf_model_dir), **kw
+            hf_model_dir,
+            speculative_method="draft",
+            speculative_model=str(hf_model_dir),
+            spec_fused_rounds=rounds,  # 3: 15 tokens a step, the stop inside one of them
+            **kw,
         )
         eng = llm.engine
         eng.add_request("x", prompt, params)
@@ -591,11 +619,13 @@ def test_stops_inside_an_accepted_run_cut_exactly(greedy_reference, hf_model_dir
             _no_leaks(llm)
         assert [t for o in outs for t in o.new_token_ids] == outs[-1].token_ids
         assert max(len(o.new_token_ids) for o in outs) > 1, "no multi-token step"
+        run.round_runs = eng.fused.round_runs
         return outs[-1], outs
 
     out, outs = run(SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[ref[j]]))
     assert out.token_ids == ref[: j + 1] and out.finish_reason == "stop"
     assert len(outs[-1].new_token_ids) > 1  # the stop came inside a multi-token step
+    assert (run.round_runs > 0) == (rounds > 1)  # and inside a program of rounds
     out, _ = run(SamplingParams(max_tokens=j + 1, temperature=0, ignore_eos=True))
     assert out.token_ids == ref[: j + 1] and out.finish_reason == "length"
     out, _ = run(SamplingParams(max_tokens=40, temperature=0, logprobs=True, ignore_eos=True))
@@ -611,12 +641,14 @@ def test_random_add_step_abort_never_leaks_with_speculation(hf_model_dir, other_
     proposers and mixed sampling; after every operation both pools' reference counts equal
     what the live requests hold, and every cached block holds accepted tokens only (its
     registered tokens are its sequence's tokens, within the computed length)."""
-    for method, draft in (("ngram", None), ("draft", other_model_dir)):
+    legs = (("ngram", None, 1), ("draft", other_model_dir, 1), ("draft", other_model_dir, 3))
+    for method, draft, rounds in legs:
         rng = random.Random(0)
         llm = _llm(
             hf_model_dir,
             speculative_method=method,
             speculative_model=draft and str(draft),
+            spec_fused_rounds=rounds,
             num_gpu_blocks=10,
             max_num_batched_tokens=40,
             max_num_seqs=5,
