@@ -62,10 +62,11 @@ class SpecBenchConfig:
     (EngineArgs.spec_fused_greedy: the draft's catch-up and k - 1 steps, the verification and
     the greedy acceptance as one device program, one read-back a step): tokens proposed per
     step, one engine each (method 'draft-fused'); empty: none"""
-    rounds_ks: tuple[int, ...] = (3, 4, 5)
+    rounds_ks: tuple[int, ...] = ()
     """the fused step in rounds (EngineArgs.spec_fused_rounds = fused_rounds: that many rounds
     of draft, verification and acceptance per device program and read-back, each formed on the
-    device): tokens proposed per round, one engine each (method 'draft-rounds'); empty: none"""
+    device): tokens proposed per round, one engine each (method 'draft-rounds'); empty (the
+    default until it has run on a GPU): none"""
     fused_rounds: int = 4
     """rounds per program of the 'draft-rounds' engines (>= 2)"""
     ngram_ks: tuple[int, ...] = (2, 4, 8)
