@@ -120,7 +120,7 @@ class SpecBenchConfig:
                 raise ValueError(f"{name}: expected values in [1, 64], got {getattr(self, name)}")
         if not (self.ks or self.fused_ks or self.rounds_ks or self.ngram_ks):
             raise ValueError("ks, fused_ks, rounds_ks, ngram_ks: all empty, nothing to compare")
-        if self.rounds_ks and not 2 <= self.fused_rounds <= 64:
+        if not 2 <= self.fused_rounds <= 64:
             raise ValueError(f"fused_rounds: expected 2..64, got {self.fused_rounds}")
         if not self.batches or any(b < 1 for b in self.batches):
             raise ValueError(f"batches: expected sizes >= 1, got {self.batches}")
