@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         type=_positive_int,
         default=None,
-        help="parallel nvcc processes (default: one a core)",
+        help="parallel compiler processes (default: one a core)",
     )
     p.add_argument(
         "--nvcc",
