@@ -80,7 +80,7 @@ apple-tier:
 gpu-test: $(SETUP)  ## the GPU tier (on a CUDA machine)
 	$(PYTHON) -m pytest -m gpu $(PYTEST_ARGS)
 
-.PHONY: gpu-smoke cuda-compile
+.PHONY: gpu-smoke cuda-compile cuda-compile-bindings
 
 # The GPU smoke tier: the CUDA extensions built, then the GPU tests marked `smoke`; prints what
 # it skipped and why, writes runs/gpu-smoke/ (junit.xml, summary.json). The CI runner passes
@@ -103,6 +103,13 @@ verify-results: $(SETUP)  ## re-measure the headline figures on this GPU, compar
 CUDA_COMPILE_ARGS ?=
 cuda-compile:  ## compile every CUDA source for sm_90a with nvcc alone (no GPU, no torch)
 	$(BOOTSTRAP) scripts/compile_cuda.py $(CUDA_COMPILE_ARGS)
+
+# The torch bindings (csrc/*.cpp, and the .cu files holding TORCH_EXTENSION_NAME) compiled against
+# $(PYTHON)'s torch, whose CPU build ships the CUDA headers, with the kernel sources beside them;
+# each launcher a binding calls must be defined with the same signature. Takes CUDA_COMPILE_ARGS
+# too; minutes on a 2-core machine (torch's headers are heavy).
+cuda-compile-bindings: $(SETUP)  ## the torch bindings against torch's headers, their launchers checked (no GPU)
+	$(PYTHON) scripts/compile_cuda.py --bindings $(CUDA_COMPILE_ARGS)
 
 demo: $(SETUP)  ## every capstone at the size this hardware allows, into runs/<UTC time>/
 	$(PYTHON) -m scripts.demo

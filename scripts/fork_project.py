@@ -14,8 +14,9 @@ uncommitted edits and local results do not leak into it. It holds:
   its modules import), a Makefile with the targets that exist for it, the demo runner (which
   plans the projects present: this one), `make publish`, the CI entry point, LICENSE;
 - its own GitHub Actions workflows: the CPU tier and lint on every push and pull request (with
-  the compile-only CUDA job where it has CUDA sources), and the GPU smoke workflow for a
-  self-hosted runner where it has tests marked `smoke` (`make gpu-smoke`);
+  the compile-only CUDA job where it has CUDA sources, and the binding check where it has torch
+  bindings), and the GPU smoke workflow for a self-hosted runner where it has tests marked
+  `smoke` (`make gpu-smoke`);
 - a git repository with one commit by your git identity (user.name / user.email); with none
   configured, the files are staged and the fork says how to set one and commit.
 
@@ -37,6 +38,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts.compile_cuda import is_binding
 from scripts.gpu_smoke import uses_mark
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,6 +214,7 @@ class Selection:
     shared_modules: list[str] = field(default_factory=list)
     shared_tests: list[str] = field(default_factory=list)
     cuda_sources: bool = False  # CUDA sources under <project>/csrc/: the compile-only job
+    cuda_bindings: bool = False  # torch bindings under <project>/csrc/: the binding check
     smoke_tests: bool = False  # tests marked smoke: `make gpu-smoke` and its workflow
 
     @property
@@ -231,6 +234,7 @@ def select(tree: Path, project: str) -> Selection:
     own = _files_under(tree, project) + _files_under(tree, f"tests/{project}")
     csrc = tree / project / "csrc"
     sel.cuda_sources = csrc.is_dir() and any(csrc.rglob("*.cu"))
+    sel.cuda_bindings = csrc.is_dir() and any(is_binding(p) for p in csrc.rglob("*") if p.is_file())
     sel.smoke_tests = any(
         uses_mark(tree / f, "smoke")
         for f in own
@@ -238,10 +242,14 @@ def select(tree: Path, project: str) -> Selection:
         and posixpath.basename(f).startswith("test_")
         and f.endswith(".py")
     )
-    # the scripts its workflows run: the compile-only CUDA job, the GPU smoke tier
+    # the scripts its workflows run: the compile-only CUDA job and the binding check, the GPU
+    # smoke tier
     ci_scripts = [
         n
-        for needed, n in ((sel.cuda_sources, "compile_cuda.py"), (sel.smoke_tests, "gpu_smoke.py"))
+        for needed, n in (
+            (sel.cuda_sources or sel.cuda_bindings, "compile_cuda.py"),
+            (sel.smoke_tests, "gpu_smoke.py"),
+        )
         if needed
     ]
     scripts = [f"scripts/{n}" for n in (*SCRIPTS, *ci_scripts) if (tree / "scripts" / n).is_file()]
@@ -365,6 +373,11 @@ def _readme_for(sel: Selection, tree: Path, locate) -> str:
         "`make help` lists the other commands.\n\n"
         "`.github/workflows/` runs the CPU tier and lint on every push and pull request"
         + (" and compiles the CUDA sources with nvcc" if sel.cuda_sources else "")
+        + (
+            " (the torch bindings too, against torch's headers, their launchers checked)"
+            if sel.cuda_bindings
+            else ""
+        )
         + (
             "; `gpu-smoke.yml` runs `make gpu-smoke` (the tests of the GPU tier marked `smoke`) "
             "on a self-hosted runner labelled `gpu`, by hand, nightly, or on a pull request "
@@ -529,7 +542,11 @@ def _makefile_for(sel: Selection, tree: Path, extras: list[str]) -> str:
         head = re.sub(r"(?m)^APPLE_TESTS \?=.*\n", "", head)
     ci = [
         t
-        for needed, t in ((sel.smoke_tests, "gpu-smoke"), (sel.cuda_sources, "cuda-compile"))
+        for needed, t in (
+            (sel.smoke_tests, "gpu-smoke"),
+            (sel.cuda_sources, "cuda-compile"),
+            (sel.cuda_bindings, "cuda-compile-bindings"),
+        )
         if needed
     ]
     targets = [
@@ -591,6 +608,8 @@ def _workflows_for(sel: Selection, tree: Path) -> dict[str, str]:
         ci = (tree / CI_WORKFLOW).read_text()
         if not sel.cuda_sources:
             ci = drop_job(ci, "cuda-compile")
+        if not sel.cuda_bindings:
+            ci = drop_job(ci, "cuda-compile-bindings")
         if sel.project != "apple_track":
             ci = drop_job(ci, "apple-track")
             ci = ci.replace("make test APPLE_TESTS=0", "make test")

@@ -310,6 +310,7 @@ def test_the_fork_has_workflows_of_its_own_that_pass_actionlint(project, fork_of
 
     ci = load_workflow(folder / "ci.yml")
     assert ("cuda-compile" in ci["jobs"]) == (project in CUDA_PROJECTS)
+    assert ("cuda-compile-bindings" in ci["jobs"]) == (project in CUDA_PROJECTS)
     assert ("apple-track" in ci["jobs"]) == (project == "apple_track")
     assert "make test" in runs(ci["jobs"]["cpu-tier"]) and "make lint" in runs(
         ci["jobs"]["cpu-tier"]
@@ -333,6 +334,7 @@ def test_the_fork_has_workflows_of_its_own_that_pass_actionlint(project, fork_of
     assert (
         ("\ncuda-compile:" in makefile) == cuda == (dest / "scripts" / "compile_cuda.py").is_file()
     )
+    assert ("\ncuda-compile-bindings:" in makefile) == cuda
     assert (dest / ".github" / "actionlint.yaml").is_file()
     assert ".github/workflows/" in (dest / "README.md").read_text()
 

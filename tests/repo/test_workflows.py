@@ -98,7 +98,7 @@ def test_actionlint_fails_on_a_broken_workflow(tmp_path):
     assert "pyton" in r.stdout and '"gpux" is unknown' in r.stdout, r.stdout
 
 
-def test_ci_runs_the_cpu_tier_lint_and_the_cuda_compile_on_every_push():
+def test_ci_runs_the_cpu_tier_lint_the_cuda_compile_and_binding_check_on_every_push():
     wf = load(WORKFLOWS / "ci.yml")
     assert {"push", "pull_request"} <= set(wf["on"])
     cpu = wf["jobs"]["cpu-tier"]
@@ -119,6 +119,15 @@ def test_ci_runs_the_cpu_tier_lint_and_the_cuda_compile_on_every_push():
     assert image.startswith("nvidia/cuda:") and "-devel" in image
     assert "scripts/compile_cuda.py --strict" in runs(cuda)
     assert (ROOT / "scripts" / "compile_cuda.py").is_file()
+
+    # the binding check: the same container, torch's CPU build in a venv, the check with --strict
+    bindings = wf["jobs"]["cuda-compile-bindings"]
+    assert bindings["container"] == cuda["container"]
+    steps = runs(bindings)
+    assert "python3-dev" in steps and "g++" in steps and "python3 -m venv" in steps
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in steps
+    assert "scripts/compile_cuda.py --bindings --strict" in steps
+    assert "TORCH_SPEC ?= torch==2.13.0" in (ROOT / "Makefile").read_text()  # the same torch
 
 
 def test_the_gpu_smoke_workflow_runs_make_gpu_smoke_on_a_self_hosted_gpu_runner():
