@@ -591,15 +591,22 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     results = compile_all(files, nvcc, arch=args.arch, jobs=args.jobs)
+    return _report(
+        results,
+        f"{len(results)} CUDA source(s) compiled for sm_{args.arch} in "
+        f"{time.perf_counter() - t0:.1f} s",
+    )
+
+
+def _report(results: list[Compiled], summary: str) -> int:
+    """A line per file (errors indented below it), the summary with the failure count; the
+    exit status."""
     for r in results:
         print(f"{'ok  ' if r.ok else 'FAIL'} {r.file} ({r.seconds:.1f} s)")
         for e in r.errors:
             print(f"     {e}")
     failed = [r for r in results if not r.ok]
-    print(
-        f"{len(results)} CUDA source(s) compiled for sm_{args.arch} in "
-        f"{time.perf_counter() - t0:.1f} s; {len(failed)} failed"
-    )
+    print(f"{summary}; {len(failed)} failed")
     return 1 if failed else 0
 
 
@@ -615,17 +622,12 @@ def _main_bindings(args: argparse.Namespace, nvcc: str) -> int:
 
     t0 = time.perf_counter()
     results = check_bindings(units, tc, arch=args.arch, jobs=args.jobs)
-    for r in results:
-        print(f"{'ok  ' if r.ok else 'FAIL'} {r.file} ({r.seconds:.1f} s)")
-        for e in r.errors:
-            print(f"     {e}")
-    failed = [r for r in results if not r.ok]
-    print(
+    return _report(
+        results,
         f"{len(units)} binding unit(s) and {len(results) - len(units)} kernel source(s) compiled "
         f"against torch {tc.torch_version} for sm_{args.arch}, their symbols checked, in "
-        f"{time.perf_counter() - t0:.1f} s; {len(failed)} failed"
+        f"{time.perf_counter() - t0:.1f} s",
     )
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
