@@ -611,7 +611,7 @@ class LLMEngine:
                 emitted += new
                 # the draft keeps min(n_acc, k - 1) drafts' K/V and catches up on the rest
                 cd, dn = cd + dn + min(n_acc, k - 1), 1 + (n_acc == k)
-            self.proposer.finish_rounds(d, seq.all_token_ids, cd)
+            self.proposer.finish_rounds(d, emitted, cd)
             seq.spec_token_ids.clear()
             outputs.append(self._settle(seq, emitted, now))
         for seq in proposed:  # placeholders of sequences the batch left out (preempted)

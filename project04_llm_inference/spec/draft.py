@@ -217,10 +217,11 @@ class DraftProposer:
         d.tokens.extend(drafts)
         d.num_computed_tokens = d.num_tokens - 1
 
-    def finish_rounds(self, d: DraftSeq, target: list[int], num_computed: int) -> None:
-        """After a fused program of rounds: the draft's tokens are the target's (`target`), its
-        K/V valid for the first num_computed of them (`FusedGreedySpec` rounds)."""
-        d.tokens = list(target)
+    def finish_rounds(self, d: DraftSeq, emitted: list[int], num_computed: int) -> None:
+        """After a fused program of rounds (`FusedGreedySpec`): the target emitted `emitted`
+        after the tokens the draft was synced to when the step was planned; the draft holds
+        those too now, its K/V valid for the first num_computed."""
+        d.tokens.extend(emitted)
         d.synced = len(d.tokens)
         d.num_computed_tokens = min(num_computed, len(d.tokens) - 1)
 
