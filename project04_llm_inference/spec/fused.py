@@ -190,7 +190,7 @@ class FusedGreedySpec:
         """`rounds` rounds from a target computed length of num_computed stay inside both
         models' positions (the furthest a round writes is its last draft position, L + k, with
         L at most num_computed + (rounds - 1)(k + 1))."""
-        end = num_computed + self.rounds * (self.k + 1)
+        end = num_computed + self.rounds_tokens()
         return end <= min(self.target.max_model_len, self.draft.max_model_len)
 
     def rounds_tokens(self) -> int:
