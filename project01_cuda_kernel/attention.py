@@ -145,7 +145,8 @@ FWD_M_TILES_PER_WARP = 2
 # Forward kernel: "hopper" (wgmma + TMA, compute capability 9.0 only), "fa2" (mma.sync, any GPU
 # from sm_80), or "auto": hopper where it runs, else fa2.
 FWD_KERNELS = ("auto", "hopper", "fa2")
-# The (kernel) head dims the Hopper forward is compiled for; "auto" runs fa2 for the others.
+# The (kernel) head dims the Hopper forward and backward are compiled for; "auto" runs fa2 for
+# the others.
 HOPPER_HEAD_DIMS = (64, 128)
 # Backward kernel: "hopper" (wgmma + TMA, warp-specialised, csrc/attention/flash_bwd_hopper.cuh;
 # compute capability 9.0, head dims HOPPER_HEAD_DIMS, dense attention: no window, softcap or
