@@ -371,16 +371,14 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         da[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs_m64nNk16<T, D>(dk, da[kk], make_desc(q_base + kk * 16 * 128, kBM * 128, 1024), 1);
-    wgmma_commit();
 
     // dS^T to shared memory: row = key within the block (cw * 64 + 16 warp + g, + 8), 128 bytes
     // of 64 query columns, 16-byte chunk j at j ^ (row % 8) (the TMA's 128-byte swizzle).
     // Double-buffered: the tile written here was last read by the dQ product two blocks ago,
     // which both warpgroups finished before the barrier of the previous block.
+    // Stored BEFORE the dK product is issued: da is that product's A operand, and PTX makes any
+    // access to the A registers of a wgmma in flight (before the wait_group that covers it)
+    // undefined behaviour, reads included (FlashAttention-3 also stores dS before its rs dK).
     unsigned char* ds_tile = sm.ds + (it & 1) * C::kDsBytes;
     {
       const int row = cw * 64 + warp * 16 + g;  // and row + 8 (same row % 8)
@@ -394,6 +392,11 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
             da[j / 2][(j & 1) * 2 + 1];
       }
     }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs_m64nNk16<T, D>(dk, da[kk], make_desc(q_base + kk * 16 * 128, kBM * 128, 1024), 1);
+    wgmma_commit();
     fence_proxy_async_smem();
     named_barrier_sync(1, C::kConsumers * 128);  // both warpgroups' dS^T rows are written
 
