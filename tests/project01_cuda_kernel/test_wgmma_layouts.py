@@ -392,7 +392,14 @@ def bwd_ds_stores(smem: Smem, ds_tile: int, store_xor: bool = True):
 
 
 def bwd_operands(
-    d: int, base: int = 0, *, k_dq_offset_bytes=None, ds_sbo=1024, store_xor=True, **model
+    d: int,
+    base: int = 0,
+    *,
+    k_dq_offset_bytes=None,
+    ds_lbo=1024,
+    ds_sbo=1024,
+    store_xor=True,
+    **model,
 ) -> list[Operand]:
     """flash_bwd_hopper.cuh: both consumer warpgroups, both ring stages and both dS^T buffers,
     every k16 step of the five products. The keyword arguments are mutations for the tests."""
@@ -458,7 +465,7 @@ def bwd_operands(
             k_dq = sm["k"] + cw * k_dq_offset_bytes
         ds_base = sm["ds"] + buf * c["kDsBytes"]
         for kk in range(kBN // 16):
-            da = make_desc(ds_base + kk * 16 * 128, kBN * 128, ds_sbo)
+            da = make_desc(ds_base + kk * 16 * 128, ds_lbo, ds_sbo)
             db = make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024)
             ops.append(
                 Operand(
@@ -548,7 +555,10 @@ def test_what_the_known_good_kernels_leave_open():
         "bwd64 dQ=dSK B=K cw1"
     }
     for d in (64, 128):
-        assert names(failures(bwd_operands(d, swap_a_mn_lbo_sbo=True))) == {
+        # the kernel's hedge: dS's LBO = its SBO, so the exchanged reading is the same
+        assert failures(bwd_operands(d, swap_a_mn_lbo_sbo=True)) == []
+        # without it (the LBO the B operands pass, 16 KiB), that operand alone would break
+        assert names(failures(bwd_operands(d, ds_lbo=16384, swap_a_mn_lbo_sbo=True))) == {
             f"bwd{d} dQ=dSK A=dS(M-major) cw0",
             f"bwd{d} dQ=dSK A=dS(M-major) cw1",
         }
@@ -673,7 +683,7 @@ MIRRORED = {
         "*reinterpret_cast<uint32_t*>(ds_tile + (row + 8) * 128 + chunk) =",
         "da[j / 2][(j & 1) * 2 + 1];",
         "unsigned char* ds_tile = sm.ds + (it & 1) * C::kDsBytes;",
-        "wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, kBN * 128, 1024),",
+        "wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),",
         "make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);",
     ],
 }

@@ -401,13 +401,16 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
     named_barrier_sync(1, C::kConsumers * 128);  // both warpgroups' dS^T rows are written
 
     // dQ[:, cw * kDqCols ..] = dS K over the block's 128 keys: A = dS, M-major (the dS^T tile),
-    // B = K, N-major; k16 step kk = keys 16kk .. 16kk + 15 (rows of both tiles).
+    // B = K, N-major; k16 step kk = keys 16kk .. 16kk + 15 (rows of both tiles). dS's M = 64 is
+    // one swizzle row, so its LBO is unused by the documented MN-major layout; it is given the
+    // SBO's value (1024) so that an A operand reading the two the other way round (no kernel of
+    // ours has run imm-trans-a = 1 on a GPU yet) would read the same elements.
     float dq[kDqCols / 2];
     const uint32_t ds_base = smem_u32(ds_tile);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk)
-      wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, kBN * 128, 1024),
+      wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),
                                       make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
