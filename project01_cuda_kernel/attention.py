@@ -17,7 +17,11 @@ operator; on CUDA tensors they run our kernels in both directions:
   both save the row log-sum-exp (B, H, Sq) float32 for the backward;
 - backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per 128-key block
   P recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with
-  atomics.
+  atomics;
+- backward on Hopper, opt-in (`flash_backward(..., bwd_kernel="hopper")`; "auto" keeps the
+  FlashAttention-2 backward until it is measured on the GPU): the FlashAttention-3 design, a TMA
+  producer warpgroup and two wgmma consumer warpgroups per 128-key block
+  (csrc/attention/flash_bwd_hopper*.cu), dense attention at head dims 64 and 128 only.
   No S x S tensor is ever stored.
 
 Supported: float16 and bfloat16; head dims up to 256 (the kernels are compiled for 64, 128 and
@@ -141,8 +145,15 @@ FWD_M_TILES_PER_WARP = 2
 # Forward kernel: "hopper" (wgmma + TMA, compute capability 9.0 only), "fa2" (mma.sync, any GPU
 # from sm_80), or "auto": hopper where it runs, else fa2.
 FWD_KERNELS = ("auto", "hopper", "fa2")
-# The (kernel) head dims the Hopper forward is compiled for; "auto" runs fa2 for the others.
+# The (kernel) head dims the Hopper forward and backward are compiled for; "auto" runs fa2 for
+# the others.
 HOPPER_HEAD_DIMS = (64, 128)
+# Backward kernel: "hopper" (wgmma + TMA, warp-specialised, csrc/attention/flash_bwd_hopper.cuh;
+# compute capability 9.0, head dims HOPPER_HEAD_DIMS, dense attention: no window, softcap or
+# varlen), "fa2" (mma.sync, any GPU from sm_80, everything), or "auto". "auto" is "fa2" for now:
+# the Hopper backward is compiled and tested off-GPU only until it is validated and measured on an
+# H100/H200 (NOTES.md, "Hopper backward").
+BWD_KERNELS = ("auto", "hopper", "fa2")
 # Backward kernel variant: warps per CTA, 16 keys each. 8 = 128 keys a CTA (half the dQ atomics
 # of 4 = 64 keys a CTA). (Head dim 256: one variant, 8 warps in pairs, 64 keys a CTA.)
 BWD_WARPS = 8
@@ -157,6 +168,8 @@ _SOURCES = (
     "attention/flash_bwd_hdim64.cu",
     "attention/flash_bwd_hdim128.cu",
     "attention/flash_bwd_hdim256.cu",
+    "attention/flash_bwd_hopper_hdim64.cu",
+    "attention/flash_bwd_hopper_hdim128.cu",
 )
 
 
@@ -642,8 +655,12 @@ def flash_backward_varlen(
     warps: int = BWD_WARPS,
     window_size=NO_WINDOW,
     softcap: float = 0.0,
+    bwd_kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Varlen backward kernels on kernel-ready inputs: (dq, dk, dv) like q, k, v. No host read."""
+    """Varlen backward kernels on kernel-ready inputs: (dq, dk, dv) like q, k, v. No host read.
+    `bwd_kernel`: "auto" or "fa2" (the Hopper backward has no varlen instance: "hopper" is a
+    ValueError)."""
+    select_bwd_kernel(bwd_kernel, False, None, varlen=True)
     left, right = resolve_window(window_size)
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     _extension().bwd_varlen(
@@ -801,6 +818,39 @@ def resolve_fwd_kernel(kernel: str) -> str:
     return kernel
 
 
+def select_bwd_kernel(
+    bwd_kernel: str, local: bool, head_dim: int | None = None, varlen: bool = False
+) -> str:
+    """The backward kernel to run for a BWD_KERNELS name: "hopper" or "fa2". "auto" is "fa2"
+    (the Hopper backward is opt-in until measured). "hopper" is a ValueError naming bwd_kernel
+    with a window or softcap in effect (`local`), a kernel head dim outside HOPPER_HEAD_DIMS,
+    varlen, or a GPU other than compute capability 9.0 (checked last, so the other refusals
+    need no GPU)."""
+    if bwd_kernel not in BWD_KERNELS:
+        raise ValueError(f"bwd_kernel must be one of {BWD_KERNELS}, got {bwd_kernel!r}")
+    if bwd_kernel != "hopper":
+        return "fa2"
+    if local:
+        raise ValueError(
+            "bwd_kernel='hopper' does not implement window_size or softcap; use 'auto' or 'fa2'"
+        )
+    if head_dim is not None and head_dim not in HOPPER_HEAD_DIMS:
+        raise ValueError(
+            f"bwd_kernel='hopper' is compiled for head dims {HOPPER_HEAD_DIMS}, not {head_dim}; "
+            "use 'auto' or 'fa2'"
+        )
+    if varlen:
+        raise ValueError(
+            "bwd_kernel='hopper' has no variable-length (varlen) instance; use 'auto' or 'fa2'"
+        )
+    if not is_hopper():
+        raise ValueError(
+            "bwd_kernel='hopper' needs a GPU of compute capability 9.0 (H100/H200); use 'fa2' "
+            "or 'auto'"
+        )
+    return "hopper"
+
+
 def flash_backward(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -817,19 +867,30 @@ def flash_backward(
     warps: int = BWD_WARPS,
     window_size=NO_WINDOW,
     softcap: float = 0.0,
+    bwd_kernel: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward kernels on kernel-ready inputs: (dq, dk, dv), each shaped like its input (dk, dv
     summed over each group of query heads when k/v have fewer heads); `warps` picks the variant
     (8 or 4, see BWD_WARPS; head dim 256 has one variant and ignores it). `window_size` and
-    `softcap`: the forward's."""
+    `softcap`: the forward's. `bwd_kernel`: one of BWD_KERNELS (`select_bwd_kernel`: "auto" is
+    the FlashAttention-2 backward; "hopper" the wgmma/TMA one, which ignores `warps`)."""
     if warps not in (4, 8):
         raise ValueError(f"warps must be 4 or 8, got {warps!r}")
     left, right = resolve_window(window_size)
     softcap = resolve_softcap(softcap)
+    local = uses_local_kernels(causal, (left, right), softcap, q.shape[2], k.shape[2])
+    bwd_kernel = select_bwd_kernel(bwd_kernel, local, q.shape[-1])
     dq = torch.empty_like(q, memory_format=torch.contiguous_format) if dq is None else dq
     dk = torch.empty_like(k, memory_format=torch.contiguous_format) if dk is None else dk
     dv = torch.empty_like(v, memory_format=torch.contiguous_format) if dv is None else dv
     masked, bottom_right = causal_mask_args(causal)
+    if bwd_kernel == "hopper":
+        _extension().bwd_hopper(
+            _kernel_layout(dout),
+            *(q, k, v, out, lse, dq, dk, dv),
+            *(masked, bottom_right, softmax_scale),
+        )
+        return dq, dk, dv
     _extension().bwd(
         _kernel_layout(dout),
         *(q, k, v, out, lse, dq, dk, dv),

@@ -41,14 +41,28 @@ from shared.repeat import DEFAULT_REPEATS, flat, ratio, read_flat
 
 from .interleaved import time_interleaved, timing_fields
 
-PROVIDERS = ("ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math")
+PROVIDERS = (
+    "ours",
+    "ours_fa2",
+    "ours_r16",
+    "ours_k64",
+    "flash",
+    "cudnn",
+    "efficient",
+    "math",
+    "ours_hbwd",
+)
+# Measured unless --providers names others: every provider but ours_hbwd (forward "auto" + the
+# Hopper backward, opt-in: it runs only on compute capability 9.0, where it is not yet the
+# default; elsewhere it is recorded as skipped with the reason).
+DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p != "ours_hbwd")
 # Kernel variants of ours, measured in one mode only: the FlashAttention-2 forward (32 and 16 query
 # rows a warp; on a Hopper GPU "ours" runs the wgmma/TMA forward instead), the backward with 64
 # keys a CTA (its kernels called directly, after one forward).
 VARIANT_MODE = {"ours_fa2": "fwd", "ours_r16": "fwd", "ours_k64": "bwd"}
 MODES = ("fwd", "bwd", "fwd_bwd")
 Provider = Literal[
-    "ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math"
+    "ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math", "ours_hbwd"
 ]
 
 
@@ -72,8 +86,9 @@ class AttentionBenchConfig:
     count) = grouped-query attention, SDPA called with enable_gqa=True"""
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
     """input dtype"""
-    providers: tuple[Provider, ...] = PROVIDERS
-    """ours and its variants, and SDPA's backends pinned one at a time"""
+    providers: tuple[Provider, ...] = DEFAULT_PROVIDERS
+    """ours and its variants, and SDPA's backends pinned one at a time (ours_hbwd: forward
+    "auto" + the Hopper backward, bwd_kernel="hopper"; only when named)"""
     math_max_seq: int = 1024
     """longest sequence for SDPA's MATH backend (it materialises (B, H, S, S) float32 scores)"""
     warmup_ms: float = 10.0
@@ -148,6 +163,8 @@ def attention_fn(provider: str, causal: bool, gqa: bool = False) -> Callable:
         return lambda q, k, v: flash_attention(q, k, v, causal=causal)
     if provider == "ours_k64":
         return None  # timed through backward_k64_fn
+    if provider == "ours_hbwd":
+        return hopper_backward_fn(causal)
     if provider in ("ours_fa2", "ours_r16"):
         from project01_cuda_kernel.attention import check_inputs, flash_forward
 
@@ -196,6 +213,58 @@ def backward_k64_fn(q, k, v, do, causal: bool) -> Callable[[], object]:
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = flash_forward(qd, kd, vd, causal, scale)
     return lambda: flash_backward(do, qd, kd, vd, out, lse, causal, scale, warps=4)
+
+
+def hopper_backward_fn(causal: bool) -> Callable:
+    """(q, k, v) -> out, differentiable: our forward ("auto": the Hopper one on CC 9.0) and the
+    Hopper backward (`flash_backward(..., bwd_kernel="hopper")`), through an autograd.Function
+    (the operators run the "auto" backward, FlashAttention-2's for now). A GPU or head dim the
+    Hopper backward does not take raises RuntimeError, so the bench records it as skipped."""
+    from project01_cuda_kernel.attention import (
+        check_inputs,
+        flash_backward,
+        flash_forward,
+        select_bwd_kernel,
+    )
+
+    class HopperBackwardAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            scale = check_inputs(q, k, v, causal, None)
+            out, lse = flash_forward(q, k, v, causal, scale)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.scale = scale
+            return out
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, out, lse = ctx.saved_tensors
+            return flash_backward(do, q, k, v, out, lse, causal, ctx.scale, bwd_kernel="hopper")
+
+    def run(q, k, v):
+        try:
+            select_bwd_kernel("hopper", False, q.shape[-1])
+        except ValueError as e:
+            raise RuntimeError(f"ours_hbwd: {e}") from e
+        return HopperBackwardAttention.apply(q, k, v)
+
+    run.causal = causal  # for hbwd_grad_diffs
+    return run
+
+
+def hbwd_grad_diffs(attn: Callable, q, k, v, do) -> dict:
+    """max |grad of ours_hbwd - grad of ours| for dq, dk, dv (the Hopper backward against the
+    FlashAttention-2 one on the same forward output), plus the largest |grad| for scale."""
+    from project01_cuda_kernel.attention import flash_attention
+
+    causal = getattr(attn, "causal", False)
+    ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
+    hbwd = torch.autograd.grad(attn(q, k, v), (q, k, v), do)
+    out = {}
+    for name, a, b in zip(("dq", "dk", "dv"), hbwd, ours):
+        out[f"hbwd_{name}_max_abs_diff_vs_ours"] = (a.float() - b.float()).abs().max().item()
+        out[f"{name}_max_abs"] = b.float().abs().max().item()
+    return out
 
 
 def peak_memory_mib(fn: Callable[[], object]) -> float:
@@ -301,6 +370,12 @@ def measure(cfg: AttentionBenchConfig) -> dict:
                 except RuntimeError as e:
                     skip(provider, str(e))
                 torch.cuda.empty_cache()
+            if "ours_hbwd" in live:  # its gradients against ours' (the FA2 backward), recorded
+                try:
+                    checks.append({**shape, **hbwd_grad_diffs(live["ours_hbwd"], q, k, v, do)})
+                except RuntimeError as e:
+                    skip("ours_hbwd", str(e))
+                    del live["ours_hbwd"]
             # Mode by mode: every provider of the mode timed in each repetition, alternating.
             for mode in MODES:
                 timers = {}
@@ -347,15 +422,16 @@ def measure(cfg: AttentionBenchConfig) -> dict:
     }
 
 
-def ratios(rows: list[dict], base: str = "flash") -> list[dict]:
-    """ours / base throughput for every (shape, mode) both were measured at: the median of the
-    per-repetition ratios with its range (`ratio_min`, `ratio_max`, `ratio_reps`); `ours` and
-    `base` are the two throughput medians. Rows of one run give the plain ratio."""
+def ratios(rows: list[dict], base: str = "flash", provider: str = "ours") -> list[dict]:
+    """provider / base throughput for every (shape, mode) both were measured at: the median of
+    the per-repetition ratios with its range (`ratio_min`, `ratio_max`, `ratio_reps`); `ours`
+    (the provider's) and `base` are the two throughput medians. Rows of one run give the plain
+    ratio."""
     key = ("head_dim", "seq_len", "causal", "mode")
     by = {(tuple(r[k] for k in key), r["provider"]): r for r in rows}
     out = []
     for r in rows:
-        if r["provider"] != "ours":
+        if r["provider"] != provider:
             continue
         b = by.get((tuple(r[k] for k in key), base))
         ours, ref = read_flat(r, "tflops"), read_flat(b or {}, "tflops")
@@ -370,6 +446,29 @@ def ratios(rows: list[dict], base: str = "flash") -> list[dict]:
             }
         )
     return out
+
+
+def hbwd_table(rows: list[dict]) -> list[dict]:
+    """One row per (shape, mode) where ours_hbwd ran: its TFLOP/s and its ratios to ours (the
+    FlashAttention-2 backward), cuDNN and FLASH (median ratios of the repetitions)."""
+    key = ("head_dim", "seq_len", "causal", "mode")
+    against = {
+        base: {tuple(r[k] for k in key): r for r in ratios(rows, base, "ours_hbwd")}
+        for base in ("ours", "cudnn", "flash")
+    }
+    shapes = [tuple(r[k] for k in key) for r in rows if r["provider"] == "ours_hbwd"]
+    table = []
+    for shape in shapes:
+        row = dict(zip(("D", "S", "causal", "mode"), shape))
+        own = next(
+            r for r in rows if r["provider"] == "ours_hbwd" and tuple(r[k] for k in key) == shape
+        )
+        row["ours_hbwd TFLOP/s"] = own["tflops"]
+        for base, label in (("ours", "ours"), ("cudnn", "cuDNN"), ("flash", "FLASH")):
+            r = against[base].get(shape)
+            row[f"hbwd/{label}"] = r["ratio"] if r else None
+        table.append(row)
+    return table
 
 
 def print_summary(result: dict) -> None:
@@ -400,6 +499,10 @@ def print_summary(result: dict) -> None:
         for r in ratios(result["rows"])
     ]
     print(markdown_table(table, floatfmt=".3g"))
+    hbwd = hbwd_table(result["rows"])
+    if hbwd:
+        print("ours_hbwd (forward auto + Hopper backward):")
+        print(markdown_table(hbwd, floatfmt=".3g"))
     repeats = result.get("repeats", 1)
     if repeats > 1:
         print(
@@ -425,6 +528,10 @@ def run(cfg: AttentionBenchConfig) -> Path:
     result = measure(cfg)
     result["ratios_vs_flash"] = ratios(result["rows"])
     result["ratios_vs_cudnn"] = ratios(result["rows"], "cudnn")
+    if any(r["provider"] == "ours_hbwd" for r in result["rows"]):
+        result["ratios_hbwd_vs_cudnn"] = ratios(result["rows"], "cudnn", "ours_hbwd")
+        result["ratios_hbwd_vs_flash"] = ratios(result["rows"], "flash", "ours_hbwd")
+        result["ratios_hbwd_vs_ours"] = ratios(result["rows"], "ours", "ours_hbwd")
     return save_result(
         PROJECT,
         cfg.name,

@@ -42,10 +42,11 @@ PROVIDER_LABELS = {
     "cudnn": "SDPA cuDNN",
     "efficient": "SDPA EFFICIENT (xFormers)",
     "math": "SDPA MATH",
+    "ours_hbwd": "ours, Hopper backward (wgmma/TMA; forward as ours)",
 }
 
 
-PROVIDER_MARKERS = dict(zip(PROVIDERS, ("o", "s", "^", "v", "D", "P", "X", "*")))
+PROVIDER_MARKERS = dict(zip(PROVIDERS, ("o", "s", "^", "v", "D", "P", "X", "*", "h")))
 PROVIDER_COLORS = {  # one colour per provider in every chart
     "ours": "#1f77b4",
     "ours_fa2": "#ff7f0e",
@@ -55,6 +56,7 @@ PROVIDER_COLORS = {  # one colour per provider in every chart
     "cudnn": "#d62728",
     "efficient": "#9467bd",
     "math": "#8c564b",
+    "ours_hbwd": "#e377c2",
 }
 
 

@@ -69,3 +69,48 @@ def test_all_without_cuda_skips_each_benchmark_and_still_reports(tmp_path, capsy
     assert "bench-gemm: skipped:" in out and "bench-attention: skipped:" in out
     summary = tmp_path / "project01_cuda_kernel" / "summary.md"
     assert "No measurements yet" in summary.read_text()
+
+
+def test_hopper_backward_provider_is_opt_in():
+    """ours_hbwd (forward auto + the Hopper backward) is accepted when named, not run by default,
+    and has a chart style; where the Hopper backward cannot run its function raises
+    RuntimeError, which the bench records as a skip (a ValueError would end the run)."""
+    from project01_cuda_kernel._build import is_hopper
+    from project01_cuda_kernel.report import attention as report_attention
+
+    cfg = bench_attention.AttentionBenchConfig
+    assert "ours_hbwd" in bench_attention.PROVIDERS
+    assert "ours_hbwd" not in cfg().providers
+    assert cfg(providers=("ours", "ours_hbwd", "cudnn")).providers[1] == "ours_hbwd"
+    assert "ours_hbwd" not in bench_attention.VARIANT_MODE  # fwd, bwd and fwd_bwd, like ours
+    for table in (
+        report_attention.PROVIDER_LABELS,
+        report_attention.PROVIDER_MARKERS,
+        report_attention.PROVIDER_COLORS,
+    ):
+        assert set(bench_attention.PROVIDERS) <= set(table)
+    fn = bench_attention.attention_fn("ours_hbwd", causal=True)
+    q = torch.randn(1, 2, 16, 256).bfloat16()  # head dim 256: refused on every GPU
+    with pytest.raises(RuntimeError, match="ours_hbwd: bwd_kernel='hopper' is compiled for"):
+        fn(q, q, q)
+    if not is_hopper():
+        q = q[..., :128].contiguous()
+        with pytest.raises(RuntimeError, match="ours_hbwd: bwd_kernel='hopper' needs a GPU"):
+            fn(q, q, q)
+
+
+def test_hopper_backward_table_and_ratios():
+    """The summary's ours_hbwd table: its TFLOP/s and ratios to ours, cuDNN and FLASH."""
+    shape = {"head_dim": 128, "seq_len": 4096, "causal": False, "mode": "fwd_bwd"}
+    rows = [
+        {**shape, "provider": p, "tflops": t}
+        for p, t in (("ours", 300.0), ("ours_hbwd", 450.0), ("cudnn", 500.0), ("flash", 250.0))
+    ]
+    (row,) = bench_attention.hbwd_table(rows)
+    assert row["ours_hbwd TFLOP/s"] == 450.0
+    assert row["hbwd/ours"] == pytest.approx(1.5)
+    assert row["hbwd/cuDNN"] == pytest.approx(0.9)
+    assert row["hbwd/FLASH"] == pytest.approx(1.8)
+    (r,) = bench_attention.ratios(rows, "cudnn", "ours_hbwd")
+    assert r["ratio"] == pytest.approx(0.9)
+    assert bench_attention.hbwd_table([r for r in rows if r["provider"] != "ours_hbwd"]) == []

@@ -154,6 +154,12 @@ cudaError_t flash_bwd_hdim64(const BwdParams& params, cudaStream_t stream);
 cudaError_t flash_bwd_hdim128(const BwdParams& params, cudaStream_t stream);
 // Head dim 256: one variant (8 warps in pairs, 64 keys a CTA); warps is ignored.
 cudaError_t flash_bwd_hdim256(const BwdParams& params, cudaStream_t stream);
+// Hopper backward (wgmma + TMA, warp-specialised; flash_bwd_hopper.cuh): compute capability 9.0
+// only (cudaErrorNotSupported elsewhere), head dims 64 and 128, dense attention only: no window,
+// softcap or varlen (cudaErrorInvalidValue; the FlashAttention-2 backward runs those). Same
+// parameters and outputs as the FlashAttention-2 backward (warps is ignored).
+cudaError_t flash_bwd_hopper_hdim64(const BwdParams& params, cudaStream_t stream);
+cudaError_t flash_bwd_hopper_hdim128(const BwdParams& params, cudaStream_t stream);
 
 // Dispatch on head_dim; any other head_dim gives cudaErrorInvalidValue.
 inline cudaError_t flash_fwd(const FwdParams& params, cudaStream_t stream) {
@@ -188,6 +194,17 @@ inline cudaError_t flash_bwd(const BwdParams& params, cudaStream_t stream) {
       return flash_bwd_hdim128(params, stream);
     case 256:
       return flash_bwd_hdim256(params, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+inline cudaError_t flash_bwd_hopper(const BwdParams& params, cudaStream_t stream) {
+  switch (params.head_dim) {
+    case 64:
+      return flash_bwd_hopper_hdim64(params, stream);
+    case 128:
+      return flash_bwd_hopper_hdim128(params, stream);
     default:
       return cudaErrorInvalidValue;
   }

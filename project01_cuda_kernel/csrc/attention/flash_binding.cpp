@@ -179,10 +179,13 @@ void fwd_hopper(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
 // writes dk, dv directly (no buffer, no copy).
 // warps: 8 or 4 warps (128 or 64 keys) per CTA of the main kernel (see flash_api.h).
 // window_left/right and softcap: as in fwd (the forward's own, which produced o and lse).
-void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-         const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
-         at::Tensor& dv, bool causal, bool bottom_right, double softmax_scale, int64_t warps,
-         int64_t window_left, int64_t window_right, double softcap) {
+// hopper: run the Hopper backward (flash_bwd_hopper.cuh) instead of the FlashAttention-2 one;
+// same buffers, pre-pass and dQ conversion, dense attention at head dim 64 or 128 only.
+void bwd_impl(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq,
+              at::Tensor& dk, at::Tensor& dv, bool causal, bool bottom_right,
+              double softmax_scale, int64_t warps, int64_t window_left, int64_t window_right,
+              double softcap, bool hopper) {
   TORCH_CHECK(warps == 4 || warps == 8, "warps must be 4 or 8, got ", warps);
   const std::pair<const at::Tensor*, const char*> tensors[] = {
       {&dout, "dout"}, {&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"},
@@ -247,8 +250,18 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   p.dtype = to_dtype(q);
   p.warps = static_cast<int>(warps);
   set_window(p, causal, bottom_right, window_left, window_right, softcap, softmax_scale, Sq, Sk);
-  const cudaError_t err = flash::flash_bwd(p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "flash_bwd launch failed: ", cudaGetErrorString(err));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (hopper) {
+    TORCH_CHECK(!p.local, "the Hopper backward has no window or softcap (the FlashAttention-2 "
+                          "backward runs them)");
+    const cudaError_t err = flash::flash_bwd_hopper(p, stream);
+    TORCH_CHECK(err != cudaErrorNotSupported,
+                "the Hopper backward needs a GPU of compute capability 9.0 (H100/H200)");
+    TORCH_CHECK(err == cudaSuccess, "flash_bwd_hopper launch failed: ", cudaGetErrorString(err));
+  } else {
+    const cudaError_t err = flash::flash_bwd(p, stream);
+    TORCH_CHECK(err == cudaSuccess, "flash_bwd launch failed: ", cudaGetErrorString(err));
+  }
   dq.copy_(dq_accum);
   if (grouped) {
     // Query heads g * H / Hk .. (g + 1) * H / Hk - 1 share k/v head g: sum them (in float32,
@@ -259,6 +272,26 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
     dk.copy_(dk_heads.view({B, Hk, G, Sk, D}).sum(dims, /*keepdim=*/false, at::kFloat));
     dv.copy_(dv_heads.view({B, Hk, G, Sk, D}).sum(dims, /*keepdim=*/false, at::kFloat));
   }
+}
+
+void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+         const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk,
+         at::Tensor& dv, bool causal, bool bottom_right, double softmax_scale, int64_t warps,
+         int64_t window_left, int64_t window_right, double softcap) {
+  bwd_impl(dout, q, k, v, o, lse, dq, dk, dv, causal, bottom_right, softmax_scale, warps,
+           window_left, window_right, softcap, /*hopper=*/false);
+}
+
+// Backward (Hopper kernel, compute capability 9.0 only): same outputs as bwd, dense attention
+// (no window, softcap or varlen) at head dim 64 or 128 (attention.py runs bwd for the others).
+void bwd_hopper(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse, at::Tensor& dq,
+                at::Tensor& dk, at::Tensor& dv, bool causal, bool bottom_right,
+                double softmax_scale) {
+  TORCH_CHECK(q.size(-1) == 64 || q.size(-1) == 128,
+              "the Hopper backward is compiled for head dims 64 and 128, got ", q.size(-1));
+  bwd_impl(dout, q, k, v, o, lse, dq, dk, dv, causal, bottom_right, softmax_scale, 8, -1, -1, 0.0,
+           /*hopper=*/true);
 }
 
 // ---- variable length (packed sequences) -------------------------------------------------------
@@ -447,7 +480,7 @@ void bwd_varlen(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "FlashAttention forward (FlashAttention-2, Hopper) and backward, fp16 and bf16";
+  m.doc() = "FlashAttention forward and backward (FlashAttention-2, Hopper), fp16 and bf16";
   m.def("fwd", &fwd,
         "forward: (q, k, v, o, lse, causal, bottom_right, softmax_scale, m_tiles_per_warp, "
         "window_left, window_right, softcap) -> None");
@@ -457,6 +490,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd", &bwd,
         "backward: (dout, q, k, v, o, lse, dq, dk, dv, causal, bottom_right, softmax_scale, "
         "warps, window_left, window_right, softcap) -> None");
+  m.def("bwd_hopper", &bwd_hopper,
+        "backward, Hopper wgmma/TMA kernel: (dout, q, k, v, o, lse, dq, dk, dv, causal, "
+        "bottom_right, softmax_scale) -> None");
   m.def("fwd_varlen", &fwd_varlen,
         "varlen forward: (q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
         "max_seqlen_k, causal, softmax_scale, m_tiles_per_warp, window_left, window_right, "

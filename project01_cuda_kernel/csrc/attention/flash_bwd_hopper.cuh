@@ -1,0 +1,542 @@
+// FlashAttention backward for Hopper (sm_90a): wgmma + TMA, a producer warpgroup and two consumer
+// warpgroups, in the FlashAttention-3 style (Shah et al., 2024). Semantics are those of the
+// FlashAttention-2 backward (flash_bwd_kernel.cuh), which stays the reference and the path for
+// everything this kernel does not take (other GPUs, head dim 256, varlen, windows, softcap).
+//
+// One CTA per (key block of kBN = 128 keys, query head, batch). K and V of the block stay in
+// shared memory; the CTA walks the query blocks (kBM = 64 rows) that see its keys, loaded by TMA
+// into a 2-stage ring of Q and dO tiles (with the forward's log-sum-exp and the pre-pass's
+// D = rowsum(dO * O), staged into shared memory by one producer warp). Consumer warpgroup cw owns
+// keys cw * 64 .. cw * 64 + 63 of the block and holds their dK and dV (64 x D each, float32) in
+// registers for the whole kernel. Per query block, each consumer warpgroup computes (all wgmma,
+// M = 64 rows per warpgroup):
+//   S^T  = K_cw Q^T        ss m64n64k16  (K and Q K-major in shared memory)
+//   dP^T = V_cw dO^T       ss m64n64k16  (V and dO K-major)
+//   P^T  = exp(scale S^T - lse)            (registers; masked on the causal diagonal / key end)
+//   dV  += P^T dO          rs m64nDk16   (P^T from registers: the accumulator layout of S^T is
+//                                         the A-fragment layout; dO N-major in shared memory)
+//   dS^T = P^T (dP^T - D)                  (registers, float32)
+//   dK  += dS^T Q          rs m64nDk16   (dS^T from registers; Q N-major)
+//   dS^T -> shared memory (bf16/f16, 128-byte swizzled, double-buffered), a named barrier over the
+//           two consumer warpgroups, then
+//   dQ[:, cw half] = dS K  ss m64n(D/2)k16 (dS read M-major, "transposed", from the dS^T tile;
+//                                          K N-major), over all 128 keys of the block,
+//   added in float32 to dq_accum with float2 atomics (the FlashAttention-2 backward's buffer and
+//   its final conversion, flash_binding.cpp).
+// Working on S^T (keys as the M dimension) keeps P^T and dS^T in registers for the dV and dK
+// products; only dS makes a round trip through shared memory, as the A operand of dQ.
+//
+// Grouped-query attention as in the FlashAttention-2 backward: the CTA of query head h reads
+// K/V of head h / h_h_k_ratio (the TMA maps span the Hk k/v heads) and writes dK/dV to query
+// head h of (B, H, Sk, D) buffers the binding sums per group. Causal (top-left or bottom-right
+// through causal_offset): key j is seen by rows i >= j - causal_offset, so the CTA starts at the
+// query block holding row n0 - causal_offset (none left: dK = dV = 0). Rows past Sq get
+// lse = +inf in shared memory (P = 0 there, no row mask needed); keys past Sk are masked in the
+// last key block only (the TMA zero-fills them, but exp(0 - lse) can overflow).
+//
+// Registers (setmaxnreg): producer 24, consumers 240. A consumer thread holds dV and dK (D / 2
+// floats each), S^T and dP^T (32 floats each), P^T as A fragments (16), dS^T as A fragments (16),
+// and dQ's accumulator (D / 4 floats) once S^T and dP^T are dead.
+//
+// Not done (FlashAttention-3 has them): dQ reduced through shared memory and a TMA reduce-add by
+// a dedicated warp (here: float2 atomics straight from the consumers' registers); intra- and
+// inter-warpgroup overlap of the softmax with the products (here the products of one query
+// block are issued in dependency order, the two consumer warpgroups interleave naturally);
+// a deterministic mode.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "attention/flash_api.h"
+#include "attention/flash_bwd_kernel.cuh"  // the D = rowsum(dO * O) pre-pass, atomic_add_f32x2
+#include "attention/flash_common.cuh"
+#include "attention/flash_fwd_hopper.cuh"  // make_map (the TMA tensor maps), FLASH_SM90A
+#include "common/sm90.cuh"
+#include "common/wgmma.cuh"
+
+// ---- the wgmma forms this kernel adds (both input types) -------------------------------------
+// "{%0, ..., %15}": a 16-float accumulator (m64n32).
+#define P01_WGMMA_REGS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define P01_WGMMA_OUT16(d) P01_WGMMA_OUT8(d, 0), P01_WGMMA_OUT8(d, 8)
+
+namespace p01::sm90 {
+
+// ss m64n64k16, A and B K-major (S^T = K Q^T, dP^T = V dO^T): imm-trans-a = imm-trans-b = 0.
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_m64n64k16_kk(float (&d)[32], uint64_t desc_a,
+                                                      uint64_t desc_b, int scale_d);
+// ss m64nNk16, A M-major and B N-major (dQ = dS K with dS read from the dS^T tile):
+// imm-trans-a = imm-trans-b = 1. N = 64 (32 floats) or 32 (16 floats).
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_m64nNk16_mn(float (&d)[N / 2], uint64_t desc_a,
+                                                     uint64_t desc_b, int scale_d);
+
+#define P01_WGMMA_BWD_FORMS(T, PTX)                                                              \
+  template <>                                                                                    \
+  __device__ __forceinline__ void wgmma_ss_m64n64k16_kk<T>(float (&d)[32], uint64_t desc_a,      \
+                                                           uint64_t desc_b, int scale_d) {       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " P01_WGMMA_REGS_32 \
+                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                               \
+                 : P01_WGMMA_OUT32(d, 0)                                                         \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
+  }                                                                                              \
+  template <>                                                                                    \
+  __device__ __forceinline__ void wgmma_ss_m64nNk16_mn<T, 64>(float (&d)[32], uint64_t desc_a,   \
+                                                              uint64_t desc_b, int scale_d) {    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " P01_WGMMA_REGS_32 \
+                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"                                               \
+                 : P01_WGMMA_OUT32(d, 0)                                                         \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
+  }                                                                                              \
+  template <>                                                                                    \
+  __device__ __forceinline__ void wgmma_ss_m64nNk16_mn<T, 32>(float (&d)[16], uint64_t desc_a,   \
+                                                              uint64_t desc_b, int scale_d) {    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                    \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX " " P01_WGMMA_REGS_16 \
+                 ", %16, %17, p, 1, 1, 1, 1;\n}\n"                                               \
+                 : P01_WGMMA_OUT16(d)                                                            \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
+  }
+
+P01_WGMMA_BWD_FORMS(__nv_bfloat16, "bf16")
+P01_WGMMA_BWD_FORMS(__half, "f16")
+
+#undef P01_WGMMA_BWD_FORMS
+
+}  // namespace p01::sm90
+
+namespace flash::hopper_bwd {
+
+using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh, wgmma.cuh)
+
+template <int D>
+struct Config {
+  static constexpr int kConsumers = 2;    // consumer warpgroups, 64 keys each
+  static constexpr int kBN = 64 * kConsumers;  // keys per CTA
+  static constexpr int kBM = 64;          // query rows per step
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr int kStages = 2;         // Q/dO ring depth
+  static constexpr int kChunks = D / 64;    // 64-column (128-byte) TMA boxes along D
+  static constexpr int kKVBytes = kBN * D * 2;  // one K or one V tile
+  static constexpr int kQBytes = kBM * D * 2;   // one Q or one dO tile
+  static constexpr int kDsBytes = kBN * kBM * 2;  // one dS^T tile (kBN rows of 128 bytes)
+  static constexpr int kDqCols = D / kConsumers;  // dQ columns per consumer warpgroup
+  static constexpr int kTileBytes =
+      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kBM * 4;
+  // kv_full, q_full[kStages], do_full[kStages], q_empty[kStages]
+  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr int kSmemBytes = kTileBytes + 1024 + kBarriers * 8;  // + 1024-byte alignment
+  static_assert(kBM == 64, "one wgmma M (64) of query rows per step");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536);
+  static_assert(kSmemBytes <= 227 * 1024);
+  static_assert(kDqCols == 32 || kDqCols == 64, "dQ wgmma forms: n32 and n64");
+};
+
+// Shared memory: K, V (kChunks boxes of kBN rows each), the Q and dO rings (kChunks boxes of kBM
+// rows per stage), two dS^T tiles (kBN rows x kBM columns, 128-byte swizzled like a TMA box),
+// lse * log2(e) and D per stage, and the mbarriers.
+template <int D>
+struct Smem {
+  using C = Config<D>;
+  unsigned char* k;
+  unsigned char* v;
+  unsigned char* q;   // kStages Q tiles
+  unsigned char* dO;  // kStages dO tiles
+  unsigned char* ds;  // 2 dS^T tiles
+  float* lse;         // kStages x kBM: lse * log2(e), +inf past Sq
+  float* dpre;        // kStages x kBM: rowsum(dO * O), 0 past Sq
+  uint64_t* bars;
+
+  __device__ __forceinline__ explicit Smem(unsigned char* raw) {
+    unsigned char* tiles = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    k = tiles;
+    v = k + C::kKVBytes;
+    q = v + C::kKVBytes;
+    dO = q + C::kStages * C::kQBytes;
+    ds = dO + C::kStages * C::kQBytes;
+    lse = reinterpret_cast<float*>(ds + 2 * C::kDsBytes);
+    dpre = lse + C::kStages * C::kBM;
+    bars = reinterpret_cast<uint64_t*>(dpre + C::kStages * C::kBM);
+  }
+  __device__ __forceinline__ uint32_t kv_full() const { return smem_u32(bars); }
+  __device__ __forceinline__ uint32_t q_full(int s) const { return smem_u32(bars + 1 + s); }
+  __device__ __forceinline__ uint32_t do_full(int s) const {
+    return smem_u32(bars + 1 + C::kStages + s);
+  }
+  __device__ __forceinline__ uint32_t q_empty(int s) const {
+    return smem_u32(bars + 1 + 2 * C::kStages + s);
+  }
+
+  // q_full / do_full: the TMA thread's expect_tx arrive and the 32 lanes of the lse/D warp;
+  // q_empty: every consumer thread.
+  __device__ __forceinline__ void init_barriers() const {
+    mbar_init(kv_full(), 1);
+    for (int s = 0; s < C::kStages; ++s) {
+      mbar_init(q_full(s), 1 + 32);
+      mbar_init(do_full(s), 1 + 32);
+      mbar_init(q_empty(s), C::kConsumers * 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+};
+
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Generic-proxy shared-memory writes (the dS^T tile) made visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// The query blocks a CTA of keys n0 .. n0 + kBN - 1 walks: [m_begin, m_blocks).
+template <int D>
+__device__ __forceinline__ int first_query_block(const BwdParams& p, int n0) {
+  return p.causal ? max(0, n0 - p.causal_offset) / Config<D>::kBM : 0;
+}
+
+// ---- producer ---------------------------------------------------------------------------------
+// Warp 0, lane 0: K and V once, then Q and dO of each query block through the ring. Warp 1: the
+// block's lse (times log2 e; +inf past Sq) and D (0 past Sq) into shared memory, 2 rows a lane.
+template <int D>
+__device__ __forceinline__ void producer(const Smem<D>& sm, const BwdParams& p, int n_block,
+                                         int head, int batch, int m_begin, int m_blocks,
+                                         const CUtensorMap* tma_q, const CUtensorMap* tma_k,
+                                         const CUtensorMap* tma_v, const CUtensorMap* tma_do) {
+  using C = Config<D>;
+  constexpr int kBM = C::kBM, kBN = C::kBN, kChunks = C::kChunks, kStages = C::kStages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0 && lane == 0) {
+    const int head_k = kv_head_of(head, p.h_h_k_ratio_inv);  // grouped-query attention
+    mbar_expect_tx(sm.kv_full(), 2 * C::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      tma_load_4d(smem_u32(sm.k + c * kBN * 128), tma_k, c * 64, n_block * kBN, head_k, batch,
+                  sm.kv_full());
+      tma_load_4d(smem_u32(sm.v + c * kBN * 128), tma_v, c * 64, n_block * kBN, head_k, batch,
+                  sm.kv_full());
+    }
+    for (int mb = m_begin, it = 0; mb < m_blocks; ++mb, ++it) {
+      const int s = it % kStages;
+      const uint32_t phase = (it / kStages) & 1;
+      mbar_wait(sm.q_empty(s), phase ^ 1);  // the first round passes at once
+      mbar_expect_tx(sm.q_full(s), C::kQBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+        tma_load_4d(smem_u32(sm.q + s * C::kQBytes + c * kBM * 128), tma_q, c * 64, mb * kBM,
+                    head, batch, sm.q_full(s));
+      mbar_expect_tx(sm.do_full(s), C::kQBytes);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+        tma_load_4d(smem_u32(sm.dO + s * C::kQBytes + c * kBM * 128), tma_do, c * 64, mb * kBM,
+                    head, batch, sm.do_full(s));
+    }
+  } else if (warp == 1) {
+    const int64_t bh = static_cast<int64_t>(batch) * p.heads + head;
+    const float* lse = p.lse + bh * p.seqlen_q;
+    const float* dpre = p.dpre + bh * p.seqlen_q;
+    for (int mb = m_begin, it = 0; mb < m_blocks; ++mb, ++it) {
+      const int s = it % kStages;
+      const uint32_t phase = (it / kStages) & 1;
+      mbar_wait(sm.q_empty(s), phase ^ 1);
+#pragma unroll
+      for (int r = 0; r < kBM / 32; ++r) {
+        const int row = mb * kBM + r * 32 + lane;
+        sm.lse[s * kBM + r * 32 + lane] = row < p.seqlen_q ? lse[row] * kLog2e : INFINITY;
+      }
+      mbar_arrive(sm.q_full(s));
+#pragma unroll
+      for (int r = 0; r < kBM / 32; ++r) {
+        const int row = mb * kBM + r * 32 + lane;
+        sm.dpre[s * kBM + r * 32 + lane] = row < p.seqlen_q ? dpre[row] : 0.f;
+      }
+      mbar_arrive(sm.do_full(s));
+    }
+  }
+}
+
+// ---- consumer -----------------------------------------------------------------------------------
+// Accumulator layout of m64nNk16 (per warp w of the warpgroup, g = lane / 4, t = lane % 4):
+// d[4j + 0..1] = row 16w + g, columns 8j + 2t + 0..1; d[4j + 2..3] = row 16w + g + 8, same
+// columns. For S^T, dP^T, dV and dK the rows are this warpgroup's keys; for dQ the query rows.
+template <typename T, int D>
+__device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, int n_block,
+                                         int head, int batch, int m_begin, int m_blocks, int cw) {
+  using C = Config<D>;
+  constexpr int kBM = C::kBM, kBN = C::kBN, kStages = C::kStages, kChunks = C::kChunks;
+  constexpr int kDqCols = C::kDqCols;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n0 = n_block * kBN;
+  const int key_lo = n0 + cw * 64;              // this warpgroup's first key
+  const int key0 = key_lo + warp * 16 + g;      // this thread's keys: key0 and key0 + 8
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const bool key_mask = key_lo + 64 > p.seqlen_k;  // keys past Sk in this warpgroup's rows
+
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+
+  const uint32_t k_wg = smem_u32(sm.k + cw * 64 * 128);  // this warpgroup's 64 K rows
+  const uint32_t v_wg = smem_u32(sm.v + cw * 64 * 128);
+  // dQ's B operand: K columns cw * kDqCols .. + kDqCols (a whole 64-column box at head dim 128,
+  // half a box, +64 bytes into each 128-byte row, at head dim 64).
+  const uint32_t k_dq = smem_u32(sm.k) + (kChunks == 2 ? cw * kBN * 128 : cw * kDqCols * 2);
+  const int64_t bh = static_cast<int64_t>(batch) * p.heads + head;
+  float* dq_accum = p.dq_accum + bh * p.seqlen_q * D;
+
+  mbar_wait(sm.kv_full(), 0);  // also when there is no query block: no TMA left in flight
+
+  for (int mb = m_begin, it = 0; mb < m_blocks; ++mb, ++it) {
+    const int s = it % kStages;
+    const uint32_t phase = (it / kStages) & 1;
+    const int m0 = mb * kBM;
+    const uint32_t q_base = smem_u32(sm.q + s * C::kQBytes);
+    const uint32_t do_base = smem_u32(sm.dO + s * C::kQBytes);
+
+    // S^T = K_cw Q^T and dP^T = V_cw dO^T, both 64 keys x 64 query rows, k over D.
+    float st[32], dpt[32];
+    mbar_wait(sm.q_full(s), phase);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
+      wgmma_ss_m64n64k16_kk<T>(st, make_desc(k_wg + c * kBN * 128 + off, 16, 1024),
+                               make_desc(q_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    mbar_wait(sm.do_full(s), phase);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int c = kk / 4, off = (kk % 4) * 32;
+      wgmma_ss_m64n64k16_kk<T>(dpt, make_desc(v_wg + c * kBN * 128 + off, 16, 1024),
+                               make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+
+    // P^T = exp2(S^T * scale log2 e - lse log2 e), 0 where the key is past Sk or (causal) after
+    // the query row; rows past Sq have lse = +inf, hence P = 0.
+    wgmma_wait<1>();
+    fence_regs(st);
+    const float* lse_s = sm.lse + s * kBM;
+    const bool need_mask = key_mask || (p.causal && key_lo + 63 > m0 + p.causal_offset);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e & 1);  // query row m0 + col
+        float pv = exp2f(fmaf(st[4 * j + e], scale_log2, -lse_s[col]));
+        if (need_mask) {
+          const int key = key0 + (e >> 1) * 8;
+          if (key >= p.seqlen_k || (p.causal && key > m0 + col + p.causal_offset)) pv = 0.f;
+        }
+        st[4 * j + e] = pv;
+      }
+    // P^T as the A operand of dV += P^T dO: k16 step kk = query rows 16kk .. 16kk + 15, the n8
+    // chunks 2kk and 2kk + 1 of the accumulator.
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        pa[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    wgmma_wait<0>();
+    fence_regs(dpt);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs_m64nNk16<T, D>(dv, pa[kk], make_desc(do_base + kk * 16 * 128, kBM * 128, 1024), 1);
+    wgmma_commit();
+
+    // dS^T = P^T (dP^T - D), into the A fragments of dK += dS^T Q and the dS^T tile.
+    const float* dpre_s = sm.dpre + s * kBM;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * j + 2 * t + (e & 1);
+        st[4 * j + e] *= dpt[4 * j + e] - dpre_s[col];
+      }
+    uint32_t da[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        da[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+
+    // dS^T to shared memory: row = key within the block (cw * 64 + 16 warp + g, + 8), 128 bytes
+    // of 64 query columns, 16-byte chunk j at j ^ (row % 8) (the TMA's 128-byte swizzle).
+    // Double-buffered: the tile written here was last read by the dQ product two blocks ago,
+    // which both warpgroups finished before the barrier of the previous block.
+    // Stored BEFORE the dK product is issued: da is that product's A operand, and PTX makes any
+    // access to the A registers of a wgmma in flight (before the wait_group that covers it)
+    // undefined behaviour, reads included (FlashAttention-3 also stores dS before its rs dK).
+    unsigned char* ds_tile = sm.ds + (it & 1) * C::kDsBytes;
+    {
+      const int row = cw * 64 + warp * 16 + g;  // and row + 8 (same row % 8)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int chunk = (j ^ (row & 7)) * 16 + 4 * t;
+        // da[kk][0..3] = rows (g, g + 8) x chunks 2kk, 2kk + 1: chunk j is da[j / 2][(j & 1) * 2
+        // + 0] for row g and [.. + 1] for row g + 8.
+        *reinterpret_cast<uint32_t*>(ds_tile + row * 128 + chunk) = da[j / 2][(j & 1) * 2];
+        *reinterpret_cast<uint32_t*>(ds_tile + (row + 8) * 128 + chunk) =
+            da[j / 2][(j & 1) * 2 + 1];
+      }
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk)
+      wgmma_rs_m64nNk16<T, D>(dk, da[kk], make_desc(q_base + kk * 16 * 128, kBM * 128, 1024), 1);
+    wgmma_commit();
+    fence_proxy_async_smem();
+    named_barrier_sync(1, C::kConsumers * 128);  // both warpgroups' dS^T rows are written
+
+    // dQ[:, cw * kDqCols ..] = dS K over the block's 128 keys: A = dS, M-major (the dS^T tile),
+    // B = K, N-major; k16 step kk = keys 16kk .. 16kk + 15 (rows of both tiles). dS's M = 64 is
+    // one swizzle row, so its LBO is unused by the documented MN-major layout; it is given the
+    // SBO's value (1024) so that an A operand reading the two the other way round (no kernel of
+    // ours has run imm-trans-a = 1 on a GPU yet) would read the same elements.
+    float dq[kDqCols / 2];
+    const uint32_t ds_base = smem_u32(ds_tile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk)
+      wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),
+                                      make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(dq);
+    fence_regs(pa);
+    fence_regs(da);
+    mbar_arrive(sm.q_empty(s));  // Q, dO, lse and D of this stage are read
+
+    // dq_accum += scale * dQ (float32 atomics), rows m0 + 16 warp + g (+ 8).
+    const int qrow = m0 + warp * 16 + g;
+#pragma unroll
+    for (int j = 0; j < kDqCols / 8; ++j) {
+      const int col = cw * kDqCols + 8 * j + 2 * t;
+      if (qrow < p.seqlen_q)
+        atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow) * D + col,
+                         dq[4 * j] * p.softmax_scale, dq[4 * j + 1] * p.softmax_scale);
+      if (qrow + 8 < p.seqlen_q)
+        atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow + 8) * D + col,
+                         dq[4 * j + 2] * p.softmax_scale, dq[4 * j + 3] * p.softmax_scale);
+    }
+  }
+
+  // dK (times scale) and dV of this thread's keys, query head `head` of dk/dv.
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int col = 8 * j + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+            TypeTraits<T>::pack(dk[4 * j + 2 * r] * p.softmax_scale,
+                                dk[4 * j + 2 * r + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+            TypeTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------
+template <typename T, int D>
+__global__ void __launch_bounds__(Config<D>::kThreads, 1)
+    flash_bwd_hopper_kernel(const __grid_constant__ CUtensorMap tma_q,
+                            const __grid_constant__ CUtensorMap tma_k,
+                            const __grid_constant__ CUtensorMap tma_v,
+                            const __grid_constant__ CUtensorMap tma_do, const BwdParams p) {
+#ifdef FLASH_SM90A
+  using C = Config<D>;
+  extern __shared__ unsigned char smem_raw[];
+  const Smem<D> sm(smem_raw);
+  if (threadIdx.x == 0) sm.init_barriers();
+  __syncthreads();
+  const int n_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int m_blocks = (p.seqlen_q + C::kBM - 1) / C::kBM;
+  const int m_begin = first_query_block<D>(p, n_block * C::kBN);
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    producer<D>(sm, p, n_block, head, batch, m_begin, m_blocks, &tma_q, &tma_k, &tma_v, &tma_do);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    consumer<T, D>(sm, p, n_block, head, batch, m_begin, m_blocks, wg - 1);
+  }
+#else
+  // Built for an architecture without wgmma/TMA: the host launcher never starts this.
+  __trap();
+#endif
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+template <typename T, int D>
+cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
+  using C = Config<D>;
+  CUtensorMap mq, mk, mv, mdo;
+  if (!hopper::make_map(&mq, p.q, D, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+                        p.q_head_stride, p.q_batch_stride, C::kBM, p.dtype) ||
+      !hopper::make_map(&mdo, p.dout, D, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
+                        p.do_head_stride, p.do_batch_stride, C::kBM, p.dtype) ||
+      !hopper::make_map(&mk, p.k, D, p.seqlen_k, p.heads_k, p.batch, p.k_row_stride,
+                        p.k_head_stride, p.k_batch_stride, C::kBN, p.dtype) ||
+      !hopper::make_map(&mv, p.v, D, p.seqlen_k, p.heads_k, p.batch, p.v_row_stride,
+                        p.v_head_stride, p.v_batch_stride, C::kBN, p.dtype))
+    return cudaErrorInvalidValue;
+  {  // D = rowsum(dO * O), the FlashAttention-2 backward's pre-pass (flash_bwd_kernel.cuh)
+    constexpr int kThreads = 256;
+    constexpr int kRowsPerBlock = kThreads / (D / 8);
+    const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen_q;
+    const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (blocks > 0) {
+      flash_bwd_dot_do_o_kernel<T, D><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+  }
+  auto kernel = flash_bwd_hopper_kernel<T, D>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  // Key blocks in increasing order: under a causal mask the first ones see the most query blocks
+  // and start first.
+  const dim3 grid((p.seqlen_k + C::kBN - 1) / C::kBN, p.heads, p.batch);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, mdo, p);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t dispatch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
+  int device = 0, major = 0, minor = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return err;
+  if (major != 9 || minor != 0) return cudaErrorNotSupported;
+  // Dense only: windows, softcap and varlen run the FlashAttention-2 backward.
+  if (p.head_dim != D || p.heads_k < 1 || p.heads != p.heads_k * p.h_h_k_ratio || p.local ||
+      p.softcap > 0.f || p.varlen)
+    return cudaErrorInvalidValue;
+  return p.dtype == DType::kBFloat16 ? launch_bwd_hopper<__nv_bfloat16, D>(p, stream)
+                                     : launch_bwd_hopper<__half, D>(p, stream);
+}
+
+}  // namespace flash::hopper_bwd
