@@ -58,6 +58,11 @@ ATTENTION_RECORDS = {
         "--head-dims 256 --seq-lens 1024 4096 16384 --providers ours flash cudnn --repeats 3 "
         "--no-charts --name attention_hd256",
     ),
+    "attention:hbwd": (
+        "attention_hbwd",
+        "--providers ours ours_hbwd flash cudnn --head-dims 64 128 --seq-lens 4096 8192 16384 "
+        "--repeats 5 --name attention_hbwd",
+    ),
 }
 
 

@@ -482,7 +482,7 @@ def render_record(record: dict) -> str:
                 _throughput_table(rows, d, mode, present_only=True),
                 "",
             ]
-    checks = res.get("checks", [])
+    checks = [c for c in res.get("checks", []) if "max_abs_diff_vs_flash" in c]
     if checks:
         worst = max(c["max_abs_diff_vs_flash"] for c in checks)
         parts += [
@@ -490,8 +490,61 @@ def render_record(record: dict) -> str:
             f"output over all {len(checks)} shapes is {worst:.2e} (max abs, bf16 outputs).",
             "",
         ]
+    parts += _hbwd_lines(res)
     parts += _skipped_and_memory(res)
     return "\n".join(parts).rstrip() + "\n"
+
+
+def _hbwd_lines(res: dict) -> list[str]:
+    """The Hopper backward's table (a record with ours_hbwd): per shape and mode (backward,
+    forward + backward), the median ratio and its min-max range over the repetitions against
+    ours (the FA2 backward), cuDNN and FLASH, then its largest gradient differences from ours."""
+    keys = ("head_dim", "seq_len", "causal", "mode")
+    by = {
+        base: {tuple(r[k] for k in keys): r for r in res.get(f"ratios_hbwd_vs_{base}", [])}
+        for base in ("ours", "cudnn", "flash")
+    }
+    shapes = [k for k in by["cudnn"] if k[3] in ("bwd", "fwd_bwd")]
+    if not shapes:
+        return []
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "n/a"
+        return f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+
+    lines = [
+        'Hopper backward (`ours_hbwd`: forward as ours, backward `bwd_kernel="hopper"`), ratios '
+        "of its TFLOP/s, median (min-max) over the repetitions:",
+        "",
+        "| D | S | causal | mode | hbwd TFLOP/s | hbwd / ours (FA2 bwd) | hbwd / cuDNN "
+        "| hbwd / FLASH |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for k in sorted(shapes, key=lambda k: (k[0], k[2], k[1], k[3])):
+        d, sl, causal, mode = k
+        lines.append(
+            f"| {d} | {sl} | {'yes' if causal else 'no'} | {mode} | "
+            f"{_fmt(by['cudnn'][k].get('ours'))} | {cell(by['ours'].get(k))} | "
+            f"{cell(by['cudnn'][k])} | {cell(by['flash'].get(k))} |"
+        )
+    lines.append("")
+    grads = [c for c in res.get("checks", []) if "hbwd_dq_max_abs_diff_vs_ours" in c]
+    if grads:
+        worst = {
+            g: max(
+                c[f"hbwd_{g}_max_abs_diff_vs_ours"] / max(c[f"{g}_max_abs"], 1e-30) for c in grads
+            )
+            for g in ("dq", "dk", "dv")
+        }
+        lines += [
+            "Gradients against ours (the FA2 backward) at every benchmarked shape: largest "
+            "difference over the largest magnitude, "
+            + ", ".join(f"{g} {v:.1e}" for g, v in worst.items())
+            + f" ({len(grads)} shapes).",
+            "",
+        ]
+    return lines
 
 
 def hardware_peak(env: dict, dtype: str = "bfloat16") -> tuple[float, str] | None:
