@@ -92,11 +92,15 @@ BANDWIDTH = Tolerance(
     ),
 )
 PREFIX_OVERHEAD = Tolerance(
-    abs=2.0,
+    abs=4.0,
     reason=(
         "a difference of a few percent between two wall times of seconds each: a relative "
-        "tolerance on a value near zero means nothing, so it agrees within 2 percentage points, "
-        "the size of the target (<= 2%) itself"
+        "tolerance on a value near zero means nothing, so it is absolute, in percentage points. "
+        "Measured (H200, 2026-12-03): five paired runs gave -2.0% to +7.3%, the middle three "
+        "-1.8% to +1.9%, and their median (-1.8%) was 3.5 points from the median of three before "
+        "it (+1.7%): a median of five moves by about the middle three's 3.7 points, so it agrees "
+        "within 4. Agreement says the cost reproduces to that; the <= 2% target is read from "
+        "the record"
     ),
 )
 CHECKPOINT = Tolerance(
@@ -110,20 +114,22 @@ GEMM_SHARE = Tolerance(
     rel=0.10,
     reason=(
         "a kernel's share of cuBLAS at one shape, the two alternating in one process, so most of "
-        "the clock and thermal state falls on both; but the committed figure is a single run, not a "
-        "median of five, and the clock a compute-bound kernel settles at under the power limit "
-        "depends on its own power draw, so it need not cancel completely. Measured: step 9 read "
-        "90.9% and 92.4% of cuBLAS at 4096³ in two sessions of one day, while cuBLAS itself moved "
-        "by 5% (699 and 734 TFLOP/s); the allowance is twice that 5%"
+        "the clock and thermal state falls on both; but the clock a compute-bound kernel settles "
+        "at under the power limit depends on its own power draw, so it need not cancel "
+        "completely. Measured: step 9 read 90.9% and 92.4% of cuBLAS at 4096³ in two sessions of "
+        "one day, while cuBLAS itself moved by 5% (699 and 734 TFLOP/s); the allowance is twice "
+        "that 5%. The committed medians of five spread 82-96% of cuBLAS at 4096³ (bf16); a re-run "
+        "of five (H200, 2026-12-03) moved the medians by 0.4-3.6%"
     ),
 )
 ATTENTION_RATIO = Tolerance(
     rel=0.10,
     reason=(
         "ours over an SDPA backend at one shape, alternating in one process; the committed figures "
-        "are a single run of short measurements (5 ms warm-up, 25 ms of calls: 4 to 30 calls), in "
-        "which SDPA FLASH alone moved by 5% between two runs at one shape (341 and 358 TFLOP/s, "
-        "project01's csrc/attention/NOTES.md); the allowance is twice that"
+        "are medians of five repetitions of short measurements (5 ms warm-up, 25 ms of calls: 4 "
+        "to 30 calls), in which SDPA FLASH alone moved by 5% between two runs at one shape (341 "
+        "and 358 TFLOP/s, project01's csrc/attention/NOTES.md); the allowance is twice that. A "
+        "re-run of five (H200, 2026-12-03) moved the medians by 0.1-5.9%"
     ),
 )
 MFU = Tolerance(
