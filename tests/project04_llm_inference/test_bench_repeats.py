@@ -145,9 +145,13 @@ def test_prefix_overhead_is_the_median_of_paired_runs(engine, tmp_path, monkeypa
     off = [4.0, 4.1, 3.9, 4.0, 4.2]
     extra = [0.01, 0.02, 0.03, -0.01, 0.015]  # caching on: run i slower by extra[i]
     seen = {"off": 0, "on": 0}
+    order, prompts, built = [], [], {}
 
     def fake_generate(llm, wl, *, use_tqdm=True):
         key = "on" if llm.engine.args.enable_prefix_caching else "off"
+        built[key] = llm.engine.args
+        order.append(key)
+        prompts.append(sorted(wl.prompts))
         i = seen[key]
         seen[key] += 1
         wall = off[i] * (1 + extra[i]) if key == "on" and i < 5 else off[min(i, 4)]
@@ -176,6 +180,16 @@ def test_prefix_overhead_is_the_median_of_paired_runs(engine, tmp_path, monkeypa
     )
     un = res["unshared"]
     assert un["overhead_pct_reps"] == pytest.approx([1.0, 2.0, 3.0, -1.0, 1.5])
+    # both engines resident, runs alternating, who goes first alternating by pair; then the
+    # shared workload on each
+    assert order == ["off", "on", "on", "off", "off", "on", "on", "off", "off", "on", "off", "on"]
+    # pair i ran the same prompts on both engines, a fresh set per pair
+    assert all(prompts[2 * i] == prompts[2 * i + 1] for i in range(5))
+    assert len({tuple(map(tuple, prompts[2 * i])) for i in range(5)}) == 5
+    off_args, on_args = (built[k] for k in ("off", "on"))
+    assert off_args.gpu_memory_utilization == pytest.approx(0.45)  # half of the default 0.9
+    assert on_args.num_gpu_blocks == 100  # the off engine's blocks (the fake engine's stats)
+    assert res["num_kv_blocks"] == 100
     assert (un["overhead_pct"], un["overhead_pct_min"], un["overhead_pct_max"]) == pytest.approx(
         (1.5, -1.0, 3.0)
     )
