@@ -401,7 +401,31 @@ def headline(record: dict) -> str:
             if parts
             else "no SDPA baseline measured."
         )
+        + _hbwd_headline(record["results"])
     )
+
+
+def _hbwd_headline(res: dict) -> str:
+    """The Hopper backward's part of a record's summary line (empty without ours_hbwd): its
+    backward over ours' (the FA2 backward) and its forward + backward over cuDNN, per head dim,
+    as ranges of the per-shape medians."""
+
+    def span(key: str, mode: str, d: int) -> str | None:
+        v = [r["ratio"] for r in res.get(key, []) if r["mode"] == mode and r["head_dim"] == d]
+        return f"{min(v):.2f}–{max(v):.2f}x" if v else None
+
+    dims = sorted({r["head_dim"] for r in res.get("ratios_hbwd_vs_cudnn", [])}, reverse=True)
+    texts = []
+    for d in dims:
+        bwd, fb = span("ratios_hbwd_vs_ours", "bwd", d), span("ratios_hbwd_vs_cudnn", "fwd_bwd", d)
+        got = [
+            t for t in (bwd and f"backward {bwd} the FA2 one", fb and f"fwd+bwd {fb} cuDNN's") if t
+        ]
+        if got:
+            texts.append(f"head dim {d}: " + ", ".join(got))
+    if not texts:
+        return ""
+    return " The Hopper backward (`ours_hbwd`, opt-in): " + "; ".join(texts) + "."
 
 
 def _forward_kernel_text(rows: list[dict], recorded: str) -> str:

@@ -109,3 +109,18 @@ def test_hbwd_record_has_its_readme_block(tmp_path):
     sections = report.render_all(tmp_path)  # no record there: the block says how to make it
     assert "No `attention_hbwd.json` yet" in sections["attention:hbwd"]
     assert "<!-- attention:hbwd -->" in report.README.read_text()
+
+
+def test_headline_names_the_hopper_backward_per_head_dim():
+    from project01_cuda_kernel.report.attention import headline
+
+    line = headline(hbwd_record())
+    # per head dim, the ranges of the per-shape medians: backward over ours', fwd+bwd over cuDNN
+    assert line.endswith(
+        " The Hopper backward (`ours_hbwd`, opt-in): head dim 128: backward 1.25–1.25x the FA2 "
+        "one, fwd+bwd 0.72–0.72x cuDNN's; head dim 64: backward 1.25–1.25x the FA2 one, "
+        "fwd+bwd 0.72–0.72x cuDNN's."
+    )
+    rec = hbwd_record()
+    del rec["results"]["ratios_hbwd_vs_cudnn"]
+    assert "Hopper backward" not in headline(rec)
