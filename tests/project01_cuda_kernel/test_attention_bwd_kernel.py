@@ -1,6 +1,6 @@
 """CPU tier: the backward kernel choice (`bwd_kernel`: "auto" | "hopper" | "fa2") is checked before
 any CUDA work, and every refusal names the argument; the Hopper backward's sources are built by
-the extension. (Its numbers are tested on an H100/H200 by test_attention_hopper_bwd.py.)"""
+the extension. (Its numbers are tested on an H100/H200 by test_attention_hopper_bwd_gpu.py.)"""
 
 from __future__ import annotations
 
