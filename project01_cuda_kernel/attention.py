@@ -1,7 +1,7 @@
 """FlashAttention-2 forward and backward in CUDA C++, as a drop-in for SDPA on CUDA tensors.
 
 `flash_attention(q, k, v, *, causal=False, softmax_scale=None, window_size=(-1, -1),
-softcap=0.0)` computes `softmax(scale * q @ k^T [+ causal mask]) @ v` for q (B, H, Sq, D) and
+softcap=0.0, bwd_kernel="auto")` computes `softmax(scale * q @ k^T [+ causal mask]) @ v` for q (B, H, Sq, D) and
 k, v (B, Hk, Sk, D) (optionally within a sliding window, with soft-capped scores: below), like
 `torch.nn.functional.scaled_dot_product_attention` (with `enable_gqa=True` when Hk < H). It runs through the operators
 `project01::flash_attn_fwd` / `project01::flash_attn_bwd` (ops.py), so torch.compile sees one
@@ -18,8 +18,9 @@ operator; on CUDA tensors they run our kernels in both directions:
 - backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per 128-key block
   P recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with
   atomics;
-- backward on Hopper, opt-in (`flash_backward(..., bwd_kernel="hopper")`; "auto" keeps the
-  FlashAttention-2 backward until it is measured on the GPU): the FlashAttention-3 design, a TMA
+- backward on Hopper, opt-in (`flash_attention(..., bwd_kernel="hopper")` through autograd, or
+  `flash_backward(..., bwd_kernel="hopper")`; "auto" keeps the FlashAttention-2 backward until
+  the main attention record is re-measured with it): the FlashAttention-3 design, a TMA
   producer warpgroup and two wgmma consumer warpgroups per 128-key block
   (csrc/attention/flash_bwd_hopper*.cu), dense attention at head dims 64 and 128 only.
   No S x S tensor is ever stored.
@@ -151,8 +152,9 @@ HOPPER_HEAD_DIMS = (64, 128)
 # Backward kernel: "hopper" (wgmma + TMA, warp-specialised, csrc/attention/flash_bwd_hopper.cuh;
 # compute capability 9.0, head dims HOPPER_HEAD_DIMS, dense attention: no window, softcap or
 # varlen), "fa2" (mma.sync, any GPU from sm_80, everything), or "auto". "auto" is "fa2" for now:
-# the Hopper backward is compiled and tested off-GPU only until it is validated and measured on an
-# H100/H200 (NOTES.md, "Hopper backward").
+# the Hopper backward is validated and measured on an H200 but stays opt-in until the main
+# attention record is re-measured with it (NOTES.md, "Hopper backward"). `flash_attention`'s
+# bwd_kernel carries the choice through the operators' autograd.
 BWD_KERNELS = ("auto", "hopper", "fa2")
 # Backward kernel variant: warps per CTA, 16 keys each. 8 = 128 keys a CTA (half the dQ atomics
 # of 4 = 64 keys a CTA). (Head dim 256: one variant, 8 warps in pairs, 64 keys a CTA.)
@@ -818,6 +820,14 @@ def resolve_fwd_kernel(kernel: str) -> str:
     return kernel
 
 
+@torch.compiler.assume_constant_result
+def _on_hopper() -> bool:
+    """is_hopper(), which torch.compile takes as a constant at trace time: dynamo cannot trace
+    its GPU query (torch.cuda.get_device_capability), and `flash_attention` checks bwd_kernel
+    in traced code. (The GPU does not change within a process.)"""
+    return is_hopper()
+
+
 def select_bwd_kernel(
     bwd_kernel: str, local: bool, head_dim: int | None = None, varlen: bool = False
 ) -> str:
@@ -843,12 +853,26 @@ def select_bwd_kernel(
         raise ValueError(
             "bwd_kernel='hopper' has no variable-length (varlen) instance; use 'auto' or 'fa2'"
         )
-    if not is_hopper():
+    if not _on_hopper():
         raise ValueError(
             "bwd_kernel='hopper' needs a GPU of compute capability 9.0 (H100/H200); use 'fa2' "
             "or 'auto'"
         )
     return "hopper"
+
+
+def check_bwd_kernel(bwd_kernel, q, k, causal, window_size=NO_WINDOW, softcap=0.0) -> str:
+    """`select_bwd_kernel` for `flash_attention`'s checked arguments, as `flash_backward` will
+    see them (the kernel head dim: a smaller one is padded to the next compiled one; a window
+    or softcap counted only when in effect). Runs on metadata alone, before any kernel, so a bad
+    `bwd_kernel` or an impossible "hopper" is a ValueError naming bwd_kernel at the forward call,
+    not inside the backward. Anything but "hopper" reads no shape (no guard under
+    torch.compile)."""
+    if bwd_kernel != "hopper":
+        return select_bwd_kernel(bwd_kernel, False)
+    window = resolve_window(window_size)
+    local = uses_local_kernels(causal, window, resolve_softcap(softcap), q.shape[2], k.shape[2])
+    return select_bwd_kernel(bwd_kernel, local, kernel_head_dim(q.shape[-1]))
 
 
 def flash_backward(
@@ -908,6 +932,7 @@ def flash_attention(
     softmax_scale: float | None = None,
     window_size: tuple[int, int] = NO_WINDOW,
     softcap: float = 0.0,
+    bwd_kernel: str = "auto",
 ) -> torch.Tensor:
     """Fused attention, (B, H, Sq, D) x (B, Hk, Sk, D) x (B, Hk, Sk, D) -> (B, H, Sq, D).
 
@@ -919,16 +944,23 @@ def flash_attention(
     causal sets right = 0); softcap: scores softcap * tanh(scale q.k / softcap), 0 = off; both
     as in the flash-attn package. Runs the operator `project01::flash_attn_fwd`,
     differentiable through `project01::flash_attn_bwd`: our kernels on CUDA tensors, the float32
-    reference on CPU tensors (slow; see the module docstring). Raises TypeError/ValueError
-    naming a bad argument (`check_inputs`); on CUDA tensors, CudaUnavailableError when the
-    kernels cannot be built here.
+    reference on CPU tensors (slow; see the module docstring). bwd_kernel: the backward kernel
+    autograd runs (BWD_KERNELS; `select_bwd_kernel`): "auto" (the FlashAttention-2 backward for
+    now), "fa2", or "hopper" (the wgmma/TMA backward: compute capability 9.0, kernel head dims
+    64 and 128, no window or softcap in effect); checked here, before the forward runs
+    (`check_bwd_kernel`; under torch.compile at trace time), so a refusal is a ValueError
+    naming bwd_kernel at this call. The CPU reference computes the same gradients whichever is
+    named. Raises TypeError/ValueError naming a bad argument
+    (`check_inputs`); on CUDA tensors, CudaUnavailableError when the kernels cannot be built
+    here.
     """
     scale = check_inputs(q, k, v, causal, softmax_scale, window_size, softcap)
+    check_bwd_kernel(bwd_kernel, q, k, causal, window_size, softcap)
     from .ops import flash_attn_fwd
 
     left, right = resolve_window(window_size)
     code = causal_code(causal)
     softcap = resolve_softcap(softcap)
-    if (left, right) == NO_WINDOW and softcap == 0.0:
+    if (left, right) == NO_WINDOW and softcap == 0.0 and bwd_kernel == "auto":
         return flash_attn_fwd(q, k, v, code, scale)[0]  # the operator's defaults
-    return flash_attn_fwd(q, k, v, code, scale, left, right, softcap)[0]
+    return flash_attn_fwd(q, k, v, code, scale, left, right, softcap, bwd_kernel)[0]

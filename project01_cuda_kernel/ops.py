@@ -4,7 +4,8 @@
 `torch.compile` (fullgraph, no graph break) all see one operator per call:
 
 - `project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale,
-  int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor, Tensor)`: (out, lse);
+  int window_left=-1, int window_right=-1, float softcap=0., str bwd_kernel="auto")
+  -> (Tensor, Tensor)`: (out, lse);
   q (B, H, Sq, D), k and v (B, Hk, Sk, D) with Hk dividing H (grouped-query attention); out like
   q (contiguous), lse (B, H, Sq) float32, the natural log-sum-exp of each row of scaled (and
   soft-capped) scores (+inf for a row that sees no key). `causal` is the index of
@@ -12,12 +13,18 @@
   equal lengths only), 2 "top_left", 3 "bottom_right" (a Python bool passes as 0 or 1 with its
   old meaning). window_left/window_right: `flash_attention`'s window_size, -1 unbounded; softcap:
   its softcap, 0 off (the defaults leave the operator what it was: existing calls with five
-  arguments are unchanged). Differentiable in q, k and v (lse is marked non-differentiable): the
-  backward runs `flash_attn_bwd`.
+  arguments are unchanged). bwd_kernel: the backward kernel its autograd runs
+  (`attention.BWD_KERNELS`: "auto", "fa2" or "hopper"), checked by every implementation of the
+  forward (CUDA, CPU, fake) with `attention.check_bwd_kernel` before anything runs, so a bad name
+  or an impossible "hopper" fails at the forward; the forward's own kernels do not depend on
+  it. Differentiable in q, k and v (lse is marked non-differentiable): the backward runs
+  `flash_attn_bwd` with the same bwd_kernel.
 - `project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,
-  int causal, float softmax_scale, int window_left=-1, int window_right=-1, float softcap=0.)
-  -> (Tensor, Tensor, Tensor)`: (dq, dk, dv), each like its input (contiguous): dk and dv have
-  k's Hk heads, each the sum over the H / Hk query heads that share it.
+  int causal, float softmax_scale, int window_left=-1, int window_right=-1, float softcap=0.,
+  str bwd_kernel="auto") -> (Tensor, Tensor, Tensor)`: (dq, dk, dv), each like its input
+  (contiguous): dk and dv have k's Hk heads, each the sum over the H / Hk query heads that share
+  it. On CUDA `attention.flash_backward(..., bwd_kernel=bwd_kernel)`; the CPU reference checks
+  bwd_kernel the same way and computes the same math for every value.
 - `project01::flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
   Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, int causal, float softmax_scale,
   int window_left=-1, int window_right=-1, float softcap=0.) -> (Tensor, Tensor)`: packed
@@ -27,7 +34,8 @@
   Differentiable in q, k and v through `flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k,
   Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q,
   int max_seqlen_k, int causal, float softmax_scale, int window_left=-1, int window_right=-1,
-  float softcap=0.) -> (Tensor, Tensor, Tensor)`. The CUDA implementations check metadata only
+  float softcap=0.) -> (Tensor, Tensor, Tensor)` (always the FlashAttention-2 backward: the
+  Hopper one has no varlen instance, and the varlen operators take no bwd_kernel). The CUDA implementations check metadata only
   (no host read); the CPU ones check cu_seqlens' values too and run each sequence through the
   reference math.
 - `project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor`: a @ b with the ladder kernel
@@ -80,15 +88,17 @@ __all__ = [
 
 
 # window_left, window_right and softcap have defaults (no window, no soft-capping), so calls with
-# the first five (eight) arguments keep their meaning.
+# the first five (eight) arguments keep their meaning; so does bwd_kernel ("auto": the backward
+# the operators always ran), after them, in the dense operators only.
 _WINDOW_ARGS = "int window_left=-1, int window_right=-1, float softcap=0.0"
+_BWD_KERNEL_ARG = 'str bwd_kernel="auto"'
 _FWD_SCHEMA = (
-    f"(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale, {_WINDOW_ARGS}) "
-    "-> (Tensor, Tensor)"
+    f"(Tensor q, Tensor k, Tensor v, int causal, float softmax_scale, {_WINDOW_ARGS}, "
+    f"{_BWD_KERNEL_ARG}) -> (Tensor, Tensor)"
 )
 _BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, int causal, "
-    f"float softmax_scale, {_WINDOW_ARGS}) -> (Tensor, Tensor, Tensor)"
+    f"float softmax_scale, {_WINDOW_ARGS}, {_BWD_KERNEL_ARG}) -> (Tensor, Tensor, Tensor)"
 )
 
 
@@ -103,12 +113,21 @@ def _causal_value(code: int) -> bool | str:
 
 
 def _check_fwd_inputs(
-    q: Tensor, k: Tensor, v: Tensor, causal: int, scale, left=-1, right=-1, softcap=0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: int,
+    scale,
+    left=-1,
+    right=-1,
+    softcap=0.0,
+    bwd_kernel="auto",
 ) -> bool | str:
     """check_inputs on (q, k, v) with the causal value the operator's int stands for (and the
-    window and softcap); returns that value."""
+    window and softcap), then check_bwd_kernel; returns that value."""
     value = _causal_value(causal)
     attention.check_inputs(q, k, v, value, scale, (left, right), softcap)
+    attention.check_bwd_kernel(bwd_kernel, q, k, value, (left, right), softcap)
     return value
 
 
@@ -124,9 +143,10 @@ def _check_bwd_inputs(
     left=-1,
     right=-1,
     softcap=0.0,
+    bwd_kernel="auto",
 ) -> bool | str:
     """_check_fwd_inputs, plus: dout and out like q, lse (B, H, Sq) float32."""
-    value = _check_fwd_inputs(q, k, v, causal, scale, left, right, softcap)
+    value = _check_fwd_inputs(q, k, v, causal, scale, left, right, softcap, bwd_kernel)
     for name, t in (("dout", dout), ("out", out)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
             raise ValueError(
@@ -154,10 +174,13 @@ def flash_attn_fwd(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    bwd_kernel: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """(out, lse) of softmax(softmax_scale q k^T [soft-capped] [+ mask]) v: our forward kernels
-    (a head dim they are not compiled for zero-padded to the next one, the output sliced back)."""
-    value = _check_fwd_inputs(q, k, v, causal, softmax_scale, window_left, window_right, softcap)
+    (a head dim they are not compiled for zero-padded to the next one, the output sliced back).
+    bwd_kernel is only checked here (before any kernel), for the backward."""
+    window = (window_left, window_right)
+    value = _check_fwd_inputs(q, k, v, causal, softmax_scale, *window, softcap, bwd_kernel)
     d = q.shape[-1]
     dk = attention.kernel_head_dim(d)
     q, k, v = (attention._kernel_layout(attention.pad_head_dim(t, dk)) for t in (q, k, v))
@@ -182,11 +205,14 @@ def flash_attn_bwd(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    bwd_kernel: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) from the forward's out and lse: our backward kernels (padded like the
-    forward: the zero columns of out and dout add nothing to rowsum(dO * O))."""
+    """(dq, dk, dv) from the forward's out and lse: our backward kernels, `bwd_kernel`'s (padded
+    like the forward: the zero columns of out and dout add nothing to rowsum(dO * O))."""
     window = (window_left, window_right)
-    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap)
+    value = _check_bwd_inputs(
+        dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap, bwd_kernel
+    )
     d = q.shape[-1]
     hd = attention.kernel_head_dim(d)
     dout, q, k, v, out = (attention.pad_head_dim(t, hd) for t in (dout, q, k, v, out))
@@ -195,6 +221,7 @@ def flash_attn_bwd(
         *(dout, q, k, v, out, lse.contiguous(), value, softmax_scale),
         window_size=window,
         softcap=softcap,
+        bwd_kernel=bwd_kernel,
     )
     return grads if d == hd else tuple(g[..., :d].contiguous() for g in grads)
 
@@ -241,9 +268,10 @@ def _flash_attn_fwd_cpu(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    bwd_kernel: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     window = (window_left, window_right)
-    value = _check_fwd_inputs(q, k, v, causal, softmax_scale, *window, softcap)
+    value = _check_fwd_inputs(q, k, v, causal, softmax_scale, *window, softcap, bwd_kernel)
     out, lse = _fwd_math(q, k, v, value, softmax_scale, window, softcap)
     return out.to(q.dtype).contiguous(), lse.contiguous()
 
@@ -270,13 +298,17 @@ def _flash_attn_bwd_cpu(
     window_left: int = -1,
     window_right: int = -1,
     softcap: float = 0.0,
+    bwd_kernel: str = "auto",
 ) -> tuple[Tensor, Tensor, Tensor]:
     # The FlashAttention backward in float32: P from the saved lse, D = rowsum(dO * O),
     # dS = P * (dP - D) (times 1 - t^2 with soft-capping: d(softcap tanh(x / softcap)) / dx),
     # then dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; with grouped k/v heads, dK and dV
-    # per query head, summed over each group.
+    # per query head, summed over each group. bwd_kernel is checked as on CUDA; every value
+    # computes this same math.
     window = (window_left, window_right)
-    value = _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap)
+    value = _check_bwd_inputs(
+        dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap, bwd_kernel
+    )
     grads = _bwd_math(dout, q, k, v, out, lse, value, softmax_scale, window, softcap)
     return tuple(g.to(t.dtype).contiguous() for g, t in zip(grads, (q, k, v)))
 
@@ -302,39 +334,50 @@ def _bwd_math(dout, q, k, v, out, lse, value, softmax_scale, window, softcap):
 
 @flash_attn_fwd.register_fake
 def _flash_attn_fwd_fake(
-    q, k, v, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0
+    q, k, v, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0, bwd_kernel="auto"
 ):
-    _check_fwd_inputs(q, k, v, causal, softmax_scale, window_left, window_right, softcap)
+    window = (window_left, window_right)
+    _check_fwd_inputs(q, k, v, causal, softmax_scale, *window, softcap, bwd_kernel)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @flash_attn_bwd.register_fake
 def _flash_attn_bwd_fake(
-    dout, q, k, v, out, lse, causal, softmax_scale, window_left=-1, window_right=-1, softcap=0.0
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    causal,
+    softmax_scale,
+    window_left=-1,
+    window_right=-1,
+    softcap=0.0,
+    bwd_kernel="auto",
 ):
     window = (window_left, window_right)
-    _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap)
+    _check_bwd_inputs(dout, q, k, v, out, lse, causal, softmax_scale, *window, softcap, bwd_kernel)
     # dq like q; dk, dv like k and v (Hk heads, summed over each group of query heads).
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _flash_attn_setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, softmax_scale, *window_and_softcap = inputs  # torch fills in the defaults
+    # torch fills in the defaults: inputs are always (q, k, v, causal, softmax_scale,
+    # window_left, window_right, softcap, bwd_kernel).
+    q, k, v, *args = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.softmax_scale = causal, softmax_scale
-    ctx.window_and_softcap = tuple(window_and_softcap)
+    ctx.args = tuple(args)  # causal .. bwd_kernel: flash_attn_bwd's arguments after lse
     # The backward kernel has no lse input gradient: lse is for the backward, not for a loss.
     ctx.mark_non_differentiable(lse)
 
 
 def _flash_attn_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = flash_attn_bwd(
-        dout, q, k, v, out, lse, ctx.causal, ctx.softmax_scale, *ctx.window_and_softcap
-    )
-    return dq, dk, dv, None, None, *(None for _ in ctx.window_and_softcap)
+    dq, dk, dv = flash_attn_bwd(dout, q, k, v, out, lse, *ctx.args)
+    return dq, dk, dv, *(None for _ in ctx.args)
 
 
 flash_attn_fwd.register_autograd(_flash_attn_backward, setup_context=_flash_attn_setup_context)

@@ -86,15 +86,18 @@ def test_the_operators_and_their_schemas():
     schemas = {
         str(op._opoverload._schema) for op in ops.__dict__.values() if hasattr(op, "_opoverload")
     }
-    # window_left/window_right/softcap have defaults (no window, no soft-capping): calls with
-    # the first five (eight) arguments are the operators they were.
+    # window_left/window_right/softcap have defaults (no window, no soft-capping), and so has
+    # the dense operators' bwd_kernel ("auto"): calls with the first five (eight) arguments are
+    # the operators they were.
     window = "int window_left=-1, int window_right=-1, float softcap=0."
+    bwd_kernel = 'str bwd_kernel="auto"'
     varlen = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
     assert schemas == {
         "project01::flash_attn_fwd(Tensor q, Tensor k, Tensor v, int causal, "
-        f"float softmax_scale, {window}) -> (Tensor, Tensor)",
+        f"float softmax_scale, {window}, {bwd_kernel}) -> (Tensor, Tensor)",
         "project01::flash_attn_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
-        f"Tensor lse, int causal, float softmax_scale, {window}) -> (Tensor, Tensor, Tensor)",
+        f"Tensor lse, int causal, float softmax_scale, {window}, {bwd_kernel}) "
+        "-> (Tensor, Tensor, Tensor)",
         "project01::flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, "
         f"{varlen}, int causal, float softmax_scale, {window}) -> (Tensor, Tensor)",
         "project01::flash_attn_varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
