@@ -523,14 +523,8 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
 
 template <int D>
 cudaError_t dispatch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
-  int device = 0, major = 0, minor = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  cudaError_t err = hopper::require_cc90();
   if (err != cudaSuccess) return err;
-  if (major != 9 || minor != 0) return cudaErrorNotSupported;
   // Dense only: windows, softcap and varlen run the FlashAttention-2 backward.
   if (p.head_dim != D || p.heads_k < 1 || p.heads != p.heads_k * p.h_h_k_ratio || p.local ||
       p.softcap > 0.f || p.varlen)

@@ -513,8 +513,9 @@ cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D>
-cudaError_t dispatch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
+// cudaSuccess on a device of compute capability 9.0 (the sm_90a kernels' only target),
+// cudaErrorNotSupported on any other, or the runtime's error while asking.
+inline cudaError_t require_cc90() {
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
@@ -522,7 +523,13 @@ cudaError_t dispatch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
-  if (major != 9 || minor != 0) return cudaErrorNotSupported;
+  return major == 9 && minor == 0 ? cudaSuccess : cudaErrorNotSupported;
+}
+
+template <int D>
+cudaError_t dispatch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
+  cudaError_t err = require_cc90();
+  if (err != cudaSuccess) return err;
   if (p.head_dim != D || p.heads_k < 1 || p.heads != p.heads_k * p.h_h_k_ratio)
     return cudaErrorInvalidValue;
   return p.dtype == DType::kBFloat16 ? launch_fwd_hopper<__nv_bfloat16, D>(p, stream)
