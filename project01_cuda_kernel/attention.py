@@ -832,7 +832,8 @@ def select_bwd_kernel(
     bwd_kernel: str, local: bool, head_dim: int | None = None, varlen: bool = False
 ) -> str:
     """The backward kernel to run for a BWD_KERNELS name: "hopper" or "fa2". "auto" is "fa2"
-    (the Hopper backward is opt-in until measured). "hopper" is a ValueError naming bwd_kernel
+    (the Hopper backward, measured, stays opt-in until the main attention record is re-measured
+    with it). "hopper" is a ValueError naming bwd_kernel
     with a window or softcap in effect (`local`), a kernel head dim outside HOPPER_HEAD_DIMS,
     varlen, or a GPU other than compute capability 9.0 (checked last, so the other refusals
     need no GPU)."""
