@@ -7,6 +7,49 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# What the summary and the report call each kind of fault.
+FAULT_WORDS = {
+    "kill": "kill -9",
+    "nan": "NaN",
+    "hang": "a hung rank",
+    "truncate": "a truncated checkpoint",
+    "flip": "a bit-flipped checkpoint",
+    "sigterm": "a SIGTERM",
+}
+
+
+def coverage(fault_plan: list[dict], timeline: dict) -> dict:
+    """Which planned faults fired, and which restarts of the faulted run no fault explains.
+
+    From a record's plan (config.fault_plan) and timeline alone, so old records are read the same
+    way. A restart is a step of the faulted run that does not exceed the one before it (a new
+    launch, or a rollback in-process, resumed from an earlier step); each fault mark explains the
+    first restart that follows it (a mark may be stamped just before the step it interrupts is
+    logged by rank 0, so a mark explains a restart that comes after it, not one inside a window).
+    A restart with no unused mark before it is unexplained: the run recovered from something the
+    plan did not inject, and the fault the plan had for that attempt may never have fired."""
+    marks = sorted(timeline.get("faults") or [], key=lambda m: m["t"])
+    fired = {(m["kind"], m["step"]) for m in marks}
+    not_fired = [
+        {k: f.get(k) for k in ("kind", "step", "rank", "attempt")}
+        for f in fault_plan
+        if (f["kind"], f["step"]) not in fired
+    ]
+    # SIGTERM ends a launch after a save; the requeue continues from the next step: no restart.
+    restart_marks = [m for m in marks if m["kind"] != "sigterm"]
+    pts = timeline.get("faulted") or []
+    unexplained, used = [], 0
+    for (t_prev, s_prev), (t, s) in zip(pts, pts[1:]):
+        if s > s_prev:
+            continue
+        if used < len(restart_marks) and restart_marks[used]["t"] <= t:
+            used += 1
+            continue
+        unexplained.append(
+            {"after_step": s_prev, "resumed_at_step": s, "t_last_step": t_prev, "t_resumed": t}
+        )
+    return {"faults_not_fired": not_fired, "unexplained_restarts": unexplained}
+
 
 def render(record: dict, out_dir: Path) -> list[Path]:
     """Both charts and the Markdown of a chaos record, into `out_dir`."""
@@ -162,6 +205,25 @@ def render_markdown(record: dict) -> str:
     skipped = [
         f"- {f['fault']}: {f['detail']}; loader: {f['skipped']}" for f in rows if f.get("skipped")
     ]
+    cov = coverage(c.get("fault_plan") or [], r.get("timeline") or {})
+    gaps = [
+        f"- **Planned but never fired:** {f['kind']} @ step {f['step']} (rank {f['rank']}, "
+        f"launch attempt {f['attempt']}): that attempt ended before the step, so the run did not "
+        f"go through this fault."
+        for f in cov["faults_not_fired"]
+    ] + [
+        f"- **A restart no planned fault explains:** after step {u['after_step']} "
+        f"({u['t_last_step']:.1f} s) the run went back and continued with step "
+        f"{u['resumed_at_step']} ({u['t_resumed']:.1f} s)."
+        + (
+            " The end of torchrun's output is in the record (`torchrun_output_tail`)."
+            if r.get("torchrun_output_tail")
+            else " This record holds no torchrun output to say why."
+        )
+        for u in cov["unexplained_restarts"]
+    ]
+    if gaps:
+        gaps = ["Coverage: not every planned fault was exercised.", "", *gaps, ""]
     final, ref_final = r.get("final_loss"), r.get("reference_final_loss")
     losses = (
         f"final loss {final:.6f} (reference {ref_final:.6f})"
@@ -186,6 +248,7 @@ def render_markdown(record: dict) -> str:
             "",
             table,
             "",
+            *gaps,
             "Times are seconds from the fault to the first step completed after recovery and to the",
             "step the run had reached when the fault hit (they include each launch's start-up: Python",
             "and torch imports, process group, model build, checkpoint load). Corrupted checkpoints",

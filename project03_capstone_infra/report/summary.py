@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from project03_capstone_infra import PROJECT
+from project03_capstone_infra.report.chaos import FAULT_WORDS, coverage
 from project03_capstone_infra.report.checkpoint_bench import text as figure_text
 
 
@@ -31,12 +32,21 @@ def _chaos_summary(d: Path, stem: str) -> list[str]:
         }
         for f in r["faults"]
     ]
+    # The faults the run went through, from its own rows (not the plan: one may not have fired).
+    words = [FAULT_WORDS.get(f["fault"], f["fault"]) for f in r["faults"]]
+    went = ", ".join(words[:-1]) + f" and {words[-1]}" if len(words) > 1 else "".join(words)
+    cov = coverage(c.get("fault_plan") or [], r.get("timeline") or {})
+    missed = "; ".join(
+        f"{FAULT_WORDS.get(f['kind'], f['kind'])} (step {f['step']})"
+        for f in cov["faults_not_fired"]
+    )
+    missed = f" Planned but never fired: {missed} (see the report)." if missed else ""
     return [
         f"**Chaos run** ({c['preset']}, {c['nproc']} ranks{mode}, {c['steps']} steps, "
-        f"{environment_line(rec['environment'])}): after kill -9, NaN, a hung rank, a truncated "
-        f"and a bit-flipped checkpoint and a SIGTERM, the final model and optimizer state is "
-        f"**{verdict}** to the uninterrupted run ({r['tensors_compared']} tensors), loss curves "
-        f"{'equal' if r['loss_curves_equal'] else 'differ'}. [Details](reports/{PROJECT}/{stem}.md)",
+        f"{environment_line(rec['environment'])}): after {went}, the final model and optimizer "
+        f"state is **{verdict}** to the uninterrupted run ({r['tensors_compared']} tensors), loss "
+        f"curves {'equal' if r['loss_curves_equal'] else 'differ'}.{missed} "
+        f"[Details](reports/{PROJECT}/{stem}.md)",
         "",
         markdown_table(rows, floatfmt=".1f"),
         "",
@@ -58,7 +68,7 @@ def _determinism_summary(d: Path) -> list[str]:
         r = rec["results"]
         dirs = "; ".join(
             f"{x['from_world']} -> {x['to_world']}: first loss after the change off by "
-            f"{x['first_after']['rel_diff']:.1e} relative (tolerance {x['first_after']['tolerance']:.0e})"
+            f"{x['first_after']['rel_diff']:.1e} relative (tolerance {x['first_after']['tolerance']:.2g})"
             for x in r["directions"]
             if x["first_after"]["rel_diff"] is not None
         )

@@ -88,3 +88,74 @@ def test_the_faulted_run_says_which_fault_it_is_in():
     assert _steps_done(events) == 6  # the furthest step reached, replays included
     events.append({"event": "fault", "kind": "nan", "step": 12, "rank": 0})
     assert _fault_status(events, faults, 30).endswith("next: SIGTERM after step 30")
+
+
+# A faulted run's timeline as the record holds it: (seconds, step) of rank 0's steps and the
+# fault marks. Shaped on a 2-GPU run: kill before step 10 (resumed at 6), NaN before 15 (rolled
+# back to 11; its mark stamped a millisecond before rank 0 logged step 14), a hang before 17,
+# then a launch that ended after step 25 with no fault (resumed at 21), so the truncation planned
+# for that launch at step 26 never fired; the flip before 37 and the SIGTERM after 42 did.
+_PLAN = [
+    {"kind": "kill", "step": 10, "rank": 1, "attempt": 0},
+    {"kind": "nan", "step": 15, "rank": 1, "attempt": 1},
+    {"kind": "hang", "step": 17, "rank": 1, "attempt": 1},
+    {"kind": "truncate", "step": 26, "rank": 1, "attempt": 2},
+    {"kind": "flip", "step": 37, "rank": 0, "attempt": 3},
+]
+
+
+def _timeline(segments, marks):
+    pts = [[t0 + 0.01 * i, s] for t0, (a, b) in segments for i, s in enumerate(range(a, b + 1))]
+    return {"faulted": pts, "faults": [{"t": t, "kind": k, "step": s} for t, k, s in marks]}
+
+
+_SEGMENTS = [(0.0, (1, 9)), (18.0, (6, 14)), (18.5, (11, 16)), (45.0, (16, 25)), (64.0, (21, 36))]
+_SEGMENTS += [(83.0, (31, 44)), (95.0, (45, 60))]
+_MARKS = [(0.085, "kill", 10), (18.079, "nan", 15), (18.555, "hang", 17), (64.16, "flip", 37)]
+_MARKS += [(83.2, "sigterm", 42)]
+
+
+def test_coverage_names_a_fault_that_never_fired_and_the_restart_nobody_planned():
+    from project03_capstone_infra.report.chaos import coverage
+
+    cov = coverage(_PLAN, _timeline(_SEGMENTS, _MARKS))
+    assert cov["faults_not_fired"] == [{"kind": "truncate", "step": 26, "rank": 1, "attempt": 2}]
+    [u] = cov["unexplained_restarts"]
+    assert (u["after_step"], u["resumed_at_step"]) == (25, 21)
+    assert u["t_resumed"] == 64.0
+
+
+def test_coverage_of_a_run_that_went_through_every_fault_is_clean():
+    from project03_capstone_infra.report.chaos import coverage
+
+    # the same run where the launch after the hang reached step 26 and truncation ended it there
+    segments = [*_SEGMENTS[:3], (45.0, (16, 25)), (64.0, (21, 36)), (83.0, (31, 44))]
+    segments.append((95.0, (45, 60)))
+    marks = sorted([*_MARKS, (45.105, "truncate", 26)])
+    cov = coverage(_PLAN, _timeline(segments, marks))
+    assert cov == {"faults_not_fired": [], "unexplained_restarts": []}
+
+
+def test_the_summary_lists_the_faults_the_run_went_through_not_the_plan(tmp_path):
+    import json
+
+    from project03_capstone_infra.report.summary import _chaos_summary
+
+    def record(marks):
+        rows = [{"fault": k, "steps_lost": 1, "to_first_new_step_s": 1.0} for _, k, _ in marks]
+        return {
+            "environment": {"date": "2026-12-04T00:00:00+00:00"},
+            "config": {"preset": "tiny", "nproc": 2, "steps": 60, "fault_plan": _PLAN},
+            "results": {
+                "identical": True,
+                "faults": rows,
+                "tensors_compared": 69,
+                "loss_curves_equal": True,
+                "timeline": _timeline(_SEGMENTS, marks),
+            },
+        }
+
+    (tmp_path / "chaos_gpu.json").write_text(json.dumps(record(_MARKS)))
+    text = "\n".join(_chaos_summary(tmp_path, "chaos_gpu"))
+    assert "after kill -9, NaN, a hung rank, a bit-flipped checkpoint and a SIGTERM," in text
+    assert "Planned but never fired: a truncated checkpoint (step 26)" in text
