@@ -424,8 +424,10 @@ def run(cfg: ChaosConfig) -> dict:
     results.update(cov)
     results["all_faults_fired"] = not cov["faults_not_fired"]
     if cov["faults_not_fired"] or cov["unexplained_restarts"]:
-        # The workers' own account of what ended a launch nobody planned to end.
-        results["torchrun_output_tail"] = first.output[-12000:]
+        # The workers' own account of what ended a launch nobody planned to end (C++ stack
+        # frames left out: they fill the tail without saying which step or rank failed).
+        lines = [ln for ln in first.output.splitlines() if not ln.startswith("frame #")]
+        results["torchrun_output_tail"] = "\n".join(lines)[-20000:]
         for f in cov["faults_not_fired"]:
             _log(f"WARNING: {f['kind']} @ step {f['step']} (rank {f['rank']}) never fired")
         for u in cov["unexplained_restarts"]:

@@ -29,7 +29,7 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 FAULTS_ENV = "P03_FAULTS"
@@ -172,11 +172,22 @@ class FaultInjector:
         flush=lambda: None,
     ) -> None:
         self.rank, self.attempt, self.events, self.ckpt_root = rank, attempt, events, ckpt_root
-        # Before a fault that kills, let pending work land (an async checkpoint in flight would
-        # otherwise be torn at a random point: that is tested too, by plain kills).
+        # Before a fault that damages the newest checkpoint, let pending work land (an async
+        # checkpoint in flight would otherwise be torn at a random point: that is tested too, by
+        # plain kills).
         self.flush = flush
-        self.faults = [
-            f for f in faults if f.rank == rank and (f.attempt is None or f.attempt == attempt)
+        this_attempt = [f for f in faults if f.attempt is None or f.attempt == attempt]
+        self.faults = [f for f in this_attempt if f.rank == rank]
+        # Every rank lets its own save land before any rank damages a checkpoint. The commit of
+        # an async save is a collective of every rank's background thread; a rank waiting for it
+        # alone, while its peers run on into the next step's collectives (which wait for it),
+        # can wait forever: on two GPUs a peer blocked there did not get its save committed, the
+        # NCCL watchdog ended it, and the damage never happened. Copies: firing is counted per
+        # process, and these only flush here.
+        self._peer_damage = [
+            replace(f, fired=0)
+            for f in this_attempt
+            if f.rank != rank and f.kind in ("truncate", "flip")
         ]
         self.steps_this_attempt = 0
 
@@ -195,6 +206,10 @@ class FaultInjector:
         """Called before running `step`. Fires process-level faults; returns True when this
         step's loss must be made NaN."""
         nan = False
+        for f in self._peer_damage:
+            if self._due(f, step):
+                f.fired += 1
+                self.flush()
         for f in self.faults:
             if not self._due(f, step):
                 continue

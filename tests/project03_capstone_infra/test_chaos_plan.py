@@ -159,3 +159,32 @@ def test_the_summary_lists_the_faults_the_run_went_through_not_the_plan(tmp_path
     text = "\n".join(_chaos_summary(tmp_path, "chaos_gpu"))
     assert "after kill -9, NaN, a hung rank, a bit-flipped checkpoint and a SIGTERM," in text
     assert "Planned but never fired: a truncated checkpoint (step 26)" in text
+
+
+def test_every_rank_lets_its_save_land_before_a_peer_damages_a_checkpoint(tmp_path):
+    """The commit of an async save needs every rank's background thread; a truncating rank that
+    waited for it alone while its peer ran on into the next step's collectives waited until the
+    NCCL watchdog ended the peer (two H200s). So the other ranks flush at that step too, and only
+    the faulty rank damages and dies (were rank 0 to fire, this test process would be killed)."""
+    from project03_capstone_infra.faults import EventLog, FaultInjector
+
+    plan = parse_faults(
+        '[{"kind": "truncate", "step": 26, "rank": 1, "attempt": 2},'
+        ' {"kind": "flip", "step": 37, "rank": 1, "attempt": 3},'
+        ' {"kind": "truncate", "after": 3, "rank": 1}]'
+    )
+    flushed = []
+    inj = FaultInjector(
+        plan,
+        rank=0,
+        attempt=2,
+        events=EventLog(None, rank=0, attempt=2),
+        ckpt_root=tmp_path,
+        flush=lambda: flushed.append(step),
+    )
+    for step in range(21, 40):
+        assert inj.at_step(step) is False
+    # step 26 (this attempt's truncation) and the 4th step of the attempt (24, "after 3");
+    # not the flip planned for attempt 3, and each only once
+    assert flushed == [24, 26]
+    assert not any(tmp_path.iterdir())  # nothing damaged by rank 0
