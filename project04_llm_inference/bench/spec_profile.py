@@ -1,5 +1,6 @@
 """Where a speculative step's time goes at batch 1: plain decode, multi-step decode and
-draft-model speculation (the default path and `spec_fused_greedy`) on random-weight models.
+draft-model speculation (the default path, `spec_fused_greedy` and, when asked, its rounds:
+`spec_fused_rounds`) on random-weight models.
 
     python -m project04_llm_inference.bench.spec_profile --out runs/<x>/spec_profile.json
     python -m project04_llm_inference.bench.spec_profile --shape tiny --device cpu --steps 5
@@ -12,7 +13,8 @@ Random drafts are rarely accepted, so compare per-step times (what a step costs)
 
 Every engine (batch 1, greedy, ignore_eos, prefix caching off) is built alone, warmed up, then:
 1. timed steps: wall time of `LLMEngine.step()`, and per phase (the draft's proposal, the
-   scheduler, the target's forward, the acceptance, a fused step) the host time and, on a GPU,
+   scheduler, the target's forward, the acceptance, a fused step or program of rounds) the host
+   time and, on a GPU,
    the device time between CUDA events recorded around it; the host time spent blocked in
    read-backs (`Tensor.tolist/item/cpu`, `Event.synchronize`) and their count per step;
 2. profiled steps (torch.profiler): device busy time (sum of kernel times on the critical
@@ -96,9 +98,12 @@ class SpecProfileConfig:
     """A trained pair instead (spec.train_corpus's folder: target/ and draft/)."""
     ks: tuple[int, ...] = (2, 4)
     """Draft tokens per step, one speculative engine (each path) per k."""
-    paths: tuple[Literal["default", "fused"], ...] = ("default", "fused")
-    """Speculative paths timed: the unfused step ("default": spec_fused_greedy=False) and
-    the fused one (EngineArgs.spec_fused_greedy)."""
+    paths: tuple[Literal["default", "fused", "rounds"], ...] = ("default", "fused")
+    """Speculative paths timed: the unfused step ("default": spec_fused_greedy=False), the
+    fused one (EngineArgs.spec_fused_greedy) and, with "rounds", the fused step in programs of
+    --fused-rounds rounds (EngineArgs.spec_fused_rounds)."""
+    fused_rounds: int = 4
+    """Rounds per program of the "rounds" path (>= 2)."""
     multi_step: int = 8
     """Also time plain decoding at this many steps per round trip (0 or 1: skip)."""
     prompt_tokens: int = 256
@@ -120,6 +125,10 @@ class SpecProfileConfig:
             raise ValueError("steps must be >= 1, warmup_steps and profile_steps >= 0")
         if any(not 1 <= k <= 64 for k in self.ks):
             raise ValueError(f"ks: expected values in [1, 64], got {self.ks}")
+        if "rounds" in self.paths and self.fused_rounds < 2:
+            raise ValueError(
+                f"fused_rounds: expected >= 2 with path rounds, got {self.fused_rounds}"
+            )
         if self.prompt_tokens < 2:
             raise ValueError(f"prompt_tokens: expected >= 2, got {self.prompt_tokens}")
 
@@ -325,9 +334,14 @@ def engine_plan(cfg: SpecProfileConfig) -> list[tuple[str, dict]]:
             kw = dict(
                 speculative_method="draft",
                 num_speculative_tokens=k,
-                spec_fused_greedy=path == "fused",
+                spec_fused_greedy=path != "default",
             )
-            plan.append((f"draft-k{k}-{path}", kw))
+            if path == "rounds":
+                kw["spec_fused_rounds"] = cfg.fused_rounds
+            name = (
+                f"draft-k{k}-rounds{cfg.fused_rounds}" if path == "rounds" else f"draft-k{k}-{path}"
+            )
+            plan.append((name, kw))
     return plan
 
 
@@ -339,7 +353,7 @@ def measure(
     from ..engine.llm import LLM
 
     k = over.get("num_speculative_tokens", 0)
-    per_step = max(k + 1, over.get("num_scheduler_steps", 1))
+    per_step = max(over.get("spec_fused_rounds", 1) * (k + 1), over.get("num_scheduler_steps", 1))
     total = cfg.warmup_steps + cfg.steps + cfg.profile_steps + 4
     max_tokens = total * per_step + 8
     max_len = cfg.prompt_tokens + max_tokens + 16
@@ -378,6 +392,7 @@ def measure(
         torch.cuda.synchronize()
     c0 = dict(eng.stats())
     log0 = len(eng.step_log)
+    f0 = (0, 0) if eng.fused is None else (eng.fused.runs, eng.fused.round_runs)
     ph = Phases(cuda)
     ph.wrap(eng, "step", "step")
     ph.wrap(eng.scheduler, "schedule", "schedule")
@@ -420,7 +435,10 @@ def measure(
             key: c1[key] - c0[key]
             for key in ("spec_proposed_tokens", "spec_accepted_tokens", "spec_verifications")
         },
-        "fused_steps": None if eng.fused is None else eng.fused.runs,
+        # timed calls that took the fused path, and of those the programs of spec_fused_rounds
+        # rounds (the others ran one round: not every sequence could take R rounds)
+        "fused_steps": None if eng.fused is None else eng.fused.runs - f0[0],
+        "fused_round_programs": None if eng.fused is None else eng.fused.round_runs - f0[1],
     }
     if cfg.profile_steps:
         trace = out_dir / f"{Path(cfg.out).stem}.{name}.trace.json"
