@@ -14,9 +14,9 @@ Random drafts are rarely accepted, so compare per-step times (what a step costs)
 Every engine (batch 1, greedy, ignore_eos, prefix caching off) is built alone, warmed up, then:
 1. timed steps: wall time of `LLMEngine.step()`, and per phase (the draft's proposal, the
    scheduler, the target's forward, the acceptance, a fused step or program of rounds) the host
-   time and, on a GPU,
-   the device time between CUDA events recorded around it; the host time spent blocked in
-   read-backs (`Tensor.tolist/item/cpu`, `Event.synchronize`) and their count per step;
+   time and, on a GPU, the device time between CUDA events recorded around it; the host time
+   spent blocked in read-backs (`Tensor.tolist/item/cpu`, `Event.synchronize`) and their count
+   per step;
 2. profiled steps (torch.profiler): device busy time (sum of kernel times on the critical
    path), kernels, graph launches, memcpys and synchronising runtime calls per step; the Chrome
    trace of each engine is written next to the JSON.
