@@ -52,6 +52,7 @@ EXTENSIONS: tuple[tuple[str, str], ...] = (
     ("project04_llm_inference.kernels.rope_cache", "_ext"),
     ("project04_llm_inference.kernels.norm_act", "_ext"),
     ("project04_llm_inference.kernels.gemv", "_ext"),
+    ("project04_llm_inference.kernels.spec_rounds", "_ext"),
 )
 _BUILD = "import importlib, sys; getattr(importlib.import_module(sys.argv[1]), sys.argv[2])()"
 

@@ -150,10 +150,25 @@ def _nvidia_driver() -> str | None:
         return None
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The host CPU's model name (Linux: /proc/cpuinfo; elsewhere `platform.processor()`), or
+    None. Host-bound figures (an engine's scheduling, a batch-1 step's launches) move with the
+    host: the same engine code on two H200 machines ran its offline workload 15% apart, with the
+    same device time a step and a host share that differed."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def environment(*, gpu_state_start: dict | None = None) -> dict:
-    """Where a result was measured: GPU, driver, CUDA, torch, Python, host, date, git commit,
-    and the GPU's clocks, temperature and power (`gpu_state`: `start` as the benchmark read it
-    when it began, None if it did not; `end` read now)."""
+    """Where a result was measured: GPU, driver, CUDA, torch, Python, host and its CPU model,
+    date, git commit, and the GPU's clocks, temperature and power (`gpu_state`: `start` as the
+    benchmark read it when it began, None if it did not; `end` read now)."""
     import torch
 
     from shared.gpu_state import gpu_state
@@ -166,6 +181,7 @@ def environment(*, gpu_state_start: dict | None = None) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "gpu": None,
         "gpu_count": 0,
         "compute_capability": None,

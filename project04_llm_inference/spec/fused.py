@@ -50,10 +50,10 @@ import torch
 from ..engine.model_runner import ModelRunner, graph_batch_sizes
 from ..engine.sampler import argmax_rows
 from ..engine.sequence import Sequence
+from ..kernels.spec_rounds import CATCH_UP, round_inputs
 from ..model.llama import AttnMetadata
 
 PENDING = -1  # a draft token counted by the scheduler, computed later on the device
-CATCH_UP = 2  # draft tokens per sequence in the catch-up forward (padded)
 
 
 @dataclass
@@ -120,9 +120,6 @@ class _Slab:
         if pinned:
             self.out_host = self.out_host.pin_memory()
         self.k_range = torch.arange(k, device=device)
-        self.q_range = torch.arange(q, device=device)
-        self.c_range = torch.arange(CATCH_UP, device=device)
-        self.w_range = torch.arange(w, device=device)
 
     @staticmethod
     def _alloc(layout, dtype, device, pinned):
@@ -284,66 +281,15 @@ class FusedGreedySpec:
 
     # --- rounds: every round's inputs formed on the device ------------------------------------------
 
-    @staticmethod
-    def _slots(tables: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
-        """Cache slots of positions pos (w, n) through the block tables (w, max blocks)."""
-        idx = torch.clamp(
-            torch.div(pos, block_size, rounding_mode="floor"), max=tables.shape[1] - 1
-        )
-        return tables.gather(1, idx).long() * block_size + pos % block_size
-
-    def _form_inputs(self, s: _Slab, real: torch.Tensor) -> None:
-        """A round's inputs from the state (what `_fill` computes on the host for one round):
-        the draft's catch-up at its computed length, its steps after it, the target's
-        verification at L; padding rows (real False) write no slot."""
-        d, k, w, q = s.d, self.k, s.w, s.q
-        cd, dn, L = d["cd"], d["dn"], d["L"]
-        dbs, tbs = self.draft.block_size, self.target.block_size
-        dpos = cd[:, None] + s.c_range  # (w, CATCH_UP)
-        live = real[:, None] & (s.c_range[None, :] < dn[:, None])
-        d["d_ids"].copy_(d["dtok"].view(-1))
-        d["d_pos"].copy_(dpos.view(-1))
-        d["d_slots"].copy_(torch.where(live, self._slots(d["d_tables"], dpos, dbs), -1).view(-1))
-        d["d_rows"].copy_(s.w_range * CATCH_UP + dn - 1)
-        d["d_ctx"].copy_(cd + CATCH_UP)  # bottom-right causal: the padding stays unseen
-        if k > 1:  # draft step j feeds draft j + 1 at position cd + dn + j
-            spos = torch.where(real[:, None], (cd + dn)[:, None] + s.k_range[None, : k - 1], 0)
-            slots = torch.where(real[:, None], self._slots(d["d_tables"], spos, dbs), -1)
-            d["s_pos"].copy_(spos.t())
-            d["s_slots"].copy_(slots.t())
-            d["s_lens"].copy_((spos + 1).t())
-        tpos = L[:, None] + s.q_range  # (w, q)
-        tlive = real[:, None] & (s.q_range[None, :] < 1 + d["nd"][:, None])
-        d["t_ids"].view(w, q)[:, 0].copy_(d["last"])
-        d["t_pos"].copy_(tpos.view(-1))
-        d["t_slots"].copy_(torch.where(tlive, self._slots(d["t_tables"], tpos, tbs), -1).view(-1))
-        d["t_ctx"].copy_(L + q)
-
-    def _advance_state(self, s: _Slab, out: torch.Tensor, real: torch.Tensor) -> None:
-        """The state after a round (out: its (w, 2 + k) result); padding rows keep theirs."""
-        d, k = s.d, self.k
-        a, bonus, drafts = out[:, 0], out[:, 1], out[:, 2:]
-        every = a == k  # every draft accepted: the draft is 2 behind (its last draft, bonus)
-        new = {
-            "L": d["L"] + a + 1,
-            "last": bonus,
-            "cd": d["cd"] + d["dn"] + torch.clamp(a, max=k - 1),
-            "dn": 1 + every.long(),
-        }
-        t0 = torch.where(every, drafts[:, k - 1], bonus)
-        t1 = torch.where(every, bonus, torch.zeros_like(bonus))
-        for name, v in new.items():
-            d[name].copy_(torch.where(real, v, d[name]))
-        d["dtok"].copy_(torch.where(real[:, None], torch.stack((t0, t1), 1), d["dtok"]))
-
     def _program_rounds(self, s: _Slab) -> None:
-        """`s.rounds` rounds, each formed from the state the one before left (module doc)."""
-        real = s.d["real"] != 0
+        """`s.rounds` rounds, each formed from the state the one before left (module doc):
+        `kernels.spec_rounds.round_inputs` advances the state and writes the round's inputs,
+        one launch on a GPU."""
+        dbs, tbs = self.draft.block_size, self.target.block_size
         for r in range(s.rounds):
-            self._form_inputs(s, real)
+            prev = s.out[r - 1] if r else None
+            round_inputs(s.d, prev, k=self.k, dbs=dbs, tbs=tbs)
             self._round(s, s.out[r])
-            if r + 1 < s.rounds:
-                self._advance_state(s, s.out[r], real)
 
     def _capture(self) -> None:
         pool = self.target._pool
@@ -392,7 +338,7 @@ class FusedGreedySpec:
             h["dn"][start:] = 1
 
     def _fill_rounds(self, s: _Slab, items: list[FusedItem]) -> None:
-        """The state and block tables of a program of rounds (`_form_inputs` makes the rest)."""
+        """The state and block tables of a program of rounds (`round_inputs` forms the rest)."""
         h = s.h
         for i, it in enumerate(items):
             seq, d = it.seq, it.draft

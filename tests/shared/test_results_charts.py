@@ -187,3 +187,16 @@ def test_atomic_writes_keep_the_umask_mode(tmp_path):
     assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "b.json").stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]  # no temporaries
+
+
+def test_cpu_model_reads_cpuinfo_and_falls_back(tmp_path, monkeypatch):
+    from shared import results
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Example CPU @ 2.0GHz\n")
+    assert results.cpu_model(str(info)) == "Example CPU @ 2.0GHz"
+    monkeypatch.setattr(results.platform, "processor", lambda: "fallback-cpu")
+    assert results.cpu_model(str(tmp_path / "missing")) == "fallback-cpu"
+    monkeypatch.setattr(results.platform, "processor", lambda: "")
+    assert results.cpu_model(str(tmp_path / "missing")) is None
+    assert "cpu_model" in results.environment()

@@ -1,0 +1,176 @@
+"""The fused speculative program's round-to-round bookkeeping (`spec/fused.py`, rounds > 1).
+
+Between two rounds of a program the state (the target's computed length L and last token, the
+draft's computed length, its 1 or 2 catch-up tokens) advances by what the last round accepted,
+and the next round's inputs (token ids, positions, cache slots through the block tables, context
+lengths of both models) follow from it. `round_inputs` does both in place on the slab's device
+views: CUDA tensors in one launch of `csrc/spec_rounds.cu`, CPU tensors with the torch reference
+below (`reference_round_inputs`, also what the GPU test compares the kernel with: integer
+arithmetic, so the two agree bit for bit). As torch operations the bookkeeping was about 50
+launches of tiny kernels a round inside the captured program, 0.18 ms a round on an H200.
+
+Only metadata is validated (never values, so a CUDA graph can capture the call): a bad argument
+raises ValueError/TypeError naming it. Importing this module needs no GPU and no compiler.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from .pdl import pdl_enabled
+
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+EXTENSION = "p04_spec_rounds"
+CATCH_UP = 2  # draft tokens per sequence in the catch-up forward (spec/fused.py)
+
+# name -> (dtype, shape as a function of (w, k, q)); the tables' widths are free
+_INT64 = {
+    "L": lambda w, k, q: (w,),
+    "last": lambda w, k, q: (w,),
+    "cd": lambda w, k, q: (w,),
+    "dn": lambda w, k, q: (w,),
+    "dtok": lambda w, k, q: (w, CATCH_UP),
+    "real": lambda w, k, q: (w,),
+    "nd": lambda w, k, q: (w,),
+    "d_ids": lambda w, k, q: (w * CATCH_UP,),
+    "d_pos": lambda w, k, q: (w * CATCH_UP,),
+    "d_slots": lambda w, k, q: (w * CATCH_UP,),
+    "d_rows": lambda w, k, q: (w,),
+    "s_pos": lambda w, k, q: (k - 1, w),
+    "s_slots": lambda w, k, q: (k - 1, w),
+    "t_ids": lambda w, k, q: (w * q,),
+    "t_pos": lambda w, k, q: (w * q,),
+    "t_slots": lambda w, k, q: (w * q,),
+}
+_INT32 = {
+    "d_ctx": lambda w, k, q: (w,),
+    "s_lens": lambda w, k, q: (k - 1, w),
+    "t_ctx": lambda w, k, q: (w,),
+}
+_TABLES = ("d_tables", "t_tables")
+
+
+@functools.cache
+def _ext():
+    from shared.cuda_build import load_extension
+
+    return load_extension(EXTENSION, CSRC, ("spec_rounds.cu",))
+
+
+def check_round_inputs(
+    d: Mapping[str, torch.Tensor], prev: torch.Tensor | None, k: int, dbs: int, tbs: int
+) -> None:
+    """Validate metadata only: every view present, contiguous, of its dtype and shape, on one
+    device; prev (w, 2 + k) int64 or None; k >= 1 and positive block sizes."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    for name, bs in (("draft block size", dbs), ("target block size", tbs)):
+        if not isinstance(bs, int) or bs < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {bs!r}")
+    if "L" not in d or not isinstance(d["L"], torch.Tensor) or d["L"].dim() != 1:
+        raise ValueError("d['L'] must be a 1-D tensor (the batch width)")
+    w, q, device = d["L"].shape[0], k + 1, d["L"].device
+    want = {n: (torch.int64, f(w, k, q)) for n, f in _INT64.items()}
+    want |= {n: (torch.int32, f(w, k, q)) for n, f in _INT32.items()}
+    want |= {n: (torch.int32, None) for n in _TABLES}
+    for name, (dtype, shape) in want.items():
+        x = d.get(name)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"d[{name!r}] must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != dtype:
+            raise TypeError(f"d[{name!r}] must be {dtype}, got {x.dtype}")
+        if x.device != device:
+            raise ValueError(f"d[{name!r}] must be on {device}, got {x.device}")
+        if not x.is_contiguous():
+            raise ValueError(f"d[{name!r}] must be contiguous")
+        if shape is None:
+            if x.dim() != 2 or x.shape[0] != w or x.shape[1] < 1:
+                raise ValueError(f"d[{name!r}] must be ({w}, max blocks), got {tuple(x.shape)}")
+        elif tuple(x.shape) != shape:
+            raise ValueError(f"d[{name!r}] must be {shape}, got {tuple(x.shape)}")
+    if prev is not None:
+        if not isinstance(prev, torch.Tensor) or prev.dtype != torch.int64:
+            raise TypeError("prev must be an int64 torch.Tensor (the last round's result)")
+        if tuple(prev.shape) != (w, 2 + k) or not prev.is_contiguous():
+            raise ValueError(f"prev must be contiguous ({w}, {2 + k}), got {tuple(prev.shape)}")
+        if prev.device != device:
+            raise ValueError(f"prev must be on {device}, got {prev.device}")
+
+
+def round_inputs(
+    d: Mapping[str, torch.Tensor], prev: torch.Tensor | None, *, k: int, dbs: int, tbs: int
+) -> None:
+    """In place on d (the slab's device views): when prev (the last round's (w, 2 + k) result:
+    accepted drafts, the token after them, the k drafts) is given, advance the state by it
+    (padding rows, real == 0, keep theirs); then form the round's inputs from the state.
+    dbs / tbs: the draft's and the target's KV block sizes."""
+    check_round_inputs(d, prev, k, dbs, tbs)
+    if d["L"].device.type != "cuda":
+        reference_round_inputs(d, prev, k=k, dbs=dbs, tbs=tbs)
+        return
+    _ext().spec_round_inputs(
+        *(d[n] for n in ("L", "last", "cd", "dn", "dtok", "real", "nd")),
+        prev,
+        *(d[n] for n in ("d_ids", "d_pos", "d_slots", "d_rows", "s_pos", "s_slots")),
+        *(d[n] for n in ("t_ids", "t_pos", "t_slots", "d_tables", "t_tables")),
+        *(d[n] for n in ("d_ctx", "s_lens", "t_ctx")),
+        k,
+        dbs,
+        tbs,
+        pdl_enabled(d["L"].device),
+    )
+
+
+def _slots(tables: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slots of positions pos (w, n) through the block tables (w, max blocks)."""
+    idx = torch.clamp(torch.div(pos, block_size, rounding_mode="floor"), max=tables.shape[1] - 1)
+    return tables.gather(1, idx).long() * block_size + pos % block_size
+
+
+def reference_round_inputs(
+    d: Mapping[str, torch.Tensor], prev: torch.Tensor | None, *, k: int, dbs: int, tbs: int
+) -> None:
+    """`round_inputs` as torch operations (any device; the CPU path and the kernel's reference)."""
+    w, q, dev = d["L"].shape[0], k + 1, d["L"].device
+    real = d["real"] != 0
+    if prev is not None:  # the state after the last round; padding rows keep theirs
+        a, bonus, drafts = prev[:, 0], prev[:, 1], prev[:, 2:]
+        every = a == k  # every draft accepted: the draft is 2 behind (its last draft, bonus)
+        new = {
+            "L": d["L"] + a + 1,
+            "last": bonus,
+            "cd": d["cd"] + d["dn"] + torch.clamp(a, max=k - 1),
+            "dn": 1 + every.long(),
+        }
+        t0 = torch.where(every, drafts[:, k - 1], bonus)
+        t1 = torch.where(every, bonus, torch.zeros_like(bonus))
+        for name, v in new.items():
+            d[name].copy_(torch.where(real, v, d[name]))
+        d["dtok"].copy_(torch.where(real[:, None], torch.stack((t0, t1), 1), d["dtok"]))
+    c_range = torch.arange(CATCH_UP, device=dev)
+    k_range = torch.arange(k, device=dev)
+    q_range = torch.arange(q, device=dev)
+    cd, dn, L = d["cd"], d["dn"], d["L"]
+    dpos = cd[:, None] + c_range  # (w, CATCH_UP)
+    live = real[:, None] & (c_range[None, :] < dn[:, None])
+    d["d_ids"].copy_(d["dtok"].view(-1))
+    d["d_pos"].copy_(dpos.view(-1))
+    d["d_slots"].copy_(torch.where(live, _slots(d["d_tables"], dpos, dbs), -1).view(-1))
+    d["d_rows"].copy_(torch.arange(w, device=dev) * CATCH_UP + dn - 1)
+    d["d_ctx"].copy_(cd + CATCH_UP)  # bottom-right causal: the padding stays unseen
+    if k > 1:  # draft step j feeds draft j + 1 at position cd + dn + j
+        spos = torch.where(real[:, None], (cd + dn)[:, None] + k_range[None, : k - 1], 0)
+        slots = torch.where(real[:, None], _slots(d["d_tables"], spos, dbs), -1)
+        d["s_pos"].copy_(spos.t())
+        d["s_slots"].copy_(slots.t())
+        d["s_lens"].copy_((spos + 1).t())
+    tpos = L[:, None] + q_range  # (w, q)
+    tlive = real[:, None] & (q_range[None, :] < 1 + d["nd"][:, None])
+    d["t_ids"].view(w, q)[:, 0].copy_(d["last"])
+    d["t_pos"].copy_(tpos.view(-1))
+    d["t_slots"].copy_(torch.where(tlive, _slots(d["t_tables"], tpos, tbs), -1).view(-1))
+    d["t_ctx"].copy_(L + q)
