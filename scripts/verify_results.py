@@ -83,6 +83,18 @@ ABSOLUTE = Tolerance(
         "than a ratio's; the GPU state of both runs is printed to tell a slow run from slow code"
     ),
 )
+HOST_BOUND_RATE = Tolerance(
+    rel=0.20,
+    reason=(
+        "the offline engine's rate on the same GPU model, partly host-bound (scheduling, building "
+        "inputs and appending tokens for up to 256 sequences a step). Measured (H200, "
+        "2026-12-04): the same code ran the committed workload at 29.6-29.8k output tok/s on one "
+        "lent machine and 25.6-26.4k on another, every run the same 4,933 steps, the device time "
+        "of a step equal and its wall time 0.50 against 0.64 ms at batch 1; the first runs on a "
+        "freshly started machine were 10-15% slower than later ones. 20% covers the two hosts; "
+        "the records' cpu_model tells them apart"
+    ),
+)
 BANDWIDTH = Tolerance(
     rel=0.10,
     reason=(
@@ -497,7 +509,7 @@ FIGURES: tuple[Figure, ...] = (
         "offline throughput, engine",
         "output tok/s",
         "absolute",
-        ABSOLUTE,
+        HOST_BOUND_RATE,
         "p04-throughput",
         ("results", "engine", "output_tok_s"),
     ),

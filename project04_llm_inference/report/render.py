@@ -29,6 +29,7 @@ RECORDS = (
     "gemv_kernel_mma",
     "prefill_attention",
     "spec_decode",
+    "spec_decode_rounds",  # a later, smaller plan: the fused step in rounds against one round
     "serving",
 )
 COPY_TB_S = 4.3  # the H200's measured device-to-device copy bandwidth (read + write), TB/s
@@ -614,6 +615,8 @@ def render(reports_dir: str | Path) -> list[Path]:
             parts.append(_gemv_kernel_md(recs["gemv_kernel_mma"], mma=True))
     if "spec_decode" in recs:
         parts.append(_spec_md(recs["spec_decode"]))
+    if "spec_decode_rounds" in recs:
+        parts.append(_spec_md(recs["spec_decode_rounds"], SPEC_ROUNDS_TITLE))
     if "serving" in recs:
         parts.append(_serving_md(recs["serving"]))
     parts += [f"![{p.stem}]({p.name})\n" for p in charts]
@@ -733,7 +736,10 @@ def _spec_how(best: dict) -> str:
     }.get(best.get("method"), "")
 
 
-def _spec_md(rec: dict) -> str:
+SPEC_ROUNDS_TITLE = "Speculative decoding: the fused step in rounds"
+
+
+def _spec_md(rec: dict, title: str = "Speculative decoding") -> str:
     res = rec["results"]
     order = {w: i for i, w in enumerate(res["workloads"])}
     meth = list(SPEC_METHODS)
@@ -769,7 +775,7 @@ def _spec_md(rec: dict) -> str:
             f"at k = {best['k']}{_spec_how(best)} (goal >= {best['goal']}x: "
             f"{_status(best['met'])})."
         )
-    return f"## Speculative decoding\n\n{_spec_context(res)}{line}\n\n{_table(rows)}\n"
+    return f"## {title}\n\n{_spec_context(res)}{line}\n\n{_table(rows)}\n"
 
 
 def _spec_charts(recs: dict, folder: Path) -> list[Path]:
@@ -808,14 +814,23 @@ def _spec_charts(recs: dict, folder: Path) -> list[Path]:
 
 
 def _spec_summary(recs: dict) -> str:
-    """The summary's speculative-decoding line: the best batch-1 draft speedup against its goal,
-    and what n-gram lookup gives on the code-editing workload."""
-    rec = recs.get("spec_decode")
-    if not rec:
-        return ""
+    """The summary's speculative-decoding lines, one per record (the full plan, then the rounds
+    run): the best batch-1 draft speedup against its goal, and what n-gram lookup gives on the
+    code-editing workload."""
+    return "".join(
+        _spec_summary_one(recs[name], label)
+        for name, label in (
+            ("spec_decode", "Speculative decoding"),
+            ("spec_decode_rounds", SPEC_ROUNDS_TITLE),
+        )
+        if recs.get(name)
+    )
+
+
+def _spec_summary_one(rec: dict, label: str) -> str:
     res = rec["results"]
     best = res.get("best_batch1_draft", {})
-    text = "\n**Speculative decoding**"
+    text = f"\n**{label}**"
     text += f" ({res['context'].get('dtype')}, {environment_line(rec['environment'])}): "
     if best.get("speedup") is None:
         text += f"batch-1 draft-model speedup on held-out files not measured (goal >= {best.get('goal')}x)."

@@ -583,3 +583,24 @@ def test_profile_step_takes_a_model_folder_and_speculation():
     assert spec["model"] == "runs/spec-models/target" and "load_format" not in spec
     assert (spec["speculative_method"], spec["num_speculative_tokens"]) == ("draft", 2)
     assert spec["speculative_model"] == "runs/spec-models/draft"
+
+
+def test_a_rounds_record_beside_the_full_plan_gets_its_own_section_and_line(
+    tmp_path, monkeypatch
+):
+    # spec_decode_rounds.json: a later, smaller plan (the committed one: batch 1, held-out only)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _spec_record(tmp_path, draft_b1=1.2, fused_b1=1.5)
+    folder = tmp_path / PROJECT
+    full = json.loads((folder / "spec_decode.json").read_text())
+    sub = tmp_path / "rounds"
+    _spec_record(sub, draft_b1=1.2, fused_b1=1.5, rounds_b1=1.7)
+    rounds = json.loads((sub / PROJECT / "spec_decode.json").read_text())
+    (folder / "spec_decode_rounds.json").write_text(json.dumps(rounds))
+    md, summary = (p.read_text() for p in render(tmp_path)[:2])
+    assert md.count("## Speculative decoding") == 2
+    assert "## Speculative decoding: the fused step in rounds" in md
+    best_full = full["results"]["best_batch1_draft"]["speedup"]
+    assert f"{best_full:.2f}x at k = 4, fused step, goal" in summary
+    assert "**Speculative decoding: the fused step in rounds**" in summary
+    assert "1.70x at k = 4, fused step in rounds, goal >= 2.0x: **missed**" in summary
