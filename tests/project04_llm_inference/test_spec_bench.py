@@ -585,9 +585,7 @@ def test_profile_step_takes_a_model_folder_and_speculation():
     assert spec["speculative_model"] == "runs/spec-models/draft"
 
 
-def test_a_rounds_record_beside_the_full_plan_gets_its_own_section_and_line(
-    tmp_path, monkeypatch
-):
+def test_a_rounds_record_beside_the_full_plan_gets_its_own_section_and_line(tmp_path, monkeypatch):
     # spec_decode_rounds.json: a later, smaller plan (the committed one: batch 1, held-out only)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _spec_record(tmp_path, draft_b1=1.2, fused_b1=1.5)
