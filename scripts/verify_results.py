@@ -835,6 +835,9 @@ def verify(
             if new is not None:
                 info["gpu_state"] = (new.get("environment") or {}).get("gpu_state")
                 info["gpu"] = (new.get("environment") or {}).get("gpu")
+                # host-bound figures move with the host: name both CPUs (None: not recorded)
+                info["cpu_model"] = (new.get("environment") or {}).get("cpu_model")
+                info["committed_cpu_model"] = (committed.get("environment") or {}).get("cpu_model")
             new_records[key] = new
         result.reruns[key] = info
     for fig in figures:
@@ -906,6 +909,11 @@ def report(v: Verification) -> str:
             line += (
                 f"; {info.get('gpu')}, start: {state_line(state.get('start'))}; "
                 f"end: {state_line(state.get('end'))}"
+            )
+        if "cpu_model" in info:
+            line += (
+                f"; host CPU: {info['cpu_model'] or 'not recorded'} (the committed record's: "
+                f"{info.get('committed_cpu_model') or 'not recorded'})"
             )
         lines.append(line)
     spent = sum(i.get("seconds", 0) for i in v.reruns.values())

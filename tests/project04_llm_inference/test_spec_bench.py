@@ -602,3 +602,7 @@ def test_a_rounds_record_beside_the_full_plan_gets_its_own_section_and_line(tmp_
     assert f"{best_full:.2f}x at k = 4, fused step, goal" in summary
     assert "**Speculative decoding: the fused step in rounds**" in summary
     assert "1.70x at k = 4, fused step in rounds, goal >= 2.0x: **missed**" in summary
+    # each line names its divisor (no speculation at batch 1, held-out) and the host it ran on
+    cpu = rounds["environment"].get("cpu_model")
+    tail = f" (host CPU: {cpu})." if cpu else "."
+    assert f"The engine without speculation ran 500 tok/s at batch 1 in that run{tail}" in summary

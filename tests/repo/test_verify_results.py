@@ -209,7 +209,8 @@ def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
     def runner(rerun, committed_rec, out_dir):
         ran.append((rerun.key, rerun.argv(committed_rec)))
         if rerun.key == "p04-latency":
-            _write(out_dir, rerun.record, latency_record([1.45, 1.4, 1.5], [40_000.0] * 3))
+            env = {**H200, "cpu_model": "Example CPU 9000"}
+            _write(out_dir, rerun.record, latency_record([1.45, 1.4, 1.5], [40_000.0] * 3, env))
             return ""
         return "exit status 1 (log: x): CUDA out of memory"
 
@@ -243,6 +244,8 @@ def test_verify_runs_each_rerun_once_and_reports_every_figure(tmp_path):
     assert "1.41 (1 run)" in text and "1.45 (1.4–1.5, n=3)" in text
     assert "FAILED: the re-run failed" in text and "CUDA out of memory" in text
     assert "Tolerances:" in text and vr.ABSOLUTE.reason in text
+    # host-bound figures move with the host: both CPUs named (the committed one predates it)
+    assert "host CPU: Example CPU 9000 (the committed record's: not recorded)" in text
     # a record left by an earlier run in the same folder is not taken for the new one
     (out / f"{P04}/prefix_caching.json").parent.mkdir(parents=True, exist_ok=True)
     _write(out, f"{P04}/prefix_caching.json", prefix_record([1.7]))
