@@ -91,7 +91,7 @@ HOST_BOUND_RATE = Tolerance(
         "2026-12-04): the same code ran the committed workload at 29.6-29.8k output tok/s on one "
         "lent machine and 25.6-26.4k on another, every run the same 4,933 steps, the device time "
         "of a step equal and its wall time 0.50 against 0.64 ms at batch 1; the first runs on a "
-        "freshly started machine were 10-15% slower than later ones. 20% covers the two hosts; "
+        "freshly started machine were 9-15% slower than later ones. 20% covers the two hosts; "
         "the records' cpu_model tells them apart"
     ),
 )

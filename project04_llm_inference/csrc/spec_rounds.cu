@@ -134,15 +134,6 @@ __global__ void __launch_bounds__(kThreads) spec_round_inputs_kernel(RoundParams
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-namespace {
-
-template <typename T>
-T* ptr(torch::Tensor& t) {
-  return t.data_ptr<T>();
-}
-
-}  // namespace
-
 // Every tensor is a contiguous view of the slab's buffers, checked by the Python wrapper
 // (kernels/spec_rounds.py), which also checks the shapes: only pointers are taken here.
 void spec_round_inputs(torch::Tensor L, torch::Tensor last, torch::Tensor cd, torch::Tensor dn,
@@ -155,28 +146,28 @@ void spec_round_inputs(torch::Tensor L, torch::Tensor last, torch::Tensor cd, to
                        torch::Tensor t_ctx, int64_t k, int64_t dbs, int64_t tbs, bool pdl) {
   const c10::cuda::CUDAGuard guard(L.device());
   RoundParams p;
-  p.L = ptr<int64_t>(L);
-  p.last = ptr<int64_t>(last);
-  p.cd = ptr<int64_t>(cd);
-  p.dn = ptr<int64_t>(dn);
-  p.dtok = ptr<int64_t>(dtok);
-  p.real = ptr<int64_t>(real);
-  p.nd = ptr<int64_t>(nd);
+  p.L = L.data_ptr<int64_t>();
+  p.last = last.data_ptr<int64_t>();
+  p.cd = cd.data_ptr<int64_t>();
+  p.dn = dn.data_ptr<int64_t>();
+  p.dtok = dtok.data_ptr<int64_t>();
+  p.real = real.data_ptr<int64_t>();
+  p.nd = nd.data_ptr<int64_t>();
   p.prev = prev.has_value() ? prev->data_ptr<int64_t>() : nullptr;
-  p.d_ids = ptr<int64_t>(d_ids);
-  p.d_pos = ptr<int64_t>(d_pos);
-  p.d_slots = ptr<int64_t>(d_slots);
-  p.d_rows = ptr<int64_t>(d_rows);
-  p.s_pos = ptr<int64_t>(s_pos);
-  p.s_slots = ptr<int64_t>(s_slots);
-  p.t_ids = ptr<int64_t>(t_ids);
-  p.t_pos = ptr<int64_t>(t_pos);
-  p.t_slots = ptr<int64_t>(t_slots);
+  p.d_ids = d_ids.data_ptr<int64_t>();
+  p.d_pos = d_pos.data_ptr<int64_t>();
+  p.d_slots = d_slots.data_ptr<int64_t>();
+  p.d_rows = d_rows.data_ptr<int64_t>();
+  p.s_pos = s_pos.data_ptr<int64_t>();
+  p.s_slots = s_slots.data_ptr<int64_t>();
+  p.t_ids = t_ids.data_ptr<int64_t>();
+  p.t_pos = t_pos.data_ptr<int64_t>();
+  p.t_slots = t_slots.data_ptr<int64_t>();
   p.d_tables = d_tables.data_ptr<int32_t>();
   p.t_tables = t_tables.data_ptr<int32_t>();
-  p.d_ctx = ptr<int32_t>(d_ctx);
-  p.s_lens = ptr<int32_t>(s_lens);
-  p.t_ctx = ptr<int32_t>(t_ctx);
+  p.d_ctx = d_ctx.data_ptr<int32_t>();
+  p.s_lens = s_lens.data_ptr<int32_t>();
+  p.t_ctx = t_ctx.data_ptr<int32_t>();
   p.w = static_cast<int>(L.size(0));
   p.k = static_cast<int>(k);
   p.mbd = static_cast<int>(d_tables.size(1));

@@ -819,9 +819,9 @@ def _spec_charts(recs: dict, folder: Path) -> list[Path]:
 
 
 def _spec_summary(recs: dict) -> str:
-    """The summary's speculative-decoding lines, one per record (the full plan, then the rounds
-    run): the best batch-1 draft speedup against its goal, and what n-gram lookup gives on the
-    code-editing workload."""
+    """The summary's speculative-decoding lines, one per record (the full plan, then the smaller
+    plans of SPEC_EXTRA): the best batch-1 draft speedup against its goal, its divisor's rate and
+    host, and what n-gram lookup gives on the code-editing workload."""
     return "".join(
         _spec_summary_one(recs[name], label)
         for name, label in (("spec_decode", "Speculative decoding"), *SPEC_EXTRA.items())
