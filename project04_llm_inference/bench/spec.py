@@ -57,18 +57,19 @@ class SpecBenchConfig:
     """draft-model speculation with the unfused step (spec_fused_greedy=False: the draft's
     proposal, verification and acceptance apart, three read-backs a step): tokens proposed per
     step, one engine each (method 'draft'); empty: none"""
-    fused_ks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
-    """draft-model speculation as the engine runs it by default, all-greedy steps fused
-    (EngineArgs.spec_fused_greedy: the draft's catch-up and k - 1 steps, the verification and
-    the greedy acceptance as one device program, one read-back a step): tokens proposed per
-    step, one engine each (method 'draft-fused'); empty: none"""
-    rounds_ks: tuple[int, ...] = ()
-    """the fused step in rounds (EngineArgs.spec_fused_rounds = fused_rounds: that many rounds
-    of draft, verification and acceptance per device program and read-back, each formed on the
-    device): tokens proposed per round, one engine each (method 'draft-rounds'); empty (the
-    default until it has run on a GPU): none"""
+    fused_ks: tuple[int, ...] = (4,)
+    """draft-model speculation with all-greedy steps fused, one round a program
+    (EngineArgs.spec_fused_greedy with spec_fused_rounds=1: the draft's catch-up and k - 1
+    steps, the verification and the greedy acceptance as one device program, one read-back a
+    step): tokens proposed per step, one engine each (method 'draft-fused'); empty: none"""
+    rounds_ks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
+    """draft-model speculation as the engine runs it by default: the fused step in rounds
+    (EngineArgs.spec_fused_rounds = fused_rounds: that many rounds of draft, verification and
+    acceptance per device program and read-back, each formed on the device): tokens proposed
+    per round, one engine each (method 'draft-rounds'); empty: none"""
     fused_rounds: int = 4
-    """rounds per program of the 'draft-rounds' engines (>= 2)"""
+    """rounds per program of the 'draft-rounds' engines (>= 2; the engine's default is
+    config.DEFAULT_FUSED_ROUNDS)"""
     ngram_ks: tuple[int, ...] = (2, 4, 8)
     """n-gram lookup: tokens proposed per step, one engine each; empty: no n-gram rows"""
     batches: tuple[int, ...] = (1, 8)
@@ -266,8 +267,8 @@ def build_llm(cfg: SpecBenchConfig, target: Path, draft: Path, method: str, k: i
         extra = dict(speculative_method="draft" if fused else method, num_speculative_tokens=k)
         if method in DRAFT_METHODS:
             extra.update(speculative_model=str(draft), spec_fused_greedy=fused)
-            if method == "draft-rounds":
-                extra.update(spec_fused_rounds=cfg.fused_rounds)
+            if fused:  # draft-fused: the one-round step (the engine's default is rounds)
+                extra.update(spec_fused_rounds=cfg.fused_rounds if method == "draft-rounds" else 1)
         else:
             extra.update(
                 ngram_prompt_lookup_min=cfg.ngram_min, ngram_prompt_lookup_max=cfg.ngram_max

@@ -7,7 +7,9 @@ draft-model speculation (the default path, `spec_fused_greedy` and, when asked, 
 
 The target and the draft are random-weight model folders written to a temporary folder, of the
 shapes `spec.train_corpus` trains by default (`--shape spec`: an 88 M target, 12 layers, dim 768,
-vocabulary 8192; a 5.8 M draft, 2 layers, dim 256), or a tiny pair for the CPU (`--shape tiny`).
+vocabulary 8192; a 5.8 M draft, 2 layers, dim 256; `--shape spec-197m`: the 197 M target, 16
+layers, dim 1024, of the committed speculative records, the same draft), or a tiny pair for the
+CPU (`--shape tiny`).
 Random drafts are rarely accepted, so compare per-step times (what a step costs), not tokens/s;
 `--models-dir` takes spec.train_corpus's trained pair instead (target/ and draft/).
 
@@ -59,6 +61,26 @@ PAIRS: dict[str, tuple[dict, dict]] = {
             vocab_size=8192,
         ),
     ),
+    # the pair the committed speculative records were measured with (spec.train_corpus
+    # --target-dim 1024 --target-layers 16 --target-heads 16 --target-ffn 2816): 197 M, 5.8 M
+    "spec-197m": (
+        dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            vocab_size=8192,
+        ),
+        dict(
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=8192,
+        ),
+    ),
     "tiny": (
         dict(
             hidden_size=64,
@@ -88,12 +110,16 @@ COMMON = dict(
 )
 
 
+TOP_OPS = 15  # device operations listed per engine, the longest first
+
+
 @dataclass
 class SpecProfileConfig:
     out: str = "spec_profile.json"
     """JSON record; the Chrome traces go next to it (<stem>.<engine>.trace.json)."""
-    shape: Literal["spec", "tiny"] = "spec"
-    """Random-weight pair: 'spec' (88 M target, 5.8 M draft) or 'tiny' (CPU tests)."""
+    shape: Literal["spec", "spec-197m", "tiny"] = "spec"
+    """Random-weight pair: 'spec' (88 M target, 5.8 M draft), 'spec-197m' (the committed
+    speculative records' 197 M target, the same draft) or 'tiny' (CPU tests)."""
     models_dir: str | None = None
     """A trained pair instead (spec.train_corpus's folder: target/ and draft/)."""
     ks: tuple[int, ...] = (2, 4)
@@ -318,7 +344,23 @@ def profile_steps(eng, steps: int, trace: Path | None) -> dict:
             last = end if last is None else max(last, end)
         out["device_busy_ms_per_step"] = busy / 1e3 / steps
         out["device_ops_per_step"] = len(dev) / steps
+        out["top_device_ops"] = top_ops(dev, steps)
     return out
+
+
+def top_ops(events, steps: int, n: int = TOP_OPS) -> list[dict]:
+    """The `n` device operations (kernels, copies) that took the most time, by name: their
+    time (ms) and calls per step, so a step's device time can be told apart by kernel."""
+    by: dict[str, list[float]] = {}
+    for e in events:
+        t = by.setdefault(e.name, [0.0, 0])
+        t[0] += max(0.0, e.time_range.end - e.time_range.start)
+        t[1] += 1
+    rows = sorted(by.items(), key=lambda kv: -kv[1][0])[:n]
+    return [
+        {"name": name[:120], "ms_per_step": us / 1e3 / steps, "calls_per_step": c / steps}
+        for name, (us, c) in rows
+    ]
 
 
 # --- one engine ---------------------------------------------------------------------------------
@@ -336,8 +378,8 @@ def engine_plan(cfg: SpecProfileConfig) -> list[tuple[str, dict]]:
                 num_speculative_tokens=k,
                 spec_fused_greedy=path != "default",
             )
-            if path == "rounds":
-                kw["spec_fused_rounds"] = cfg.fused_rounds
+            if path != "default":  # "fused": the one-round step (rounds are the default)
+                kw["spec_fused_rounds"] = cfg.fused_rounds if path == "rounds" else 1
             name = (
                 f"draft-k{k}-rounds{cfg.fused_rounds}" if path == "rounds" else f"draft-k{k}-{path}"
             )
@@ -485,6 +527,11 @@ def run(cfg: SpecProfileConfig) -> dict:
         for name, over in engine_plan(cfg):
             rows.append(measure(cfg, name, over, target, draft, out.parent))
             print(summary_line(rows[-1]), flush=True)
+            for op in rows[-1].get("profile", {}).get("top_device_ops", []):
+                print(
+                    f"{'':>22}{op['ms_per_step']:.4f} ms/step in {op['calls_per_step']:.1f} "
+                    f"calls: {op['name']}"
+                )
     env = {"torch": torch.__version__, "cuda": torch.version.cuda}
     if torch.cuda.is_available() and cfg.device != "cpu":
         env["gpu"] = torch.cuda.get_device_name()

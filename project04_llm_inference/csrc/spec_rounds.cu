@@ -124,6 +124,28 @@ __global__ void __launch_bounds__(kThreads) spec_round_inputs_kernel(RoundParams
   }
 }
 
+// The round's greedy acceptance, one thread per row: the leading drafts equal to the target's
+// argmax at their position (at most nd of them), then the argmax after them. out is the round's
+// (w, 2 + k) result, its drafts (columns 2..) already written; columns 0 and 1 are written here.
+// As torch operations (compare, mask, cumulative product, sum, gather, two copies) it was about
+// nine launches a round; the comparison is exact, so the two agree bit for bit.
+__global__ void __launch_bounds__(kThreads)
+    spec_accept_kernel(const int64_t* __restrict__ am, const int64_t* __restrict__ nd,
+                       int64_t* __restrict__ out, int w, int k) {
+  p04::wait_previous_kernel();  // the argmax comes from the kernel before
+  p04::allow_next_kernel();
+  const int q = k + 1;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < w; i += gridDim.x * blockDim.x) {
+    int64_t* row = out + static_cast<int64_t>(i) * (2 + k);
+    const int64_t* want = am + static_cast<int64_t>(i) * q;
+    const int64_t limit = nd[i] < k ? nd[i] : k;
+    int64_t n = 0;
+    while (n < limit && row[2 + n] == want[n]) ++n;
+    row[0] = n;
+    row[1] = want[n];
+  }
+}
+
 }  // namespace
 
 // The torch binding (compiled only as part of the extension build, which defines
@@ -179,7 +201,22 @@ void spec_round_inputs(torch::Tensor L, torch::Tensor last, torch::Tensor cd, to
                              c10::cuda::getCurrentCUDAStream(), pdl, p));
 }
 
+// am (w * (k + 1)) int64, nd (w) int64, out (w, 2 + k) int64: contiguous, checked by the wrapper.
+void spec_accept(torch::Tensor am, torch::Tensor nd, torch::Tensor out, int64_t k, bool pdl) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  const int w = static_cast<int>(out.size(0));
+  const unsigned blocks = static_cast<unsigned>((w + kThreads - 1) / kThreads);
+  C10_CUDA_CHECK(p04::launch(spec_accept_kernel, dim3(blocks), dim3(kThreads), 0,
+                             c10::cuda::getCurrentCUDAStream(), pdl,
+                             static_cast<const int64_t*>(am.data_ptr<int64_t>()),
+                             static_cast<const int64_t*>(nd.data_ptr<int64_t>()),
+                             out.data_ptr<int64_t>(), w, static_cast<int>(k)));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("spec_accept", &spec_accept,
+        "the round's greedy acceptance: accepted drafts and the token after them, into columns "
+        "0 and 1 of the round's result");
   m.def("spec_round_inputs", &spec_round_inputs,
         "advance the fused rounds' state by the last round's result (when given) and form the "
         "next round's inputs, in place");

@@ -140,7 +140,7 @@ class LLMEngine:
                 args.num_speculative_tokens,
                 min(SPEC_GRAPH_MAX_BATCH, args.max_num_seqs),
                 capture=self.device.type == "cuda" and not args.enforce_eager,
-                rounds=args.spec_fused_rounds,
+                rounds=args.fused_rounds,
             )
         self.block_manager = BlockManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(

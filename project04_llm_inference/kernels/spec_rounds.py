@@ -174,3 +174,52 @@ def reference_round_inputs(
     d["t_pos"].copy_(tpos.view(-1))
     d["t_slots"].copy_(torch.where(tlive, _slots(d["t_tables"], tpos, tbs), -1).view(-1))
     d["t_ctx"].copy_(L + q)
+
+
+# --- the greedy acceptance ------------------------------------------------------------------------
+
+
+def check_accept(am: torch.Tensor, nd: torch.Tensor, out: torch.Tensor, k: int) -> None:
+    """Validate metadata only: out (w, 2 + k), am (w * (k + 1)) and nd (w), all int64,
+    contiguous, on one device; k >= 1."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    for name, x in (("am", am), ("nd", nd), ("out", out)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != torch.int64:
+            raise TypeError(f"{name} must be torch.int64, got {x.dtype}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if x.device != out.device:
+            raise ValueError(f"{name} must be on {out.device}, got {x.device}")
+    if out.dim() != 2 or out.shape[1] != 2 + k:
+        raise ValueError(f"out must be (w, {2 + k}), got {tuple(out.shape)}")
+    w = out.shape[0]
+    if tuple(am.shape) != (w * (k + 1),):
+        raise ValueError(f"am must be ({w * (k + 1)},) (w rows of k + 1), got {tuple(am.shape)}")
+    if tuple(nd.shape) != (w,):
+        raise ValueError(f"nd must be ({w},), got {tuple(nd.shape)}")
+
+
+def accept(am: torch.Tensor, nd: torch.Tensor, out: torch.Tensor, *, k: int) -> None:
+    """The round's greedy acceptance, in place: out[:, 0] = the leading drafts (out[:, 2:], at
+    most nd of them) equal to the target's argmax am at their position, out[:, 1] = the argmax
+    after them. CUDA tensors in one launch of `csrc/spec_rounds.cu`, CPU tensors with
+    `reference_accept`."""
+    check_accept(am, nd, out, k)
+    if out.device.type != "cuda":
+        reference_accept(am, nd, out, k=k)
+        return
+    _ext().spec_accept(am, nd, out, k, pdl_enabled(out.device))
+
+
+def reference_accept(am: torch.Tensor, nd: torch.Tensor, out: torch.Tensor, *, k: int) -> None:
+    """`accept` as torch operations (any device; the CPU path and the kernel's reference)."""
+    w = out.shape[0]
+    am = am.view(w, k + 1)
+    k_range = torch.arange(k, device=out.device)
+    ok = (out[:, 2:] == am[:, :k]) & (k_range[None, :] < nd[:, None])
+    n_acc = ok.long().cumprod(-1).sum(-1)
+    out[:, 0].copy_(n_acc)
+    out[:, 1].copy_(am.gather(1, n_acc[:, None])[:, 0])

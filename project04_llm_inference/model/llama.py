@@ -158,6 +158,17 @@ class DecoderLayer(nn.Module):
         nd = meta.num_decodes
         if nd == t:  # decodes only: the kernel reads q strided out of qkv, its output is final
             out = self._decode_attention(q, meta, k_cache, v_cache, scale)
+        elif nd == 0:  # prefill chunks only (a speculative verification too): the same, no copies
+            out = kernels.paged_prefill_attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.prefill_block_tables,
+                meta.cu_seqlens_q,
+                meta.prefill_context_lens,
+                meta.max_seqlen_q,
+                scale,
+            )
         else:
             q = q.contiguous()  # (T, Hq, D)
             out = torch.empty_like(q)

@@ -50,7 +50,7 @@ import torch
 from ..engine.model_runner import ModelRunner, graph_batch_sizes
 from ..engine.sampler import argmax_rows
 from ..engine.sequence import Sequence
-from ..kernels.spec_rounds import CATCH_UP, round_inputs
+from ..kernels.spec_rounds import CATCH_UP, accept, round_inputs
 from ..model.llama import AttnMetadata
 
 PENDING = -1  # a draft token counted by the scheduler, computed later on the device
@@ -119,7 +119,6 @@ class _Slab:
         self.out_host = torch.zeros(shape, dtype=torch.int64)
         if pinned:
             self.out_host = self.out_host.pin_memory()
-        self.k_range = torch.arange(k, device=device)
 
     @staticmethod
     def _alloc(layout, dtype, device, pinned):
@@ -273,11 +272,7 @@ class FusedGreedySpec:
             drafts[:, j + 1].copy_(tok)
         d["t_ids"].view(s.w, s.q)[:, 1:].copy_(drafts)
         logits = tm.compute_logits(tm(d["t_ids"], s.t_meta, tkv))
-        am = argmax_rows(logits).view(s.w, s.q)
-        ok = (drafts == am[:, : self.k]) & (s.k_range[None, :] < d["nd"][:, None])
-        n_acc = ok.long().cumprod(-1).sum(-1)
-        out[:, 0].copy_(n_acc)
-        out[:, 1].copy_(am.gather(1, n_acc[:, None])[:, 0])
+        accept(argmax_rows(logits), d["nd"], out, k=self.k)  # one launch on a GPU
 
     # --- rounds: every round's inputs formed on the device ------------------------------------------
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from project04_llm_inference import LLM, SamplingParams
+from project04_llm_inference.config import DEFAULT_FUSED_ROUNDS
 from project04_llm_inference.kernels import fused_add_rms_norm, reference, rms_norm, silu_and_mul
 
 pytestmark = pytest.mark.gpu
@@ -267,7 +268,8 @@ def _fused_run_checked(llm, outs, eager: list, max_tokens: int) -> dict:
 
 
 def test_fused_speculative_steps_replay_cuda_graphs(d64_dir):
-    """A draft model's all-greedy steps run fused by default (EngineArgs.spec_fused_greedy):
+    """A draft model's all-greedy steps run fused by default (EngineArgs.spec_fused_greedy),
+    here one round a program (spec_fused_rounds=1; the default runs rounds, tested below):
     one CUDA graph per batch width, captured when the engine is built, and every fused step
     replays one (no eager run of the program); drafts are accepted, and neither model leaks a
     block. How often its tokens equal the default step's is printed, not asserted (bf16 on
@@ -279,14 +281,16 @@ def test_fused_speculative_steps_replay_cuda_graphs(d64_dir):
     spec = dict(
         speculative_method="draft", speculative_model=str(d64_dir), num_speculative_tokens=4
     )
-    llm = LLM(str(d64_dir), **kw, **spec)
+    llm = LLM(str(d64_dir), spec_fused_rounds=1, **kw, **spec)
     fused = llm.engine.fused
     assert fused is not None and sorted(fused.graphs) == [1, 2, 4, 8, 16, 32]
+    assert fused.rounds == 1 and not fused.round_graphs
     eager = _count_eager_programs(fused)
     got = llm.generate(prompts, params)
     s = _fused_run_checked(llm, got, eager, 48)
     assert fused.runs > 0
     default = LLM(str(d64_dir), spec_fused_greedy=False, **kw, **spec).generate(prompts, params)
+    # (spec_fused_greedy=False: the unfused step, rounds resolve to 1)
     same = sum(a.token_ids == b.token_ids for a, b in zip(got, default))
     print(
         f"fused steps {fused.runs}, acceptance {s['spec_acceptance_rate']:.3f}; "
@@ -295,8 +299,9 @@ def test_fused_speculative_steps_replay_cuda_graphs(d64_dir):
 
 
 def test_fused_rounds_replay_cuda_graphs(d64_dir):
-    """EngineArgs.spec_fused_rounds = 3: a CUDA graph of three rounds per batch width beside the
-    one-round graphs, captured when the engine is built, each round's inputs formed on the
+    """The default draft engine (EngineArgs.spec_fused_rounds unset: DEFAULT_FUSED_ROUNDS
+    rounds a program): a CUDA graph of that many rounds per batch width beside the one-round
+    graphs, captured when the engine is built, each round's inputs formed on the
     device from the last one's acceptance. Programs of rounds replay those graphs (no eager
     run), accept drafts and leak no block in either pool. One request at a time (batch width
     1 throughout) they run the same kernels on the same inputs as the one-round fused step, so
@@ -308,15 +313,16 @@ def test_fused_rounds_replay_cuda_graphs(d64_dir):
     spec = dict(
         speculative_method="draft", speculative_model=str(d64_dir), num_speculative_tokens=4
     )
-    llm = LLM(str(d64_dir), spec_fused_rounds=3, **kw, **spec)
+    llm = LLM(str(d64_dir), **kw, **spec)
     fused = llm.engine.fused
+    assert fused.rounds == DEFAULT_FUSED_ROUNDS > 1
     assert sorted(fused.round_graphs) == sorted(fused.graphs) == [1, 2, 4, 8, 16, 32]
     eager = _count_eager_programs(fused)
     one = [llm.generate([p], params)[0].token_ids for p in prompts[:4]]
     batched = llm.generate(prompts, params)
     s = _fused_run_checked(llm, batched, eager, 48)
     assert fused.round_runs > 0
-    ref = LLM(str(d64_dir), **kw, **spec)  # one round a program
+    ref = LLM(str(d64_dir), spec_fused_rounds=1, **kw, **spec)  # one round a program
     assert [ref.generate([p], params)[0].token_ids for p in prompts[:4]] == one
     same = sum(a.token_ids == b.token_ids for a, b in zip(batched, ref.generate(prompts, params)))
     print(

@@ -1,6 +1,7 @@
-"""The fused rounds' bookkeeping (`kernels/spec_rounds.py`): argument checks, the torch reference
-against a row-by-row oracle written from the module doc of `spec/fused.py` (CPU tier), and the
-CUDA kernel against the reference (GPU tier). Integer arithmetic only: every comparison is exact.
+"""The fused rounds' bookkeeping and the greedy acceptance (`kernels/spec_rounds.py`): argument
+checks, the torch references against row-by-row oracles written from the module doc of
+`spec/fused.py` (CPU tier), and the CUDA kernels against the references (GPU tier). Integer
+arithmetic and exact comparisons only: every check is exact.
 """
 
 from __future__ import annotations
@@ -156,3 +157,78 @@ def test_kernel_equals_reference(w, k):
         torch.cuda.synchronize()
         for name in ref:
             assert torch.equal(d[name], ref[name]), (name, advance)
+
+
+# --- the greedy acceptance ------------------------------------------------------------------------
+
+
+def _accept_case(w, k, device, seed):
+    """A round's result (w, 2 + k) with random drafts and garbage in columns 0-1, a target argmax
+    agreeing with the drafts for a random number of leading positions (so every acceptance
+    count 0..k occurs), and nd 0..k drafts verified per row."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = 50
+    out = torch.randint(0, vocab, (w, 2 + k), generator=g)
+    out[:, :2] = -7
+    am = torch.randint(0, vocab, (w, k + 1), generator=g)
+    agree = torch.randint(0, k + 1, (w,), generator=g)
+    for i in range(w):
+        n = int(agree[i])
+        am[i, :n] = out[i, 2 : 2 + n]
+        if n < k:  # the first disagreement is a real one
+            am[i, n] = (out[i, 2 + n] + 1) % vocab
+    nd = torch.randint(0, k + 1, (w,), generator=g)
+    return am.reshape(-1).to(device), nd.to(device), out.to(device)
+
+
+def _accept_oracle(am, nd, out, k):
+    """Row by row: count the leading drafts equal to the argmax at their position, stopping at
+    nd; the argmax after them."""
+    am = am.view(-1, k + 1).tolist()
+    res = out.clone()
+    for i, row in enumerate(out.tolist()):
+        n = 0
+        while n < min(int(nd[i]), k) and row[2 + n] == am[i][n]:
+            n += 1
+        res[i, 0], res[i, 1] = n, am[i][n]
+    return res
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_reference_accept_follows_the_rule(k):
+    am, nd, out = _accept_case(w=512, k=k, device="cpu", seed=k)
+    want = _accept_oracle(am, nd, out, k)
+    spec_rounds.accept(am, nd, out, k=k)  # the CPU path: the reference
+    assert torch.equal(out, want)
+    assert set(out[:, 0].tolist()) == set(range(k + 1))  # every count occurred (seeded data)
+
+
+@pytest.mark.parametrize(
+    "mutate, exc, match",
+    [
+        (lambda am, nd, out: (am.int(), nd, out), TypeError, "am must be torch.int64"),
+        (lambda am, nd, out: (am, nd[:-1], out), ValueError, r"nd must be \(8,\)"),
+        (lambda am, nd, out: (am[:-1], nd, out), ValueError, "am must be"),
+        (lambda am, nd, out: (am, nd, out[:, :-1]), ValueError, "out must be"),
+        (lambda am, nd, out: (am, nd, out.t()), ValueError, "out must be contiguous"),
+        (lambda am, nd, out: (am.tolist(), nd, out), TypeError, "am must be a torch.Tensor"),
+    ],
+)
+def test_accept_bad_arguments_name_the_field(mutate, exc, match):
+    am, nd, out = _accept_case(w=8, k=3, device="cpu", seed=0)
+    with pytest.raises(exc, match=match):
+        spec_rounds.accept(*mutate(am, nd, out), k=3)
+    with pytest.raises(ValueError, match="k must"):
+        spec_rounds.accept(am, nd, out, k=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("w", [1, 8, 130])
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_accept_kernel_equals_reference(w, k):
+    am, nd, out = _accept_case(w=w, k=k, device="cuda", seed=w * 10 + k)
+    ref = out.clone()
+    spec_rounds.reference_accept(am, nd, ref, k=k)
+    spec_rounds.accept(am, nd, out, k=k)
+    torch.cuda.synchronize()
+    assert torch.equal(out, ref)

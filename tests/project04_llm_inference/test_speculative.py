@@ -522,6 +522,7 @@ def test_fused_greedy_steps_match_the_default_drafts_one_at_a_time(hf_model_dir,
             speculative_model=str(other_model_dir),
             num_speculative_tokens=3,
             spec_fused_greedy=fused,
+            spec_fused_rounds=1 if fused else None,  # the one-round step, step for step
         )
         eng = llm.engine
         eng.add_request("a", prompt, params)
@@ -545,12 +546,32 @@ def test_fused_greedy_steps_match_the_default_drafts_one_at_a_time(hf_model_dir,
     _no_leaks(llm)
 
 
+def test_fused_rounds_default_to_rounds_with_the_fused_step_only(hf_model_dir):
+    """spec_fused_rounds unset: DEFAULT_FUSED_ROUNDS with the fused draft step, 1 where there
+    is no fused step (no speculation, n-gram, spec_fused_greedy=False); a value given wins."""
+    from project04_llm_inference.config import DEFAULT_FUSED_ROUNDS
+
+    m = str(hf_model_dir)
+    draft = dict(speculative_method="draft", speculative_model=m)
+    assert DEFAULT_FUSED_ROUNDS > 1
+    assert EngineArgs(model=m, **draft).fused_rounds == DEFAULT_FUSED_ROUNDS
+    assert EngineArgs(model=m, **draft, spec_fused_rounds=1).fused_rounds == 1
+    assert EngineArgs(model=m, **draft, spec_fused_rounds=7).fused_rounds == 7
+    assert EngineArgs(model=m, **draft, spec_fused_greedy=False).fused_rounds == 1
+    assert EngineArgs(model=m, speculative_method="ngram").fused_rounds == 1
+    assert EngineArgs(model=m).fused_rounds == 1
+    llm = _llm(hf_model_dir, **draft)
+    assert llm.engine.fused.rounds == DEFAULT_FUSED_ROUNDS
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [
-        (dict(spec_fused_rounds=0), "spec_fused_rounds must be >= 1"),
+        (dict(spec_fused_rounds=0), r"spec_fused_rounds must be in \[1, 64\]"),
         (dict(speculative_method="ngram", spec_fused_rounds=2), "needs the fused step"),
         (dict(speculative_method="draft", spec_fused_greedy=False, spec_fused_rounds=2), "fused"),
+        (dict(spec_fused_rounds=65), r"spec_fused_rounds must be in \[1, 64\]"),
+        (dict(spec_fused_rounds=True), r"spec_fused_rounds must be in \[1, 64\]"),
     ],
 )
 def test_fused_rounds_need_the_fused_step(kw, match, hf_model_dir):
