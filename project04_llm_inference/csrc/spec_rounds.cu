@@ -16,7 +16,8 @@
 //   catch-up tokens = (a == k) ? (draft k - 1, b) : (b, 0)
 // (padding rows, real == 0, keep theirs). Then the inputs: the draft's catch-up at positions
 // cd, cd + 1 (slots for the first dn of them), its steps at cd + dn + j, the verification at
-// L .. L + k (slots for the first 1 + nd), contexts bottom-right causal.
+// L .. L + k (slots for the first 1 + nd), each verified token a decode row of context L + j + 1
+// (causal, as the chunk aligned bottom-right).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -53,7 +54,7 @@ struct RoundParams {
   const int32_t* t_tables;  // (w, mbt)
   int32_t* d_ctx;           // (w)
   int32_t* s_lens;          // (k - 1, w)
-  int32_t* t_ctx;           // (w)
+  int32_t* t_lens;          // (w * q): row j of a verification is a decode at context L + j + 1
   int w, k, mbd, mbt, dbs, tbs;
 };
 
@@ -118,9 +119,9 @@ __global__ void __launch_bounds__(kThreads) spec_round_inputs_kernel(RoundParams
       const int64_t o = static_cast<int64_t>(i) * q + c;
       p.t_pos[o] = pos;
       p.t_slots[o] = c < live ? slot_of(ttab, p.mbt, pos, p.tbs) : -1;
+      p.t_lens[o] = static_cast<int32_t>(pos + 1);
     }
     p.t_ids[static_cast<int64_t>(i) * q] = last;
-    p.t_ctx[i] = static_cast<int32_t>(L + q);
   }
 }
 
@@ -165,7 +166,7 @@ void spec_round_inputs(torch::Tensor L, torch::Tensor last, torch::Tensor cd, to
                        torch::Tensor s_pos, torch::Tensor s_slots, torch::Tensor t_ids,
                        torch::Tensor t_pos, torch::Tensor t_slots, torch::Tensor d_tables,
                        torch::Tensor t_tables, torch::Tensor d_ctx, torch::Tensor s_lens,
-                       torch::Tensor t_ctx, int64_t k, int64_t dbs, int64_t tbs, bool pdl) {
+                       torch::Tensor t_lens, int64_t k, int64_t dbs, int64_t tbs, bool pdl) {
   const c10::cuda::CUDAGuard guard(L.device());
   RoundParams p;
   p.L = L.data_ptr<int64_t>();
@@ -189,7 +190,7 @@ void spec_round_inputs(torch::Tensor L, torch::Tensor last, torch::Tensor cd, to
   p.t_tables = t_tables.data_ptr<int32_t>();
   p.d_ctx = d_ctx.data_ptr<int32_t>();
   p.s_lens = s_lens.data_ptr<int32_t>();
-  p.t_ctx = t_ctx.data_ptr<int32_t>();
+  p.t_lens = t_lens.data_ptr<int32_t>();
   p.w = static_cast<int>(L.size(0));
   p.k = static_cast<int>(k);
   p.mbd = static_cast<int>(d_tables.size(1));

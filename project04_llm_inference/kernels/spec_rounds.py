@@ -49,7 +49,7 @@ _INT64 = {
 _INT32 = {
     "d_ctx": lambda w, k, q: (w,),
     "s_lens": lambda w, k, q: (k - 1, w),
-    "t_ctx": lambda w, k, q: (w,),
+    "t_lens": lambda w, k, q: (w * q,),
 }
 _TABLES = ("d_tables", "t_tables")
 
@@ -117,7 +117,7 @@ def round_inputs(
         prev,
         *(d[n] for n in ("d_ids", "d_pos", "d_slots", "d_rows", "s_pos", "s_slots")),
         *(d[n] for n in ("t_ids", "t_pos", "t_slots", "d_tables", "t_tables")),
-        *(d[n] for n in ("d_ctx", "s_lens", "t_ctx")),
+        *(d[n] for n in ("d_ctx", "s_lens", "t_lens")),
         k,
         dbs,
         tbs,
@@ -173,7 +173,7 @@ def reference_round_inputs(
     d["t_ids"].view(w, q)[:, 0].copy_(d["last"])
     d["t_pos"].copy_(tpos.view(-1))
     d["t_slots"].copy_(torch.where(tlive, _slots(d["t_tables"], tpos, tbs), -1).view(-1))
-    d["t_ctx"].copy_(L + q)
+    d["t_lens"].copy_((tpos + 1).view(-1))  # verified token j as a decode row: L + j + 1 keys
 
 
 # --- the greedy acceptance ------------------------------------------------------------------------

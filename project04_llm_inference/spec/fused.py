@@ -104,8 +104,9 @@ class _Slab:
             ("d_cu", (w + 1,)),
             ("s_lens", (k1, w)),
             ("t_tables", (w, mbt)),
-            ("t_ctx", (w,)),
-            ("t_cu", (w + 1,)),
+            # the verification as w * q decode rows: each row's table and context length
+            ("t_rtables", (w * q, mbt)),
+            ("t_lens", (w * q,)),
         ]
         self.host64, self.dev64, self.h, self.d = self._alloc(i64, torch.int64, device, pinned)
         self.host32, self.dev32, h32, d32 = self._alloc(i32, torch.int32, device, pinned)
@@ -113,7 +114,6 @@ class _Slab:
         self.d |= d32
         h = self.h
         h["d_cu"][:] = np.arange(w + 1) * CATCH_UP
-        h["t_cu"][:] = np.arange(w + 1) * q
         shape = (w, 2 + k) if rounds == 1 else (rounds, w, 2 + k)
         self.out = torch.zeros(shape, dtype=torch.int64, device=device)
         self.out_host = torch.zeros(shape, dtype=torch.int64)
@@ -233,17 +233,18 @@ class FusedGreedySpec:
                 )
                 for j in range(self.k - 1)
             ]
+            # The verification's k + 1 tokens per sequence as w * q decode rows (row j at
+            # context L + j + 1: causal, as a chunk aligned bottom-right): the decode kernel
+            # splits the context over the GPU, where the chunked-prefill kernel gave a handful
+            # of CTAs per sequence the whole context each (measured on an H200 at batch 1: about
+            # 15 us a layer for 5 query tokens of a 300-400-token context).
             s.t_meta = AttnMetadata(
-                num_decodes=0,
+                num_decodes=w * s.q,
                 positions=d["t_pos"],
                 slot_mapping=d["t_slots"],
-                decode_block_tables=d["t_tables"][:0],
-                decode_context_lens=d["t_ctx"][:0],
-                max_context_len=0,
-                prefill_block_tables=d["t_tables"],
-                cu_seqlens_q=d["t_cu"],
-                prefill_context_lens=d["t_ctx"],
-                max_seqlen_q=s.q,
+                decode_block_tables=d["t_rtables"],
+                decode_context_lens=d["t_lens"],
+                max_context_len=self.target.max_model_len,
             )
             self._fill_padding(s, 0)
             slabs[w] = s
@@ -325,7 +326,8 @@ class FusedGreedySpec:
         h["t_pos"].reshape(w, q)[start:] = np.arange(q)
         h["t_slots"][start * q :] = -1
         h["t_tables"][start:] = 0
-        h["t_ctx"][start:] = q
+        h["t_rtables"][start * q :] = 0
+        h["t_lens"].reshape(w, q)[start:] = np.arange(1, q + 1)
         h["nd"][start:] = 0
         if s.rounds > 1:  # a padding row's state: positions from 0, no slot, never advanced
             for name in ("L", "last", "cd", "dtok", "real"):
@@ -350,6 +352,7 @@ class FusedGreedySpec:
                 table = h[name][i]
                 table[:] = 0
                 table[: len(ids)] = ids
+            h["t_rtables"][i * s.q : (i + 1) * s.q] = h["t_tables"][i]
         self._fill_padding(s, len(items))
 
     def _fill(self, s: _Slab, items: list[FusedItem]) -> None:
@@ -403,7 +406,8 @@ class FusedGreedySpec:
             h["t_slots"][base : base + len(real)] = (
                 ttable[real // tbs].astype(np.int64) * tbs + real % tbs
             )
-            h["t_ctx"][i] = c + q
+            h["t_rtables"][base : base + q] = ttable
+            h["t_lens"][base : base + q] = pos + 1  # decode row j sees keys 0..c + j
             h["nd"][i] = it.n_drafts
         self._fill_padding(s, len(items))
 

@@ -12,7 +12,7 @@ import torch
 from project04_llm_inference.kernels import spec_rounds
 from project04_llm_inference.kernels.spec_rounds import CATCH_UP
 
-INT32 = ("d_tables", "t_tables", "d_ctx", "s_lens", "t_ctx")
+INT32 = ("d_tables", "t_tables", "d_ctx", "s_lens", "t_lens")
 
 
 def _state(w, k, mbd, mbt, device, seed, *, dbs=16, tbs=16):
@@ -50,7 +50,11 @@ def _state(w, k, mbd, mbt, device, seed, *, dbs=16, tbs=16):
         ("t_slots", (w * q,)),
     ):
         d[name] = ints(shape, -99, 99)
-    for name, shape in (("d_ctx", (w,)), ("s_lens", (k - 1, w)), ("t_ctx", (w,))):
+    for name, shape in (
+        ("d_ctx", (w,)),
+        ("s_lens", (k - 1, w)),
+        ("t_lens", (w * q,)),
+    ):
         d[name] = ints(shape, -99, 99).to(torch.int32)
     prev = torch.cat((ints((w, 1), 0, k + 1), ints((w, 1 + k), 0, 1000)), 1)
     return {n: v.to(device) for n, v in d.items()}, prev.to(device)
@@ -91,8 +95,8 @@ def _oracle(d, prev, k, dbs, tbs):
             live = real and c < 1 + int(e["nd"][i])
             e["t_pos"][i * q + c] = L + c
             e["t_slots"][i * q + c] = slot(e["t_tables"][i], L + c, tbs) if live else -1
+            e["t_lens"][i * q + c] = L + c + 1  # a decode row sees keys 0..its position
         e["t_ids"][i * q] = e["last"][i]
-        e["t_ctx"][i] = L + q
     return e
 
 
@@ -120,7 +124,7 @@ def test_block_size_other_than_16_and_clamped_tables():
 @pytest.mark.parametrize(
     "mutate, exc, match",
     [
-        (lambda d, p: d.__setitem__("t_ctx", d["t_ctx"].long()), TypeError, "t_ctx"),
+        (lambda d, p: d.__setitem__("t_lens", d["t_lens"].long()), TypeError, "t_lens"),
         (lambda d, p: d.__setitem__("s_pos", d["s_pos"][:, :1]), ValueError, "s_pos"),
         (lambda d, p: d.__setitem__("d_tables", d["d_tables"].t()), ValueError, "d_tables"),
         (lambda d, p: d.pop("nd"), TypeError, "nd"),
