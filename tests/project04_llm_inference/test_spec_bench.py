@@ -606,3 +606,30 @@ def test_a_rounds_record_beside_the_full_plan_gets_its_own_section_and_line(tmp_
     cpu = rounds["environment"].get("cpu_model")
     tail = f" (host CPU: {cpu})." if cpu else "."
     assert f"The engine without speculation ran 500 tok/s at batch 1 in that run{tail}" in summary
+
+
+def test_repeated_best_speedup_shows_its_spread_and_the_rows_record_its_section(
+    tmp_path, monkeypatch
+):
+    """A record of repetitions: the summary line gives the best batch-1 speedup's median with
+    its range; spec_decode_rows.json (rounds after the verification became decode rows) gets
+    its own section and line."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _spec_record(tmp_path, draft_b1=1.2, fused_b1=1.5)
+    sub = tmp_path / "rows"
+    _spec_record(sub, draft_b1=1.2, fused_b1=1.5, rounds_b1=2.1)
+    rec = json.loads((sub / PROJECT / "spec_decode.json").read_text())
+    res = rec["results"]
+    best = res["best_batch1_draft"]
+    row = next(
+        r
+        for r in res["rows"]
+        if (r["method"], r["k"], r["batch"], r["workload"])
+        == (best["method"], best["k"], 1, "held-out")
+    )
+    row.update(speedup_reps=[1.9, 2.1, 2.3], speedup_min=1.9, speedup_max=2.3)
+    (tmp_path / PROJECT / "spec_decode_rows.json").write_text(json.dumps(rec))
+    md, summary = (p.read_text() for p in render(tmp_path)[:2])
+    assert "## Speculative decoding: the fused step in rounds (the engine's default)" in md
+    assert "2.10x (median of 3, 1.90-2.30) at k = 4, fused step in rounds" in summary
+    assert "goal >= 2.0x: **met**" in summary
