@@ -40,6 +40,15 @@ from typing import Literal
 
 import torch
 
+# spec.train_corpus's default draft: 5.8 M parameters
+SPEC_DRAFT = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=8192,
+)
 # HF config fields of the pairs (the target's and the draft's), random weights
 PAIRS: dict[str, tuple[dict, dict]] = {
     # spec.train_corpus's defaults: 88 M and 5.8 M parameters
@@ -52,14 +61,7 @@ PAIRS: dict[str, tuple[dict, dict]] = {
             num_key_value_heads=4,
             vocab_size=8192,
         ),
-        dict(
-            hidden_size=256,
-            intermediate_size=768,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=8192,
-        ),
+        SPEC_DRAFT,
     ),
     # the pair the committed speculative records were measured with (spec.train_corpus
     # --target-dim 1024 --target-layers 16 --target-heads 16 --target-ffn 2816): 197 M, 5.8 M
@@ -72,14 +74,7 @@ PAIRS: dict[str, tuple[dict, dict]] = {
             num_key_value_heads=4,
             vocab_size=8192,
         ),
-        dict(
-            hidden_size=256,
-            intermediate_size=768,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=8192,
-        ),
+        SPEC_DRAFT,
     ),
     "tiny": (
         dict(

@@ -140,6 +140,19 @@ class DecoderLayer(nn.Module):
             meta.max_context_len,
         )
 
+    @staticmethod
+    def _prefill_attention(q, meta: AttnMetadata, k_cache, v_cache, scale: float):
+        return kernels.paged_prefill_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.prefill_block_tables,
+            meta.cu_seqlens_q,
+            meta.prefill_context_lens,
+            meta.max_seqlen_q,
+            scale,
+        )
+
     def forward(self, x, residual, meta: AttnMetadata, cos_sin, k_cache, v_cache):
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
         # RMSNorm (with the residual add; the first layer's residual stream starts as x), the
@@ -158,32 +171,13 @@ class DecoderLayer(nn.Module):
         nd = meta.num_decodes
         if nd == t:  # decodes only: the kernel reads q strided out of qkv, its output is final
             out = self._decode_attention(q, meta, k_cache, v_cache, scale)
-        elif nd == 0:  # prefill chunks only (a speculative verification too): the same, no copies
-            out = kernels.paged_prefill_attention(
-                q,
-                k_cache,
-                v_cache,
-                meta.prefill_block_tables,
-                meta.cu_seqlens_q,
-                meta.prefill_context_lens,
-                meta.max_seqlen_q,
-                scale,
-            )
+        elif nd == 0:  # prefill chunks only: the kernel reads q strided too, no copies
+            out = self._prefill_attention(q, meta, k_cache, v_cache, scale)
         else:
             q = q.contiguous()  # (T, Hq, D)
             out = torch.empty_like(q)
-            if nd:
-                out[:nd] = self._decode_attention(q[:nd], meta, k_cache, v_cache, scale)
-            out[nd:] = kernels.paged_prefill_attention(
-                q[nd:],
-                k_cache,
-                v_cache,
-                meta.prefill_block_tables,
-                meta.cu_seqlens_q,
-                meta.prefill_context_lens,
-                meta.max_seqlen_q,
-                scale,
-            )
+            out[:nd] = self._decode_attention(q[:nd], meta, k_cache, v_cache, scale)
+            out[nd:] = self._prefill_attention(q[nd:], meta, k_cache, v_cache, scale)
         x = kernels.linear(out.view(t, self.q_size), self.o_proj)
         h, residual = kernels.norm_linear(
             x, residual, self.post_attention_layernorm, self.gate_up_proj, eps, silu_mul=True
