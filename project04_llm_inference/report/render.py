@@ -28,7 +28,8 @@ RECORDS = (
     "gemv_kernel",
     "gemv_kernel_mma",
     "prefill_attention",
-    "spec_decode",
+    "spec_decode",  # the full plan on the engine's default path (rounds), k = 2..8
+    "spec_decode_fused",  # the first full plan: the one-round fused step and the unfused step
     "spec_decode_rounds",  # a later, smaller plan: the fused step in rounds against one round
     "spec_decode_rounds_k4",  # the same at k = 4, batch 1 and 8, both workloads, another host
     "spec_decode_rows",  # rounds (the default) after the verification became decode rows
@@ -740,6 +741,7 @@ def _spec_how(best: dict) -> str:
 SPEC_ROUNDS_TITLE = "Speculative decoding: the fused step in rounds"
 # the later, smaller plans beside the full one (spec_decode), each in a section of its own
 SPEC_EXTRA = {
+    "spec_decode_fused": "Speculative decoding: the first full plan (one-round fused and unfused steps)",
     "spec_decode_rounds": SPEC_ROUNDS_TITLE,
     "spec_decode_rounds_k4": f"{SPEC_ROUNDS_TITLE} at k = 4, batch 1 and 8, both workloads",
     "spec_decode_rows": (
@@ -814,7 +816,7 @@ def _spec_charts(recs: dict, folder: Path) -> list[Path]:
         charts.line_chart(
             folder / "spec_decode.png",
             series,
-            title="Speculative decoding: speedup over the same engine without it",
+            title="Speculative decoding: speedup over no speculation",
             xlabel="k (tokens proposed per step)",
             ylabel="speedup (x)",
             hlines=[(1.0, "no speculation (1.0x)"), (goal, f"goal {goal}x (batch 1, draft)")],
