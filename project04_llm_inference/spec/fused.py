@@ -10,9 +10,11 @@ work around it goes too. Here a step of all-greedy decoding sequences is one pro
    bonus token); its first draft is the argmax of its last real row;
 2. k - 1 one-token draft steps, each input the previous step's argmax, on the device;
 3. the drafts written into the target's inputs (the last token, then k drafts: k + 1 tokens per
-   sequence, padded like `ModelRunner.enable_multi_token`'s verification), one target forward;
-4. the greedy acceptance on the device: the argmax of every row, the leading drafts equal to it
-   (up to the drafts each sequence was scheduled with), the argmax after them.
+   sequence, padded like `ModelRunner.enable_multi_token`'s verification), one target forward
+   whose attention takes the k + 1 tokens as decode rows (row j at context L + j + 1);
+4. the greedy acceptance on the device (`kernels.spec_rounds.accept`, one launch on a GPU): the
+   argmax of every row, the leading drafts equal to it (up to the drafts each sequence was
+   scheduled with), the argmax after them.
 
 The host fills two pinned buffers (int64 and int32) with every input of that program (token
 ids, positions, cache slots, context lengths, block tables of both models), copies each to the
