@@ -8,6 +8,8 @@ views: CUDA tensors in one launch of `csrc/spec_rounds.cu`, CPU tensors with the
 below (`reference_round_inputs`, also what the GPU test compares the kernel with: integer
 arithmetic, so the two agree bit for bit). As torch operations the bookkeeping was about 50
 launches of tiny kernels a round inside the captured program, 0.18 ms a round on an H200.
+`accept` is the round's greedy acceptance the same way: one launch on a GPU, `reference_accept`
+(about nine torch launches) on the CPU and as the GPU test's reference.
 
 Only metadata is validated (never values, so a CUDA graph can capture the call): a bad argument
 raises ValueError/TypeError naming it. Importing this module needs no GPU and no compiler.
