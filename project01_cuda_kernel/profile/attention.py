@@ -42,6 +42,27 @@ METRICS = {
     ),
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM throughput", "%"),
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": ("shared bank conflicts", ""),
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": ("issue slots busy", "%"),
+    # Where the warps wait, per issued instruction (cycles). In the warp-specialised Hopper
+    # kernels the producer warps spin on mbarriers, so their waits count here too.
+    **{
+        f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio": (
+            f"stall: {reason.replace('_', ' ')}",
+            "",
+        )
+        for reason in (
+            "long_scoreboard",
+            "barrier",
+            "wait",
+            "math_pipe_throttle",
+            "mio_throttle",
+            "short_scoreboard",
+            "lg_throttle",
+            "membar",
+            "sleeping",
+            "dispatch_stall",
+        )
+    },
 }
 
 
@@ -96,12 +117,14 @@ class AttentionProfileConfig:
 
 def worker(head_dim: int, seq_len: int, causal: bool, total_tokens: int, hidden: int) -> None:
     """Launch our forward once and our backward once (the profiled process); on a Hopper GPU
-    the FlashAttention-2 forward too, so both forwards are profiled."""
+    the FlashAttention-2 forward and the Hopper backward too, so both forwards and both
+    backwards are profiled."""
     import torch
 
     from ..attention import (
         check_inputs,
         flash_attention,
+        flash_backward,
         flash_forward,
         resolve_fwd_kernel,
     )
@@ -117,14 +140,17 @@ def worker(head_dim: int, seq_len: int, causal: bool, total_tokens: int, hidden:
     if resolve_fwd_kernel("auto") == "hopper":
         with torch.no_grad():
             scale = check_inputs(q, k, v, causal, None)
-            flash_forward(q.detach(), k.detach(), v.detach(), causal, scale, kernel="fa2")
+            qd, kd, vd = q.detach(), k.detach(), v.detach()
+            flash_forward(qd, kd, vd, causal, scale, kernel="fa2")
+            o, lse = flash_forward(qd, kd, vd, causal, scale)
+            flash_backward(do, qd, kd, vd, o, lse, causal, scale, bwd_kernel="hopper")
     torch.cuda.synchronize()
 
 
 def kernel_label(name: str) -> str:
     """Short column name for a profiled kernel."""
     if "hopper" in name:
-        return "forward (Hopper)"
+        return "forward (Hopper)" if "fwd" in name else "backward (Hopper)"
     return "forward (FA2)" if "fwd" in name else "backward"
 
 
@@ -176,9 +202,13 @@ def run(cfg: AttentionProfileConfig) -> Path:
     build()  # compile outside the profiled process
     child = [sys.executable, "-c", f"from {__name__} import worker; worker{_shape(cfg)!r}"]
     out, metrics = ncu_tool.run_ncu(
-        child, list(METRICS), kernel_regex=KERNEL_REGEX, launch_count=3, drop_unknown=True, ncu=ncu
+        child, list(METRICS), kernel_regex=KERNEL_REGEX, launch_count=5, drop_unknown=True, ncu=ncu
     )
     kernels = parse_ncu_csv(out)
+    # The Hopper backward needs a forward's out and lse, so the Hopper forward runs twice: one
+    # column per kernel (its first launch).
+    seen: set[str] = set()
+    kernels = [k for k in kernels if not (k["kernel"] in seen or seen.add(k["kernel"]))]
     shape = {
         "head_dim": cfg.head_dim,
         "seq_len": cfg.seq_len,

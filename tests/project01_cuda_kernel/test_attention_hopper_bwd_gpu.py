@@ -112,6 +112,35 @@ def test_hopper_backward_check_catches_planted_errors():
     assert check_hopper_bwd(torch.bfloat16, 64, 8, 2, 300, 500, "bottom_right", ref_fn=top_left)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("d", HOPPER_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, "bottom_right"], ids=str)
+@pytest.mark.parametrize("sq,sk,h,hk", [(1041, 777, 8, 2), (4096, 4096, 4, 4)], ids=str)
+def test_dq_by_tma_reduce_equals_dq_by_atomics(monkeypatch, dtype, d, causal, sq, sk, h, hk):
+    """The two dQ forms of the kernel (TMA reduce-adds of a shared-memory tile, the default, and
+    float2 atomics from registers, P01_HOPPER_BWD_DQ=atomic) add the same float32 partials (one
+    per 128-key block, computed identically) to dq_accum in other orders. dk and dv do not depend
+    on the form: bitwise equal. dq: the float32 sums differ by reordering only (each add rounds
+    by at most 2^-24 of the running sum, a few hundred adds), so after the one rounding to the
+    half dtype they differ by at most one of its ulps at the largest |dq| (finfo.eps x max|dq|).
+    Odd lengths and 2 x 8 heads put partial query blocks next to other heads' rows: the TMA must
+    skip the rows past Sq, not add them to the next head."""
+    from project01_cuda_kernel.attention import flash_backward, flash_forward
+
+    q, k, v, do = make(dtype, d, h, hk, sq, sk, seed=23)
+    scale = d**-0.5
+    out, lse = flash_forward(q, k, v, causal, scale)
+    monkeypatch.delenv("P01_HOPPER_BWD_DQ", raising=False)
+    tma = flash_backward(do, q, k, v, out, lse, causal, scale, bwd_kernel="hopper")
+    monkeypatch.setenv("P01_HOPPER_BWD_DQ", "atomic")
+    atomic = flash_backward(do, q, k, v, out, lse, causal, scale, bwd_kernel="hopper")
+    assert torch.equal(tma[1], atomic[1]) and torch.equal(tma[2], atomic[2])
+    dq_tma, dq_atomic = tma[0].float(), atomic[0].float()
+    assert torch.isfinite(dq_tma).all()
+    bound = torch.finfo(dtype).eps * dq_atomic.abs().max().item()
+    assert (dq_tma - dq_atomic).abs().max().item() <= bound
+
+
 # Longer sequences too (the issue's target shapes are seq >= 4k): B = 1, 4 heads.
 AGREE_SHAPES = [(1041, 1041, 8, 2), (4096, 4096, 4, 4), (4096, 4096, 8, 1), (2000, 4096, 4, 2)]
 

@@ -107,6 +107,12 @@ def test_profiled_kernels_get_short_labels():
         profile_attention.kernel_label("void flash::flash_bwd_kernel<bf16, 128, 8>(...)")
         == "backward"
     )
+    assert (
+        profile_attention.kernel_label(
+            "void flash::hopper_bwd::flash_bwd_hopper_kernel<bf16, 128, true>(...)"
+        )
+        == "backward (Hopper)"
+    )
 
 
 FAKE_NCU = """#!{python}

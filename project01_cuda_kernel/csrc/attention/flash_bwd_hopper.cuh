@@ -21,8 +21,12 @@
 //           two consumer warpgroups, then
 //   dQ[:, cw half] = dS K  ss m64n(D/2)k16 (dS read M-major, "transposed", from the dS^T tile;
 //                                          K N-major), over all 128 keys of the block,
-//   added in float32 to dq_accum with float2 atomics (the FlashAttention-2 backward's buffer and
-//   its final conversion, flash_binding.cpp).
+//   scaled and written into a float32 tile in shared memory (64 rows x D, 128-byte-swizzled
+//   boxes of 32 columns) that a producer thread adds to dq_accum with TMA reduce-adds
+//   (cp.reduce.async.bulk.tensor ... add: the FlashAttention-2 backward's buffer and its final
+//   conversion, flash_binding.cpp). The earlier form, float2 atomics straight from the consumers'
+//   registers, stays as the kDqTma = false instance (P01_HOPPER_BWD_DQ=atomic picks it at launch,
+//   for A/B measurements).
 // Working on S^T (keys as the M dimension) keeps P^T and dS^T in registers for the dV and dK
 // products; only dS makes a round trip through shared memory, as the A operand of dQ.
 //
@@ -38,9 +42,7 @@
 // floats each), S^T and dP^T (32 floats each), P^T as A fragments (16), dS^T as A fragments (16),
 // and dQ's accumulator (D / 4 floats) once S^T and dP^T are dead.
 //
-// Not done (FlashAttention-3 has them): dQ reduced through shared memory and a TMA reduce-add by
-// a dedicated warp (here: float2 atomics straight from the consumers' registers); intra- and
-// inter-warpgroup overlap of the softmax with the products (here the products of one query
+// Not done (FlashAttention-3 has them): intra- and inter-warpgroup overlap of the softmax with the products (here the products of one query
 // block are issued in dependency order, the two consumer warpgroups interleave naturally);
 // a deterministic mode.
 #pragma once
@@ -49,6 +51,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "attention/flash_api.h"
 #include "attention/flash_bwd_kernel.cuh"  // the D = rowsum(dO * O) pre-pass, atomic_add_f32x2
@@ -128,10 +133,13 @@ struct Config {
   static constexpr int kQBytes = kBM * D * 2;   // one Q or one dO tile
   static constexpr int kDsBytes = kBN * kBM * 2;  // one dS^T tile (kBN rows of 128 bytes)
   static constexpr int kDqCols = D / kConsumers;  // dQ columns per consumer warpgroup
-  static constexpr int kTileBytes =
-      2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes + 2 * kStages * kBM * 4;
-  // kv_full, q_full[kStages], do_full[kStages], q_empty[kStages]
-  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr int kDqBoxCols = 32;             // float32 columns per 128-byte dQ box
+  static constexpr int kDqBoxBytes = kBM * 128;     // one dQ box: kBM rows of 128 bytes
+  static constexpr int kDqBytes = kBM * D * 4;      // the dQ tile: D / 32 boxes
+  static constexpr int kTileBytes = 2 * kKVBytes + 2 * kStages * kQBytes + 2 * kDsBytes +
+                                    kDqBytes + 2 * kStages * kBM * 4;
+  // kv_full, q_full[kStages], do_full[kStages], q_empty[kStages], dq_full, dq_empty
+  static constexpr int kBarriers = 1 + 3 * kStages + 2;
   static constexpr int kSmemBytes = kTileBytes + 1024 + kBarriers * 8;  // + 1024-byte alignment
   static_assert(kBM == 64, "one wgmma M (64) of query rows per step");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= 65536);
@@ -141,7 +149,8 @@ struct Config {
 
 // Shared memory: K, V (kChunks boxes of kBN rows each), the Q and dO rings (kChunks boxes of kBM
 // rows per stage), two dS^T tiles (kBN rows x kBM columns, 128-byte swizzled like a TMA box),
-// lse * log2(e) and D per stage, and the mbarriers.
+// the float32 dQ tile (D / 32 boxes of kBM rows x 32 columns, 128-byte swizzled), lse * log2(e)
+// and D per stage, and the mbarriers.
 template <int D>
 struct Smem {
   using C = Config<D>;
@@ -150,6 +159,7 @@ struct Smem {
   unsigned char* q;   // kStages Q tiles
   unsigned char* dO;  // kStages dO tiles
   unsigned char* ds;  // 2 dS^T tiles
+  unsigned char* dq;  // the dQ tile of one query block (float32)
   float* lse;         // kStages x kBM: lse * log2(e), +inf past Sq
   float* dpre;        // kStages x kBM: rowsum(dO * O), 0 past Sq
   uint64_t* bars;
@@ -162,7 +172,8 @@ struct Smem {
     q = v + C::kKVBytes;
     dO = q + C::kStages * C::kQBytes;
     ds = dO + C::kStages * C::kQBytes;
-    lse = reinterpret_cast<float*>(ds + 2 * C::kDsBytes);
+    dq = ds + 2 * C::kDsBytes;
+    lse = reinterpret_cast<float*>(dq + C::kDqBytes);
     dpre = lse + C::kStages * C::kBM;
     bars = reinterpret_cast<uint64_t*>(dpre + C::kStages * C::kBM);
   }
@@ -174,9 +185,13 @@ struct Smem {
   __device__ __forceinline__ uint32_t q_empty(int s) const {
     return smem_u32(bars + 1 + 2 * C::kStages + s);
   }
+  __device__ __forceinline__ uint32_t dq_full() const { return smem_u32(bars + 1 + 3 * C::kStages); }
+  __device__ __forceinline__ uint32_t dq_empty() const {
+    return smem_u32(bars + 2 + 3 * C::kStages);
+  }
 
   // q_full / do_full: the TMA thread's expect_tx arrive and the 32 lanes of the lse/D warp;
-  // q_empty: every consumer thread.
+  // q_empty and dq_full: every consumer thread; dq_empty: the dQ writer.
   __device__ __forceinline__ void init_barriers() const {
     mbar_init(kv_full(), 1);
     for (int s = 0; s < C::kStages; ++s) {
@@ -184,6 +199,8 @@ struct Smem {
       mbar_init(do_full(s), 1 + 32);
       mbar_init(q_empty(s), C::kConsumers * 128);
     }
+    mbar_init(dq_full(), C::kConsumers * 128);
+    mbar_init(dq_empty(), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
 };
@@ -205,11 +222,15 @@ __device__ __forceinline__ int first_query_block(const BwdParams& p, int n0) {
 // ---- producer ---------------------------------------------------------------------------------
 // Warp 0, lane 0: K and V once, then Q and dO of each query block through the ring. Warp 1: the
 // block's lse (times log2 e; +inf past Sq) and D (0 past Sq) into shared memory, 2 rows a lane.
-template <int D>
+// Warp 2, lane 0 (kDqTma): the dQ writer. Once both consumer warpgroups have written a block's dQ
+// tile, it adds the tile's boxes to dq_accum with TMA reduce-adds (rows past Sq are out of the
+// tensor map's bounds and skipped), waits until the TMA has read the tile, and frees it.
+template <int D, bool kDqTma>
 __device__ __forceinline__ void producer(const Smem<D>& sm, const BwdParams& p, int n_block,
                                          int head, int batch, int m_begin, int m_blocks,
                                          const CUtensorMap* tma_q, const CUtensorMap* tma_k,
-                                         const CUtensorMap* tma_v, const CUtensorMap* tma_do) {
+                                         const CUtensorMap* tma_v, const CUtensorMap* tma_do,
+                                         const CUtensorMap* tma_dq) {
   using C = Config<D>;
   constexpr int kBM = C::kBM, kBN = C::kBN, kChunks = C::kChunks, kStages = C::kStages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -259,6 +280,19 @@ __device__ __forceinline__ void producer(const Smem<D>& sm, const BwdParams& p, 
       }
       mbar_arrive(sm.do_full(s));
     }
+  } else if (kDqTma && warp == 2 && lane == 0) {
+    const int bh = batch * p.heads + head;
+    for (int mb = m_begin, it = 0; mb < m_blocks; ++mb, ++it) {
+      mbar_wait(sm.dq_full(), it & 1);
+#pragma unroll
+      for (int b = 0; b < D / C::kDqBoxCols; ++b)
+        tma_reduce_add_3d(tma_dq, smem_u32(sm.dq + b * C::kDqBoxBytes), b * C::kDqBoxCols,
+                          mb * kBM, bh);
+      bulk_commit();
+      bulk_wait_read<0>();  // the tile is read: the consumers may write the next one
+      mbar_arrive(sm.dq_empty());
+    }
+    bulk_wait<0>();  // every reduce-add complete before the CTA ends
   }
 }
 
@@ -266,7 +300,7 @@ __device__ __forceinline__ void producer(const Smem<D>& sm, const BwdParams& p, 
 // Accumulator layout of m64nNk16 (per warp w of the warpgroup, g = lane / 4, t = lane % 4):
 // d[4j + 0..1] = row 16w + g, columns 8j + 2t + 0..1; d[4j + 2..3] = row 16w + g + 8, same
 // columns. For S^T, dP^T, dV and dK the rows are this warpgroup's keys; for dQ the query rows.
-template <typename T, int D>
+template <typename T, int D, bool kDqTma>
 __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, int n_block,
                                          int head, int batch, int m_begin, int m_blocks, int cw) {
   using C = Config<D>;
@@ -421,6 +455,29 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
     fence_regs(da);
     mbar_arrive(sm.q_empty(s));  // Q, dO, lse and D of this stage are read
 
+    if constexpr (kDqTma) {
+      // scale * dQ into the dQ tile: row 16 warp + g (and + 8, same row % 8), column cw * kDqCols
+      // + 8j + 2t (+ 1), i.e. box cw * kDqCols / 32 + j / 4, 16-byte chunk 2 (j % 4) + t / 2 at
+      // chunk ^ (row % 8) (128-byte swizzle; = 2 (j % 4) ^ x with x = (t / 2) ^ (row % 8), as
+      // 2 (j % 4) is even), the pair at byte 8 (t % 2) of it. The writer reduces the tile once all
+      // 256 threads have arrived; the wait below passes once it has read the previous block's.
+      const int row = warp * 16 + g;
+      const int x = (t >> 1) ^ (row & 7);
+      unsigned char* base = sm.dq + cw * (kDqCols / C::kDqBoxCols) * C::kDqBoxBytes + row * 128 +
+                            8 * (t & 1);
+      mbar_wait(sm.dq_empty(), (it & 1) ^ 1);  // the first block passes at once
+#pragma unroll
+      for (int j = 0; j < kDqCols / 8; ++j) {
+        unsigned char* at = base + (j / 4) * C::kDqBoxBytes + (((2 * (j % 4)) ^ x) * 16);
+        *reinterpret_cast<float2*>(at) =
+            make_float2(dq[4 * j] * p.softmax_scale, dq[4 * j + 1] * p.softmax_scale);
+        *reinterpret_cast<float2*>(at + 8 * 128) =
+            make_float2(dq[4 * j + 2] * p.softmax_scale, dq[4 * j + 3] * p.softmax_scale);
+      }
+      fence_proxy_async_smem();  // visible to the TMA (async proxy) that reads the tile
+      mbar_arrive(sm.dq_full());
+      continue;
+    }
     // dq_accum += scale * dQ (float32 atomics), rows m0 + 16 warp + g (+ 8).
     const int qrow = m0 + warp * 16 + g;
 #pragma unroll
@@ -456,12 +513,13 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
 }
 
 // ---- the kernel ---------------------------------------------------------------------------------
-template <typename T, int D>
+template <typename T, int D, bool kDqTma>
 __global__ void __launch_bounds__(Config<D>::kThreads, 1)
     flash_bwd_hopper_kernel(const __grid_constant__ CUtensorMap tma_q,
                             const __grid_constant__ CUtensorMap tma_k,
                             const __grid_constant__ CUtensorMap tma_v,
-                            const __grid_constant__ CUtensorMap tma_do, const BwdParams p) {
+                            const __grid_constant__ CUtensorMap tma_do,
+                            const __grid_constant__ CUtensorMap tma_dq, const BwdParams p) {
 #ifdef FLASH_SM90A
   using C = Config<D>;
   extern __shared__ unsigned char smem_raw[];
@@ -474,10 +532,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    producer<D>(sm, p, n_block, head, batch, m_begin, m_blocks, &tma_q, &tma_k, &tma_v, &tma_do);
+    producer<D, kDqTma>(sm, p, n_block, head, batch, m_begin, m_blocks, &tma_q, &tma_k, &tma_v,
+                        &tma_do, &tma_dq);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    consumer<T, D>(sm, p, n_block, head, batch, m_begin, m_blocks, wg - 1);
+    consumer<T, D, kDqTma>(sm, p, n_block, head, batch, m_begin, m_blocks, wg - 1);
   }
 #else
   // Built for an architecture without wgmma/TMA: the host launcher never starts this.
@@ -486,10 +545,34 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
 }
 
 // ---- host side ----------------------------------------------------------------------------------
+// The float32 dq_accum, (B, H, Sq, D) contiguous, as a 3-D tensor map (D, Sq, B * H) of 32-column
+// x kBM-row boxes, 128-byte swizzled: the target of the dQ writer's reduce-adds.
+inline bool make_dq_map(CUtensorMap* map, float* ptr, int d, int s, int bh, int box_rows) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(s),
+                              static_cast<cuuint64_t>(bh)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d) * 4,
+                                 static_cast<cuuint64_t>(s) * d * 4};  // bytes
+  const cuuint32_t box[3] = {32, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, ptr, dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// dQ through TMA reduce-adds (the default) or, with P01_HOPPER_BWD_DQ=atomic in the environment,
+// through float2 atomics from the consumers' registers (the first form, kept for A/B runs).
+inline bool hopper_bwd_dq_atomic() {
+  const char* v = std::getenv("P01_HOPPER_BWD_DQ");
+  return v != nullptr && std::strcmp(v, "atomic") == 0;
+}
+
 template <typename T, int D>
 cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
   using C = Config<D>;
-  CUtensorMap mq, mk, mv, mdo;
+  CUtensorMap mq, mk, mv, mdo, mdq;
   if (!hopper::make_map(&mq, p.q, D, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
                         p.q_head_stride, p.q_batch_stride, C::kBM, p.dtype) ||
       !hopper::make_map(&mdo, p.dout, D, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
@@ -497,7 +580,8 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
       !hopper::make_map(&mk, p.k, D, p.seqlen_k, p.heads_k, p.batch, p.k_row_stride,
                         p.k_head_stride, p.k_batch_stride, C::kBN, p.dtype) ||
       !hopper::make_map(&mv, p.v, D, p.seqlen_k, p.heads_k, p.batch, p.v_row_stride,
-                        p.v_head_stride, p.v_batch_stride, C::kBN, p.dtype))
+                        p.v_head_stride, p.v_batch_stride, C::kBN, p.dtype) ||
+      !make_dq_map(&mdq, p.dq_accum, D, p.seqlen_q, p.batch * p.heads, C::kBM))
     return cudaErrorInvalidValue;
   {  // D = rowsum(dO * O), the FlashAttention-2 backward's pre-pass (flash_bwd_kernel.cuh)
     constexpr int kThreads = 256;
@@ -510,14 +594,15 @@ cudaError_t launch_bwd_hopper(const BwdParams& p, cudaStream_t stream) {
       if (err != cudaSuccess) return err;
     }
   }
-  auto kernel = flash_bwd_hopper_kernel<T, D>;
+  auto kernel = hopper_bwd_dq_atomic() ? flash_bwd_hopper_kernel<T, D, false>
+                                       : flash_bwd_hopper_kernel<T, D, true>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (err != cudaSuccess) return err;
   // Key blocks in increasing order: under a causal mask the first ones see the most query blocks
   // and start first.
   const dim3 grid((p.seqlen_k + C::kBN - 1) / C::kBN, p.heads, p.batch);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, mdo, p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, mdo, mdq, p);
   return cudaGetLastError();
 }
 

@@ -67,6 +67,32 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// 3-D tiled reduce-add of a shared-memory box into global memory at (c0 innermost, c1, c2): the
+// tensor map's element type (float32 here) is added element-wise in L2; out-of-bounds elements
+// of the box are skipped. Asynchronous: commit it to a bulk group, then wait on the group before
+// the shared memory is written again (bulk_wait_read) or before the kernel ends (bulk_wait).
+__device__ __forceinline__ void tma_reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0,
+                                                  int c1, int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group "
+      "[%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Wait until at most N bulk groups are pending, their shared-memory reads done (.read) or
+// complete.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // ---- wgmma --------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor, 128-byte swizzle (layout type 1); byte offsets. K-major
 // operands: SBO = 1024 (the next 8 rows), LBO unused. N-major operands: LBO = offset of the next
