@@ -43,8 +43,9 @@ METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM throughput", "%"),
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": ("shared bank conflicts", ""),
     "smsp__issue_active.avg.pct_of_peak_sustained_active": ("issue slots busy", "%"),
-    # Where the warps wait, per issued instruction (cycles). In the warp-specialised Hopper
-    # kernels the producer warps spin on mbarriers, so their waits count here too.
+    # Where the warps wait: warps stalled for each reason per cycle with an instruction issued.
+    # In the warp-specialised Hopper kernels the producer warps spin on mbarriers, so their
+    # waits count here too.
     **{
         f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio": (
             f"stall: {reason.replace('_', ' ')}",

@@ -260,8 +260,10 @@ def _ncu_table(ncu: dict | None) -> str:
     for n in names:
         if not any(n in k for k in kernels):
             continue
-        unit = f" ({units[n]})" if units[n] else ""
-        cells = [_fmt(k.get(n), 1 if units[n] in ("%", "KiB") else 0) for k in kernels]
+        stall = n.startswith("stall")  # warps stalled per issue-active cycle: small ratios
+        unit = " (warps per issue cycle)" if stall else (f" ({units[n]})" if units[n] else "")
+        digits = 2 if stall else 1 if units[n] in ("%", "KiB") else 0
+        cells = [_fmt(k.get(n), digits) for k in kernels]
         lines.append(f"| {n}{unit} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
