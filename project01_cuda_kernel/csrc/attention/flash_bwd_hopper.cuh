@@ -205,6 +205,13 @@ struct Smem {
   }
 };
 
+// Two floats from shared memory (8-byte aligned), ordered after the mbarrier waits before it.
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -358,16 +365,24 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
 
     // P^T = exp2(S^T * scale log2 e - lse log2 e), 0 where the key is past Sk or (causal) after
     // the query row; rows past Sq have lse = +inf, hence P = 0.
+    // lse of this thread's 16 query columns (pairs 8j + 2t, + 1), read from shared memory while
+    // S^T is in flight: ld.shared (the generic loads the compiler made of sm.lse[] waited on the
+    // long scoreboard right before each use).
+    float2 lse2[8];
+    {
+      const uint32_t lse_at = smem_u32(sm.lse + s * kBM) + 2 * t * 4;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) lse2[j] = ld_shared_f32x2(lse_at + 8 * j * 4);
+    }
     wgmma_wait<1>();
     fence_regs(st);
-    const float* lse_s = sm.lse + s * kBM;
     const bool need_mask = key_mask || (p.causal && key_lo + 63 > m0 + p.causal_offset);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int col = 8 * j + 2 * t + (e & 1);  // query row m0 + col
-        float pv = exp2f(fmaf(st[4 * j + e], scale_log2, -lse_s[col]));
+        float pv = exp2f(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? lse2[j].y : lse2[j].x)));
         if (need_mask) {
           const int key = key0 + (e >> 1) * 8;
           if (key >= p.seqlen_k || (p.causal && key > m0 + col + p.causal_offset)) pv = 0.f;
@@ -382,6 +397,12 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         pa[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+    float2 dpre2[8];  // D of the same columns, also read ahead of the wait
+    {
+      const uint32_t dpre_at = smem_u32(sm.dpre + s * kBM) + 2 * t * 4;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dpre2[j] = ld_shared_f32x2(dpre_at + 8 * j * 4);
+    }
     wgmma_wait<0>();
     fence_regs(dpt);
     wgmma_fence();
@@ -391,13 +412,11 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
     wgmma_commit();
 
     // dS^T = P^T (dP^T - D), into the A fragments of dK += dS^T Q and the dS^T tile.
-    const float* dpre_s = sm.dpre + s * kBM;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int col = 8 * j + 2 * t + (e & 1);
-        st[4 * j + e] *= dpt[4 * j + e] - dpre_s[col];
+        st[4 * j + e] *= dpt[4 * j + e] - ((e & 1) ? dpre2[j].y : dpre2[j].x);
       }
     uint32_t da[4][4];
 #pragma unroll
