@@ -76,6 +76,14 @@ def _load(path: Path) -> dict | None:
         return None
 
 
+def _measured_at(env: dict) -> str:
+    """' (measured <date>, commit <short>)' from a record's environment, or '' without them."""
+    date, commit = (env.get("date") or "")[:10], (env.get("git_commit") or "")[:7]
+    parts = [f"measured {date}" if date else "", f"commit {commit}" if commit else ""]
+    parts = [x for x in parts if x]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _fmt(x: float | None, nd: int = 0) -> str:
     return "n/a" if x is None else f"{x:,.{nd}f}"
 
@@ -252,7 +260,8 @@ def _ncu_table(ncu: dict | None) -> str:
     lines = [
         f"Nsight Compute (`--clock-control none`), bf16, head dim {shape['head_dim']}, seq "
         f"{shape['seq_len']:,}, batch {shape['batch']} x heads {shape['heads']}, "
-        f"{'causal' if shape['causal'] else 'non-causal'}:",
+        f"{'causal' if shape['causal'] else 'non-causal'}"
+        f"{_measured_at(ncu.get('environment') or {})}:",
         "",
         "| metric | " + " | ".join(cols) + " |",
         "|---|" + "---:|" * len(cols),

@@ -131,3 +131,12 @@ def test_a_single_run_record_has_no_ranges(tmp_path):
     write_bench(tmp_path, fake_rows(300.0, 400.0))
     md = render_markdown(tmp_path)
     assert "–" not in md and "alternating" not in md
+
+
+def test_ncu_heading_names_when_and_at_which_commit_the_profile_ran():
+    from project01_cuda_kernel.report.attention import _measured_at
+
+    env = {"date": "2026-12-04T21:00:00+00:00", "git_commit": "3272576286c272b8128e6986d73c6502"}
+    assert _measured_at(env) == " (measured 2026-12-04, commit 3272576)"
+    assert _measured_at({"date": "2026-12-04T21:00:00+00:00"}) == " (measured 2026-12-04)"
+    assert _measured_at({}) == ""

@@ -42,9 +42,9 @@
 // floats each), S^T and dP^T (32 floats each), P^T as A fragments (16), dS^T as A fragments (16),
 // and dQ's accumulator (D / 4 floats) once S^T and dP^T are dead.
 //
-// Not done (FlashAttention-3 has them): intra- and inter-warpgroup overlap of the softmax with the products (here the products of one query
-// block are issued in dependency order, the two consumer warpgroups interleave naturally);
-// a deterministic mode.
+// Not done (FlashAttention-3 has them): intra- and inter-warpgroup overlap of the softmax with
+// the products (here the products of one query block are issued in dependency order, the two
+// consumer warpgroups interleave naturally); a deterministic mode.
 #pragma once
 
 #include <cuda_bf16.h>
