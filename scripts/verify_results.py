@@ -295,14 +295,21 @@ def best_gemm_share(dtype: str, size: int) -> Callable[[dict], Spread | None]:
 
 
 def attention_ratio(
-    mode: str, base: str, *, head_dim: int = 128, seq_len: int = 4096, causal: bool = False
+    mode: str,
+    base: str,
+    *,
+    head_dim: int = 128,
+    seq_len: int = 4096,
+    causal: bool = False,
+    provider: str = "ours",
 ) -> Callable[[dict], Spread | None]:
-    """ours / `base` in TFLOP/s for one attention shape and mode: per repetition (the rows'
-    `tflops_reps`, paired by repetition) or the plain ratio for a record of one run."""
+    """`provider` (ours, or a variant such as ours_hbwd) / `base` in TFLOP/s for one attention
+    shape and mode: per repetition (the rows' `tflops_reps`, paired by repetition) or the plain
+    ratio for a record of one run."""
     shape = dict(head_dim=head_dim, seq_len=seq_len, causal=causal, mode=mode)
 
     def extract(record: dict) -> Spread | None:
-        ours = lookup(record, ("results", "rows", {**shape, "provider": "ours"}, "tflops"))
+        ours = lookup(record, ("results", "rows", {**shape, "provider": provider}, "tflops"))
         ref = lookup(record, ("results", "rows", {**shape, "provider": base}, "tflops"))
         if ours is None or ref is None or any(v == 0 for v in ref.values):
             return None
@@ -443,6 +450,34 @@ RERUNS: dict[str, Rerun] = {
                 "--repeats",
                 "5",
                 "--no-charts",
+            ),
+            ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms"),
+        ),
+        Rerun(
+            "p01-hbwd",
+            f"{P01}/attention_hbwd.json",
+            "the Hopper backward (ours_hbwd) with ours (the FA2 backward), SDPA FLASH and SDPA "
+            "cuDNN at head dim 128, seq 4,096, non-causal, batch 4 x 16 heads (the committed run: "
+            "12 shapes), 5 interleaved repetitions, timing budgets as committed",
+            P01,
+            "bench-attention",
+            (
+                "--head-dims",
+                "128",
+                "--seq-lens",
+                "4096",
+                "--causal",
+                "False",
+                "--providers",
+                "ours",
+                "ours_hbwd",
+                "flash",
+                "cudnn",
+                "--repeats",
+                "5",
+                "--no-charts",
+                "--name",
+                "attention_hbwd",
             ),
             ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms"),
         ),
@@ -611,6 +646,24 @@ FIGURES: tuple[Figure, ...] = (
         ATTENTION_RATIO,
         "p01-attention",
         extract=attention_ratio("bwd", "flash"),
+    ),
+    Figure(
+        "p01.hbwd.fwd_bwd_cudnn",
+        "attention fwd+bwd with the Hopper backward / SDPA cuDNN, d128, seq 4,096",
+        "x",
+        "ratio",
+        ATTENTION_RATIO,
+        "p01-hbwd",
+        extract=attention_ratio("fwd_bwd", "cudnn", provider="ours_hbwd"),
+    ),
+    Figure(
+        "p01.hbwd.bwd_vs_fa2",
+        "the Hopper backward / the FA2 backward, d128, seq 4,096",
+        "x",
+        "ratio",
+        ATTENTION_RATIO,
+        "p01-hbwd",
+        extract=attention_ratio("bwd", "ours", provider="ours_hbwd"),
     ),
     Figure(
         "p02.mfu.ws1",

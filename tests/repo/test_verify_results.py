@@ -324,6 +324,9 @@ P01_PUBLISHED = {  # the committed records' medians of 5 repetitions, as the REA
     "p01.attention.fwd_bwd": 1.00,
     "p01.attention.fwd_bwd_cudnn": 0.58,
     "p01.attention.bwd": 0.88,
+    # attention_hbwd.json (the Hopper backward): its table's hbwd / cuDNN and hbwd / ours rows
+    "p01.hbwd.fwd_bwd_cudnn": 0.865,
+    "p01.hbwd.bwd_vs_fa2": 1.735,
 }
 
 
@@ -338,7 +341,7 @@ def test_p01_figures_resolve_against_the_committed_records(repo_root):
         assert s.median == pytest.approx(published, abs=0.05 if published > 10 else 0.005), key
 
 
-@pytest.mark.parametrize("key", ["p01-gemm", "p01-attention"])
+@pytest.mark.parametrize("key", ["p01-gemm", "p01-attention", "p01-hbwd"])
 def test_p01_reruns_parse_with_the_benchmarks_own_command_line(key, repo_root, tmp_path):
     """The argv verify-results runs is one the benchmark accepts (parsed here, no GPU), and the
     reduced run measures every shape, kernel and provider its figures read."""
@@ -362,7 +365,9 @@ def test_p01_reruns_parse_with_the_benchmarks_own_command_line(key, repo_root, t
             assert best_row(committed, dtype, size)["kernel"] in cfg.kernels
     else:
         assert (cfg.head_dims, cfg.seq_lens, cfg.causal) == ((128,), (4096,), (False,))
-        assert set(cfg.providers) == {"ours", "flash", "cudnn"}
+        hbwd = {"ours_hbwd"} if key == "p01-hbwd" else set()
+        assert set(cfg.providers) == {"ours", "flash", "cudnn"} | hbwd
+        assert cfg.name == ("attention_hbwd" if hbwd else "attention")
         assert (cfg.total_tokens, cfg.hidden, cfg.dtype) == (16384, 2048, "bfloat16")
     with pytest.raises(SystemExit):  # the same parser refuses what the bench does not take
         parse_subcommand(commands(), prog=PROG, description="", argv=[*argv[1:], "--no-such"])
@@ -421,6 +426,36 @@ COMMITTED_ATTENTION = {
 }
 
 
+# The Hopper backward's record at the re-run's shape (head dim 128, seq 4,096, non-causal).
+COMMITTED_HBWD = {
+    ("ours", "bwd"): [254.0],
+    ("ours_hbwd", "bwd"): [441.0],
+    ("ours_hbwd", "fwd_bwd"): [468.0],
+    ("cudnn", "fwd_bwd"): [541.0],
+    ("flash", "fwd_bwd"): [305.0],
+}
+
+
+def test_p01_hbwd_figures_read_the_hopper_backward_rows():
+    """The Hopper backward's figures read provider ours_hbwd, against cuDNN and against ours (the
+    FA2 backward): a re-run whose Hopper backward lost 20% disagrees on both; one whose only
+    change is the FA2 backward's own speed moves only the second."""
+    committed = attention_record(COMMITTED_HBWD)
+    c = vr.compare(fig("p01.hbwd.fwd_bwd_cudnn"), committed, committed)
+    assert c.status == "agree" and c.committed.median == pytest.approx(468 / 541)
+    assert fig("p01.hbwd.bwd_vs_fa2").value(committed).median == pytest.approx(441 / 254)
+    slow = dict(COMMITTED_HBWD)
+    slow[("ours_hbwd", "bwd")] = [441.0 * 0.8]
+    slow[("ours_hbwd", "fwd_bwd")] = [468.0 * 0.8]
+    for key in ("p01.hbwd.fwd_bwd_cudnn", "p01.hbwd.bwd_vs_fa2"):
+        assert vr.compare(fig(key), committed, attention_record(slow)).status == "disagree"
+    fa2_faster = dict(COMMITTED_HBWD)
+    fa2_faster[("ours", "bwd")] = [254.0 * 1.25]
+    new = attention_record(fa2_faster)
+    assert vr.compare(fig("p01.hbwd.fwd_bwd_cudnn"), committed, new).status == "agree"
+    assert vr.compare(fig("p01.hbwd.bwd_vs_fa2"), committed, new).status == "disagree"
+
+
 def test_p01_gemm_agrees_within_its_tolerance_and_disagrees_outside():
     committed = gemm_record([90.9], [98.3], [82.1])
     new = gemm_record([88.0, 91.5, 86.0, 92.0, 89.0], [97.0] * 5, [80.0, 83.0, 81.0, 82.0, 84.0])
@@ -463,27 +498,28 @@ def test_p01_reruns_each_run_once_for_their_figures(tmp_path):
     committed, out = tmp_path / "reports", tmp_path / "run"
     _write(committed, f"{P01}/gemm.json", gemm_record([90.9], [98.3], [82.1]))
     _write(committed, f"{P01}/attention.json", attention_record(COMMITTED_ATTENTION))
+    _write(committed, f"{P01}/attention_hbwd.json", attention_record(COMMITTED_HBWD))
     ran = []
     repeated = {
         k: [v[0] * f for f in (0.97, 1.0, 1.02, 0.99, 1.01)] for k, v in COMMITTED_ATTENTION.items()
     }
     repeated[("cudnn", "fwd_bwd")] = [700.0] * 5  # cuDNN much faster: ours / cuDNN 0.44 vs 0.56
+    hbwd = {k: [v[0] * f for f in (0.98, 1.0, 1.01, 0.99, 1.0)] for k, v in COMMITTED_HBWD.items()}
 
     def runner(rerun, committed_rec, out_dir):
         ran.append(rerun.key)
-        rec = (
-            gemm_record([91.0, 92.0, 90.0, 89.5, 91.5], [97.0] * 5, [81.0] * 5)
-            if rerun.key == "p01-gemm"
-            else attention_record(repeated)
-        )
+        if rerun.key == "p01-gemm":
+            rec = gemm_record([91.0, 92.0, 90.0, 89.5, 91.5], [97.0] * 5, [81.0] * 5)
+        else:
+            rec = attention_record(hbwd if rerun.key == "p01-hbwd" else repeated)
         _write(out_dir, rerun.record, rec)
         return ""
 
     v = vr.verify(vr.select(("p01",)), committed, out, runner)
-    assert ran == ["p01-gemm", "p01-attention"]
+    assert ran == ["p01-gemm", "p01-attention", "p01-hbwd"]
     got = {c.figure.key: c.status for c in v.checks}
     assert got.pop("p01.attention.fwd_bwd_cudnn") == "disagree"
-    assert set(got.values()) == {"agree"} and len(got) == 7
+    assert set(got.values()) == {"agree"} and len(got) == 9
     assert vr.exit_code(v.checks) == vr.EXIT_DISAGREE
     text = vr.report(v)
     assert "90.9 (1 run)" in text and "91 (89.5–92, n=5)" in text
