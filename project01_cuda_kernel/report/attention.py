@@ -564,6 +564,7 @@ def _hbwd_lines(res: dict) -> list[str]:
             f"{cell(by['cudnn'][k])} | {cell(by['flash'].get(k))} |"
         )
     lines.append("")
+    lines += _hbwd_target_lines(by["cudnn"])
     grads = [c for c in res.get("checks", []) if "hbwd_dq_max_abs_diff_vs_ours" in c]
     if grads:
         worst = {
@@ -580,6 +581,38 @@ def _hbwd_lines(res: dict) -> list[str]:
             "",
         ]
     return lines
+
+
+# The Hopper backward's target: forward + backward >= 0.85x SDPA cuDNN at head dim 128, seq >= 4k.
+HBWD_TARGET = 0.85
+
+
+def _hbwd_target_lines(vs_cudnn: dict) -> list[str]:
+    """The verdict on HBWD_TARGET from the fwd_bwd rows at head dim 128, seq >= 4,096 (the
+    median of the per-repetition ratios, shape by shape); nothing when the record has none."""
+    rows = sorted(
+        (k, r["ratio"])
+        for k, r in vs_cudnn.items()
+        if k[0] == 128 and k[1] >= 4096 and k[3] == "fwd_bwd"
+    )
+    if not rows:
+        return []
+    met = [k for k, v in rows if v >= HBWD_TARGET]
+    low = min(v for _, v in rows)
+    high = max(v for _, v in rows)
+    verdict = (
+        "**met**"
+        if len(met) == len(rows)
+        else f"**met at {len(met)} of {len(rows)} shapes**"
+        if met
+        else "**not met**"
+    )
+    return [
+        f"Target: forward + backward with the Hopper backward >= {HBWD_TARGET:.2f}x SDPA cuDNN "
+        f"(head dim 128, seq >= 4,096, causal and not): {verdict}; the {len(rows)} shapes "
+        f"measured range {low:.2f}-{high:.2f}x (medians of the per-repetition ratios).",
+        "",
+    ]
 
 
 def hardware_peak(env: dict, dtype: str = "bfloat16") -> tuple[float, str] | None:

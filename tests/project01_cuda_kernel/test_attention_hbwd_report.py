@@ -124,3 +124,25 @@ def test_headline_names_the_hopper_backward_per_head_dim():
     rec = hbwd_record()
     del rec["results"]["ratios_hbwd_vs_cudnn"]
     assert "Hopper backward" not in headline(rec)
+
+
+def test_hbwd_target_verdict_reads_head_dim_128_from_seq_4k():
+    from project01_cuda_kernel.report.attention import _hbwd_target_lines
+
+    def rows(ratios: dict) -> dict:
+        return {k: {"ratio": v} for k, v in ratios.items()}
+
+    base = {
+        (128, 4096, False, "fwd_bwd"): 0.86,
+        (128, 8192, True, "fwd_bwd"): 0.90,
+        (128, 2048, False, "fwd_bwd"): 0.50,  # shorter than the target's shapes: not counted
+        (64, 4096, False, "fwd_bwd"): 0.70,  # another head dim: not counted
+        (128, 4096, False, "bwd"): 0.80,  # the backward alone: not the target's figure
+    }
+    text = " ".join(_hbwd_target_lines(rows(base)))
+    assert "**met**" in text and "the 2 shapes measured range 0.86-0.90x" in text
+    partial = {**base, (128, 16384, True, "fwd_bwd"): 0.84}
+    assert "**met at 2 of 3 shapes**" in " ".join(_hbwd_target_lines(rows(partial)))
+    missed = {k: 0.7 for k in base}
+    assert "**not met**" in " ".join(_hbwd_target_lines(rows(missed)))
+    assert _hbwd_target_lines(rows({(64, 4096, False, "fwd_bwd"): 0.9})) == []
