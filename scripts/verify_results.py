@@ -339,6 +339,16 @@ def p02_scaling_flags(committed: dict, gpus: int | None = None) -> list[str]:
     return out
 
 
+def _attention_flags(*providers: str) -> tuple[str, ...]:
+    """bench-attention at the figures' one shape (head dim 128, seq 4,096, non-causal), the given
+    providers, 5 interleaved repetitions, no charts."""
+    return (
+        *("--head-dims", "128", "--seq-lens", "4096", "--causal", "False"),
+        *("--providers", *providers),
+        *("--repeats", "5", "--no-charts"),
+    )
+
+
 RERUNS: dict[str, Rerun] = {
     r.key: r
     for r in (
@@ -436,21 +446,7 @@ RERUNS: dict[str, Rerun] = {
             "eight providers), 5 interleaved repetitions, timing budgets as committed",
             P01,
             "bench-attention",
-            (
-                "--head-dims",
-                "128",
-                "--seq-lens",
-                "4096",
-                "--causal",
-                "False",
-                "--providers",
-                "ours",
-                "flash",
-                "cudnn",
-                "--repeats",
-                "5",
-                "--no-charts",
-            ),
+            _attention_flags("ours", "flash", "cudnn"),
             ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms"),
         ),
         Rerun(
@@ -461,24 +457,7 @@ RERUNS: dict[str, Rerun] = {
             "12 shapes), 5 interleaved repetitions, timing budgets as committed",
             P01,
             "bench-attention",
-            (
-                "--head-dims",
-                "128",
-                "--seq-lens",
-                "4096",
-                "--causal",
-                "False",
-                "--providers",
-                "ours",
-                "ours_hbwd",
-                "flash",
-                "cudnn",
-                "--repeats",
-                "5",
-                "--no-charts",
-                "--name",
-                "attention_hbwd",
-            ),
+            (*_attention_flags("ours", "ours_hbwd", "flash", "cudnn"), "--name", "attention_hbwd"),
             ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms"),
         ),
         Rerun(
