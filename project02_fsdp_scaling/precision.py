@@ -398,7 +398,10 @@ def run(cfg: PrecisionConfig) -> Path:
         "precision": portable(asdict(cfg)),
         "train": portable({**asdict(replace(plan.jobs[0][1])), **per_job}),
     }
-    env = environment()
+    from shared.gpu_state import gpu_state
+
+    # read before the first job: each publish adds a reading of its own time as the end
+    env = environment(gpu_state_start=gpu_state())
     kept = _kept_phases(cfg, plan, set(phases))
     results |= kept
     path = None
@@ -495,7 +498,10 @@ def _publish(results: dict, config: dict, env: dict, plan: Plan) -> Path:
     from shared.results import atomic_write_text, load_result, save_result
 
     root = plan.out_dir.parent
-    path = save_result(PROJECT, plan.name, results, config=config, reports_dir=root, env=env)
+    start = (env.get("gpu_state") or {}).get("start")
+    path = save_result(
+        PROJECT, plan.name, results, config=config, reports_dir=root, env=env, gpu_state_start=start
+    )
     rec = load_result(path)
     precision_charts(rec, plan.out_dir, plan.name)
     atomic_write_text(path.with_suffix(".md"), precision_markdown(rec, name=plan.name))

@@ -285,8 +285,10 @@ def run(cfg: ScalingConfig) -> Path:
     """`scaling`: run every world size; write the JSON record; render charts and Markdown from
     it. Returns the JSON path."""
     from project02_fsdp_scaling import report
+    from shared.gpu_state import gpu_state
     from shared.results import environment, load_result, save_result
 
+    gpu_start = gpu_state()  # clocks, temperature and power before the jobs (NVML)
     plan = make_plan(cfg)
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     train = plan.train
@@ -311,7 +313,7 @@ def run(cfg: ScalingConfig) -> Path:
         baseline=results["baseline"],
         config={"scaling": portable(asdict(cfg)), "train": portable(asdict(train))},
         reports_dir=plan.out_dir.parent,
-        env=environment(),
+        env=environment(gpu_state_start=gpu_start),
     )
     report.render_scaling(path)
     if cfg.readme and plan.out_dir.parent.resolve() == _default_reports_root().resolve():

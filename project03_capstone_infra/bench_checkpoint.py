@@ -571,7 +571,10 @@ def run(cfg: BenchConfig) -> dict:
 
     if torch.cuda.is_available() and cfg.nproc > torch.cuda.device_count():
         raise ValueError(f"--nproc {cfg.nproc}: only {torch.cuda.device_count()} GPUs are visible")
+    from shared.gpu_state import gpu_state
+
     t_start = time.time()
+    gpu_start = gpu_state()  # clocks, temperature and power before the run (NVML)
     run_dir = Path(cfg.run_dir)
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -589,7 +592,7 @@ def run(cfg: BenchConfig) -> dict:
         ckpt_write_threads=cfg.write_threads,
         log_every=10**9,
     )
-    env = environment()
+    env = environment(gpu_state_start=gpu_start)
     out: dict = {
         "schema": 1,
         "project": PROJECT,
@@ -669,6 +672,8 @@ def run(cfg: BenchConfig) -> dict:
         )
     res["total_s"] = time.time() - t_start
     res["derived"] = derive(res, cfg.ckpt_interval)
+    # the GPU's state at the start and once everything ran (the environment was read at the start)
+    out["environment"]["gpu_state"] = {"start": gpu_start, "end": gpu_state()}
     _write(out, outs)
     for o in outs:
         write_report(out, o.parent)

@@ -414,10 +414,12 @@ def _reports_dir(cfg: ServingBenchConfig) -> Path:
 
 def run(cfg: ServingBenchConfig) -> dict:
     """Run the sweep against the target (launched here when asked); write and return the record."""
+    from shared.gpu_state import gpu_state
     from shared.results import environment_line, load_result, save_result
 
     from .serving_chart import print_table, serving_chart
 
+    start = gpu_state()  # this machine's GPU (the server's, when it is launched here)
     reqs = build_requests(cfg)
     raise_open_file_limit(len(reqs))  # before a launch: the server inherits it
     folder = _reports_dir(cfg) / PROJECT
@@ -458,6 +460,7 @@ def run(cfg: ServingBenchConfig) -> dict:
         config=config,
         reports_dir=cfg.reports_dir,
         baseline={"offline_output_tok_s": res["offline"]["offline_output_tok_s"]},
+        gpu_state_start=start,
     )
     print(f"wrote {path}")
     chart = serving_chart(

@@ -431,6 +431,7 @@ def run(cfg: SpecBenchConfig) -> dict:
     target, draft, record = check_models(cfg.models_dir)
     if cfg.reports_dir:
         writable_dir("reports_dir", cfg.reports_dir)
+    start = offline._gpu_state()  # clocks, temperature and power before the engines run
     tok = Tokenizer.from_file(str(target / "tokenizer.json"))
     held, root = heldout_files(record, tok)
     wls = build_workloads(cfg, tok, held, root)
@@ -547,6 +548,7 @@ def run(cfg: SpecBenchConfig) -> dict:
         NAME,
         res,
         baseline={f"{w}/batch {b}": v["output_tok_s"] for (w, b), v in bases.items()},
+        gpu_state_start=start,
     )
     offline._table(
         "speculative decoding (output tok/s; speedup over no speculation, same workload and batch)",

@@ -470,7 +470,10 @@ def test_a_single_run_phase_is_kept_beside_repeated_throughput(tmp_path, fake_jo
     calls.clear()
     path = precision.run(_rep_cfg(tmp_path, 2, keep_other_phases=True))
     assert {c[0] for c in calls} == {"throughput"} and len(calls) == 6
-    res = json.loads(path.read_text())["results"]
+    rec = json.loads(path.read_text())
+    res = rec["results"]
+    gs = rec["environment"]["gpu_state"]  # read before the first job, and at the last publish
+    assert isinstance(gs["start"], dict) and gs["start"]["time"] <= gs["end"]["time"]
     assert res["parity"]["runs"] == first["results"]["parity"]["runs"]
     assert res["parity"]["measured_with"]["environment"] == first["environment"]
     md = path.with_suffix(".md").read_text()

@@ -33,6 +33,8 @@ def test_record_has_every_world_size(record):
     path, rec = record
     assert path.name == "scaling_cpu.json"
     assert rec["environment"]["torch"]
+    # the GPU's state before the jobs and at the end (on CPU: NVML's reason for having none)
+    assert all(isinstance(rec["environment"]["gpu_state"][k], dict) for k in ("start", "end"))
     res = rec["results"]
     assert [(r["world_size"], r["status"]) for r in res["runs"]] == [
         (1, "ok"),

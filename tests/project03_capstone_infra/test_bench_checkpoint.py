@@ -57,6 +57,10 @@ def test_two_ranks_end_to_end_beside_the_one_rank_record(tmp_path, monkeypatch):
     rec1 = json.loads((out / "checkpoint_bench.json").read_text())
     assert rec1["results"]["world_size"] == 1
     assert rec1["results"]["resume"]["returncode"] == -9  # killed after its first step
+    # the GPU's state read before the run and after it (here NVML says why it has no GPU)
+    gs = rec1["environment"]["gpu_state"]
+    assert isinstance(gs["start"], dict) and isinstance(gs["end"], dict)
+    assert gs["start"]["time"] <= gs["end"]["time"]
 
     argv = [
         *SMALL,
@@ -72,6 +76,7 @@ def test_two_ranks_end_to_end_beside_the_one_rank_record(tmp_path, monkeypatch):
     res = rec["results"]
     assert rec["name"] == "checkpoint_bench_ws2" and res["world_size"] == 2
     assert rec["config"]["nproc"] == 2
+    assert all(isinstance(rec["environment"]["gpu_state"][k], dict) for k in ("start", "end"))
     d = res["derived"]
     for key in ("sync", "async_cold", "async_steady_1", "steady_state"):
         assert key in d, key

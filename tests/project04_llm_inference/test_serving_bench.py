@@ -565,6 +565,7 @@ def test_run_writes_a_record_chart_and_offline_ratio(tmp_path):
     folder = tmp_path / "out" / "project04_llm_inference"
     rec = json.loads((folder / "serving.json").read_text())
     assert rec["results"]["runs"][1]["request_rate"] == "inf" and rec["environment"]["python"]
+    assert all(isinstance(rec["environment"]["gpu_state"][k], dict) for k in ("start", "end"))
     assert (folder / "serving.png").stat().st_size > 0
     assert rec["config"]["request_rates"] == ["inf", "50"]
     assert srv.bodies[0]["model"] == "fake-model"  # from /v1/models

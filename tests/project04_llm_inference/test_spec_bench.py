@@ -103,6 +103,7 @@ def test_record_structure(bench, models):
     assert rec["name"] == "spec_decode" and rec["results"]["rows"] == res["rows"]
     env = rec["environment"]
     assert {"gpu", "torch", "date", "git_commit"} <= set(env) and env["torch"] == torch.__version__
+    assert all(isinstance(env["gpu_state"][k], dict) for k in ("start", "end"))
     assert rec["config"]["ks"] == [2, 3] and rec["config"]["batches"] == [1, 2]
     ctx = res["context"]
     assert ctx["device"] == "cpu" and ctx["dtype"] == "float32"
