@@ -185,7 +185,9 @@ struct Smem {
   __device__ __forceinline__ uint32_t q_empty(int s) const {
     return smem_u32(bars + 1 + 2 * C::kStages + s);
   }
-  __device__ __forceinline__ uint32_t dq_full() const { return smem_u32(bars + 1 + 3 * C::kStages); }
+  __device__ __forceinline__ uint32_t dq_full() const {
+    return smem_u32(bars + 1 + 3 * C::kStages);
+  }
   __device__ __forceinline__ uint32_t dq_empty() const {
     return smem_u32(bars + 2 + 3 * C::kStages);
   }
