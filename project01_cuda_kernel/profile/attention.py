@@ -208,8 +208,10 @@ def run(cfg: AttentionProfileConfig) -> Path:
     kernels = parse_ncu_csv(out)
     # The Hopper backward needs a forward's out and lse, so the Hopper forward runs twice: one
     # column per kernel (its first launch).
-    seen: set[str] = set()
-    kernels = [k for k in kernels if not (k["kernel"] in seen or seen.add(k["kernel"]))]
+    first: dict[str, dict] = {}
+    for k in kernels:
+        first.setdefault(k["kernel"], k)
+    kernels = list(first.values())
     shape = {
         "head_dim": cfg.head_dim,
         "seq_len": cfg.seq_len,

@@ -213,3 +213,28 @@ def test_attention_profile_runs_ncu_over_its_worker_and_writes_the_record(tmp_pa
     assert rec["results"]["shape"]["batch"] == 16 and rec["config"]["kernel_filter"].startswith(
         "regex:flash_"
     )
+
+
+def test_attention_profile_keeps_one_column_per_kernel(tmp_path, monkeypatch):
+    """On a Hopper GPU the worker runs the Hopper forward twice (the Hopper backward needs a
+    forward's out and lse): the record keeps each kernel's first launch, in launch order."""
+    from project01_cuda_kernel import attention
+    from shared.results import load_result
+
+    launches = [
+        "void flash::hopper::flash_fwd_hopper_kernel<bf16, 128>()",
+        "void flash::flash_bwd_kernel<bf16, 128, 8>()",
+        "void flash::flash_fwd_kernel<bf16, 128, 4, 2, 32, 0>()",
+        "void flash::hopper::flash_fwd_hopper_kernel<bf16, 128>()",
+        "void flash::hopper_bwd::flash_bwd_hopper_kernel<bf16, 128, true>()",
+    ]
+    _fake_ncu(tmp_path, monkeypatch, launches)
+    monkeypatch.setattr(attention, "build", lambda: None)
+    cfg = profile_attention.AttentionProfileConfig(seq_len=1024, reports_dir=str(tmp_path / "r"))
+    kernels = load_result(profile_attention.run(cfg))["results"]["kernels"]
+    assert [k["kernel_short"] for k in kernels] == [
+        "forward (Hopper)",
+        "backward",
+        "forward (FA2)",
+        "backward (Hopper)",
+    ]
