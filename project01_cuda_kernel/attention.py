@@ -18,9 +18,9 @@ operator; on CUDA tensors they run our kernels in both directions:
 - backward (csrc/attention/flash_bwd_*.cu): the rowsum(dO * O) pre-pass, then per 128-key block
   P recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with
   atomics;
-- backward on Hopper, opt-in (`flash_attention(..., bwd_kernel="hopper")` through autograd, or
-  `flash_backward(..., bwd_kernel="hopper")`; "auto" keeps the FlashAttention-2 backward until
-  the main attention record is re-measured with it): the FlashAttention-3 design, a TMA
+- backward on Hopper (`flash_attention(..., bwd_kernel="hopper")` through autograd, or
+  `flash_backward(..., bwd_kernel="hopper")`; "auto" runs it where it has an instance once
+  AUTO_BWD_HOPPER is on, and the FlashAttention-2 backward until then): the FlashAttention-3 design, a TMA
   producer warpgroup and two wgmma consumer warpgroups per 128-key block
   (csrc/attention/flash_bwd_hopper*.cu), dense attention at head dims 64 and 128 only.
   No S x S tensor is ever stored.
@@ -151,11 +151,16 @@ FWD_KERNELS = ("auto", "hopper", "fa2")
 HOPPER_HEAD_DIMS = (64, 128)
 # Backward kernel: "hopper" (wgmma + TMA, warp-specialised, csrc/attention/flash_bwd_hopper.cuh;
 # compute capability 9.0, head dims HOPPER_HEAD_DIMS, dense attention: no window, softcap or
-# varlen), "fa2" (mma.sync, any GPU from sm_80, everything), or "auto". "auto" is "fa2" for now:
-# the Hopper backward is validated and measured on an H200 but stays opt-in until the main
-# attention record is re-measured with it (NOTES.md, "Hopper backward"). `flash_attention`'s
-# bwd_kernel carries the choice through the operators' autograd.
+# varlen), "fa2" (mma.sync, any GPU from sm_80, everything), or "auto" (`select_bwd_kernel`).
+# `flash_attention`'s bwd_kernel carries the choice through the operators' autograd.
 BWD_KERNELS = ("auto", "hopper", "fa2")
+# What "auto" runs. False: the FlashAttention-2 backward everywhere. True: the Hopper backward
+# wherever it has an instance (compute capability 9.0, kernel head dim in HOPPER_HEAD_DIMS, no
+# window or softcap in effect, not varlen), the FlashAttention-2 one elsewhere. The Hopper
+# backward is validated and measured on an H200 (attention_hbwd.json) but "auto" stays on FA2
+# until the GPU tier and the main attention record (attention.json, whose "ours" is "auto")
+# are re-run with it switched on (NOTES.md, "Hopper backward").
+AUTO_BWD_HOPPER = False
 # Backward kernel variant: warps per CTA, 16 keys each. 8 = 128 keys a CTA (half the dQ atomics
 # of 4 = 64 keys a CTA). (Head dim 256: one variant, 8 warps in pairs, 64 keys a CTA.)
 BWD_WARPS = 8
@@ -831,16 +836,21 @@ def _on_hopper() -> bool:
 def select_bwd_kernel(
     bwd_kernel: str, local: bool, head_dim: int | None = None, varlen: bool = False
 ) -> str:
-    """The backward kernel to run for a BWD_KERNELS name: "hopper" or "fa2". "auto" is "fa2"
-    (the Hopper backward, measured, stays opt-in until the main attention record is re-measured
-    with it). "hopper" is a ValueError naming bwd_kernel
-    with a window or softcap in effect (`local`), a kernel head dim outside HOPPER_HEAD_DIMS,
-    varlen, or a GPU other than compute capability 9.0 (checked last, so the other refusals
-    need no GPU)."""
+    """The backward kernel to run for a BWD_KERNELS name: "hopper" or "fa2".
+
+    "fa2" is "fa2". "auto" is "fa2" while AUTO_BWD_HOPPER is off; with it on, "hopper" where the
+    Hopper backward has an instance (not `local`: no window or softcap in effect; kernel head
+    dim in HOPPER_HEAD_DIMS, so None, unknown, gives "fa2"; not varlen; compute capability 9.0)
+    and "fa2" elsewhere. "hopper" is a ValueError naming bwd_kernel with a window or softcap in
+    effect (`local`), a kernel head dim outside HOPPER_HEAD_DIMS, varlen, or a GPU other than
+    compute capability 9.0 (checked last, so the other refusals need no GPU)."""
     if bwd_kernel not in BWD_KERNELS:
         raise ValueError(f"bwd_kernel must be one of {BWD_KERNELS}, got {bwd_kernel!r}")
-    if bwd_kernel != "hopper":
+    if bwd_kernel == "fa2" or (bwd_kernel == "auto" and not AUTO_BWD_HOPPER):
         return "fa2"
+    if bwd_kernel == "auto":
+        fits = not local and head_dim in HOPPER_HEAD_DIMS and not varlen
+        return "hopper" if fits and _on_hopper() else "fa2"
     if local:
         raise ValueError(
             "bwd_kernel='hopper' does not implement window_size or softcap; use 'auto' or 'fa2'"
@@ -865,12 +875,12 @@ def select_bwd_kernel(
 def check_bwd_kernel(bwd_kernel, q, k, causal, window_size=NO_WINDOW, softcap=0.0) -> str:
     """`select_bwd_kernel` for `flash_attention`'s checked arguments, as `flash_backward` will
     see them (the kernel head dim: a smaller one is padded to the next compiled one; a window
-    or softcap counted only when in effect). Runs on metadata alone, before any kernel, so a bad
-    `bwd_kernel` or an impossible "hopper" is a ValueError naming bwd_kernel at the forward call,
-    not inside the backward. Anything but "hopper" reads no shape (no guard under
-    torch.compile)."""
-    if bwd_kernel != "hopper":
-        return select_bwd_kernel(bwd_kernel, False)
+    or softcap counted only when in effect); returns the kernel the backward will run. Runs on
+    metadata alone, before any kernel, so a bad `bwd_kernel` or an impossible "hopper" is a
+    ValueError naming bwd_kernel at the forward call, not inside the backward. "fa2", and "auto"
+    while AUTO_BWD_HOPPER is off, read no shape (no guard under torch.compile)."""
+    if bwd_kernel not in ("auto", "hopper") or (bwd_kernel == "auto" and not AUTO_BWD_HOPPER):
+        return select_bwd_kernel(bwd_kernel, False)  # "fa2", or the ValueError naming it
     window = resolve_window(window_size)
     local = uses_local_kernels(causal, window, resolve_softcap(softcap), q.shape[2], k.shape[2])
     return select_bwd_kernel(bwd_kernel, local, kernel_head_dim(q.shape[-1]))
@@ -897,8 +907,9 @@ def flash_backward(
     """Backward kernels on kernel-ready inputs: (dq, dk, dv), each shaped like its input (dk, dv
     summed over each group of query heads when k/v have fewer heads); `warps` picks the variant
     (8 or 4, see BWD_WARPS; head dim 256 has one variant and ignores it). `window_size` and
-    `softcap`: the forward's. `bwd_kernel`: one of BWD_KERNELS (`select_bwd_kernel`: "auto" is
-    the FlashAttention-2 backward; "hopper" the wgmma/TMA one, which ignores `warps`)."""
+    `softcap`: the forward's. `bwd_kernel`: one of BWD_KERNELS (`select_bwd_kernel`: "fa2" the
+    FlashAttention-2 backward, the one `warps` applies to; "hopper" the wgmma/TMA one, which
+    ignores `warps`; "auto" one of them, see AUTO_BWD_HOPPER)."""
     if warps not in (4, 8):
         raise ValueError(f"warps must be 4 or 8, got {warps!r}")
     left, right = resolve_window(window_size)
@@ -946,8 +957,8 @@ def flash_attention(
     as in the flash-attn package. Runs the operator `project01::flash_attn_fwd`,
     differentiable through `project01::flash_attn_bwd`: our kernels on CUDA tensors, the float32
     reference on CPU tensors (slow; see the module docstring). bwd_kernel: the backward kernel
-    autograd runs (BWD_KERNELS; `select_bwd_kernel`): "auto" (the FlashAttention-2 backward for
-    now), "fa2", or "hopper" (the wgmma/TMA backward: compute capability 9.0, kernel head dims
+    autograd runs (BWD_KERNELS; `select_bwd_kernel`): "auto" (the FlashAttention-2 backward,
+    or the Hopper one where it has an instance once AUTO_BWD_HOPPER is on), "fa2", or "hopper" (the wgmma/TMA backward: compute capability 9.0, kernel head dims
     64 and 128, no window or softcap in effect); checked here, before the forward runs
     (`check_bwd_kernel`; under torch.compile at trace time), so a refusal is a ValueError
     naming bwd_kernel at this call. The CPU reference computes the same gradients whichever is

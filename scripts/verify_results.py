@@ -296,7 +296,7 @@ def best_gemm_share(dtype: str, size: int) -> Callable[[dict], Spread | None]:
 
 def attention_ratio(
     mode: str,
-    base: str,
+    base: str | Callable[[dict], str | None],
     *,
     head_dim: int = 128,
     seq_len: int = 4096,
@@ -305,17 +305,29 @@ def attention_ratio(
 ) -> Callable[[dict], Spread | None]:
     """`provider` (ours, or a variant such as ours_hbwd) / `base` in TFLOP/s for one attention
     shape and mode: per repetition (the rows' `tflops_reps`, paired by repetition) or the plain
-    ratio for a record of one run."""
+    ratio for a record of one run. `base` may be a function of the record naming the provider
+    (None: the record has none)."""
     shape = dict(head_dim=head_dim, seq_len=seq_len, causal=causal, mode=mode)
 
     def extract(record: dict) -> Spread | None:
+        name = base(record) if callable(base) else base
+        if name is None:
+            return None
         ours = lookup(record, ("results", "rows", {**shape, "provider": provider}, "tflops"))
-        ref = lookup(record, ("results", "rows", {**shape, "provider": base}, "tflops"))
+        ref = lookup(record, ("results", "rows", {**shape, "provider": name}, "tflops"))
         if ours is None or ref is None or any(v == 0 for v in ref.values):
             return None
         return ratio(ours, ref)
 
     return extract
+
+
+def _fa2_backward(record: dict) -> str | None:
+    """The provider that ran the FlashAttention-2 backward in an attention record: ours_fa2bwd,
+    or ours in records made while "auto" was FA2's (bench.attention.fa2_backward_provider)."""
+    from project01_cuda_kernel.bench.attention import fa2_backward_provider
+
+    return fa2_backward_provider(record.get("results") or {})
 
 
 def visible_gpus() -> int:
@@ -452,12 +464,15 @@ RERUNS: dict[str, Rerun] = {
         Rerun(
             "p01-hbwd",
             f"{P01}/attention_hbwd.json",
-            "the Hopper backward (ours_hbwd) with ours (the FA2 backward), SDPA FLASH and SDPA "
-            "cuDNN at head dim 128, seq 4,096, non-causal, batch 4 x 16 heads (the committed run: "
+            "the Hopper backward (ours_hbwd) with ours, the FA2 backward (ours_fa2bwd), SDPA "
+            "FLASH and SDPA cuDNN at head dim 128, seq 4,096, non-causal, batch 4 x 16 heads (the committed run: "
             "12 shapes), 5 interleaved repetitions, timing budgets as committed",
             P01,
             "bench-attention",
-            (*_attention_flags("ours", "ours_hbwd", "flash", "cudnn"), "--name", "attention_hbwd"),
+            (
+                *_attention_flags("ours", "ours_hbwd", "ours_fa2bwd", "flash", "cudnn"),
+                *("--name", "attention_hbwd"),
+            ),
             ("total_tokens", "hidden", "dtype", "warmup_ms", "rep_ms"),
         ),
         Rerun(
@@ -642,7 +657,7 @@ FIGURES: tuple[Figure, ...] = (
         "ratio",
         ATTENTION_RATIO,
         "p01-hbwd",
-        extract=attention_ratio("bwd", "ours", provider="ours_hbwd"),
+        extract=attention_ratio("bwd", _fa2_backward, provider="ours_hbwd"),
     ),
     Figure(
         "p02.mfu.ws1",

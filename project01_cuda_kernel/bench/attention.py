@@ -36,7 +36,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from project01_cuda_kernel import PROJECT
+from project01_cuda_kernel import PROJECT, attention
 from shared.repeat import DEFAULT_REPEATS, flat, ratio, read_flat
 
 from .interleaved import time_interleaved, timing_fields
@@ -51,18 +51,43 @@ PROVIDERS = (
     "efficient",
     "math",
     "ours_hbwd",
+    "ours_fa2bwd",
 )
-# Measured unless --providers names others: every provider but ours_hbwd (forward "auto" + the
-# Hopper backward, opt-in: it runs only on compute capability 9.0, where it is not yet the
-# default; elsewhere it is recorded as skipped with the reason).
-DEFAULT_PROVIDERS = tuple(p for p in PROVIDERS if p != "ours_hbwd")
+# ours with its backward kernel named (`flash_backward(..., bwd_kernel=...)`), forward "auto":
+# ours_hbwd the Hopper backward (compute capability 9.0 only; elsewhere it is recorded as skipped
+# with the reason), ours_fa2bwd the FlashAttention-2 backward (the 128-keys-a-CTA kernel).
+EXPLICIT_BWD = {"ours_hbwd": "hopper", "ours_fa2bwd": "fa2"}
+
+
+# Measured unless --providers names others: every provider but those two while "auto" runs the
+# FA2 backward (AUTO_BWD_HOPPER off: "ours" is FA2's, and the Hopper one is opt-in), and every
+# provider but ours_hbwd once "auto" takes the Hopper backward (then ours_fa2bwd keeps the FA2
+# backward in the record, as the reference the Hopper one is compared against).
+def default_providers(auto_bwd_hopper: bool) -> tuple[str, ...]:
+    """DEFAULT_PROVIDERS for a value of attention.AUTO_BWD_HOPPER."""
+    return tuple(
+        p for p in PROVIDERS if p != "ours_hbwd" and (p != "ours_fa2bwd" or auto_bwd_hopper)
+    )
+
+
+DEFAULT_PROVIDERS = default_providers(attention.AUTO_BWD_HOPPER)
 # Kernel variants of ours, measured in one mode only: the FlashAttention-2 forward (32 and 16 query
-# rows a warp; on a Hopper GPU "ours" runs the wgmma/TMA forward instead), the backward with 64
-# keys a CTA (its kernels called directly, after one forward).
-VARIANT_MODE = {"ours_fa2": "fwd", "ours_r16": "fwd", "ours_k64": "bwd"}
+# rows a warp; on a Hopper GPU "ours" runs the wgmma/TMA forward instead), the FlashAttention-2
+# backward named and its variant with 64 keys a CTA (its kernels called directly, after one
+# forward).
+VARIANT_MODE = {"ours_fa2": "fwd", "ours_r16": "fwd", "ours_k64": "bwd", "ours_fa2bwd": "bwd"}
 MODES = ("fwd", "bwd", "fwd_bwd")
 Provider = Literal[
-    "ours", "ours_fa2", "ours_r16", "ours_k64", "flash", "cudnn", "efficient", "math", "ours_hbwd"
+    "ours",
+    "ours_fa2",
+    "ours_r16",
+    "ours_k64",
+    "flash",
+    "cudnn",
+    "efficient",
+    "math",
+    "ours_hbwd",
+    "ours_fa2bwd",
 ]
 
 
@@ -87,8 +112,8 @@ class AttentionBenchConfig:
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
     """input dtype"""
     providers: tuple[Provider, ...] = DEFAULT_PROVIDERS
-    """ours and its variants, and SDPA's backends pinned one at a time (ours_hbwd: forward
-    "auto" + the Hopper backward, bwd_kernel="hopper"; only when named)"""
+    """ours and its variants, and SDPA's backends pinned one at a time (ours_hbwd and
+    ours_fa2bwd: forward "auto" + the Hopper or the FA2 backward, named; see EXPLICIT_BWD)"""
     math_max_seq: int = 1024
     """longest sequence for SDPA's MATH backend (it materialises (B, H, S, S) float32 scores)"""
     warmup_ms: float = 10.0
@@ -163,8 +188,8 @@ def attention_fn(provider: str, causal: bool, gqa: bool = False) -> Callable:
         return lambda q, k, v: flash_attention(q, k, v, causal=causal)
     if provider == "ours_k64":
         return None  # timed through backward_k64_fn
-    if provider == "ours_hbwd":
-        return hopper_backward_fn(causal)
+    if provider in EXPLICIT_BWD:
+        return explicit_backward_fn(causal, EXPLICIT_BWD[provider])
     if provider in ("ours_fa2", "ours_r16"):
         from project01_cuda_kernel.attention import check_inputs, flash_forward
 
@@ -206,20 +231,23 @@ def mode_fn(attn: Callable, mode: str, q, k, v, do) -> Callable[[], object]:
 
 
 def backward_k64_fn(q, k, v, do, causal: bool) -> Callable[[], object]:
-    """Our backward kernels with 4 warps (64 keys) a CTA, on one saved forward."""
+    """Our FlashAttention-2 backward kernels with 4 warps (64 keys) a CTA, on one saved
+    forward."""
     from project01_cuda_kernel.attention import check_inputs, flash_backward, flash_forward
 
     scale = check_inputs(q, k, v, causal, None)
     qd, kd, vd = (t.detach() for t in (q, k, v))
     out, lse = flash_forward(qd, kd, vd, causal, scale)
-    return lambda: flash_backward(do, qd, kd, vd, out, lse, causal, scale, warps=4)
+    return lambda: flash_backward(
+        do, qd, kd, vd, out, lse, causal, scale, warps=4, bwd_kernel="fa2"
+    )
 
 
-def hopper_backward_fn(causal: bool) -> Callable:
+def explicit_backward_fn(causal: bool, bwd_kernel: str) -> Callable:
     """(q, k, v) -> out, differentiable: our forward ("auto": the Hopper one on CC 9.0) and the
-    Hopper backward (`flash_backward(..., bwd_kernel="hopper")`), through an autograd.Function
-    (the operators run the "auto" backward, FlashAttention-2's for now). A GPU or head dim the
-    Hopper backward does not take raises RuntimeError, so the bench records it as skipped."""
+    backward named by `bwd_kernel` (`flash_backward(..., bwd_kernel=...)`: "hopper" or "fa2"),
+    through an autograd.Function, whatever "auto" would run. A GPU or head dim the named
+    backward does not take raises RuntimeError, so the bench records it as skipped."""
     from project01_cuda_kernel.attention import (
         check_inputs,
         flash_backward,
@@ -227,7 +255,9 @@ def hopper_backward_fn(causal: bool) -> Callable:
         select_bwd_kernel,
     )
 
-    class HopperBackwardAttention(torch.autograd.Function):
+    provider = next(p for p, k in EXPLICIT_BWD.items() if k == bwd_kernel)
+
+    class ExplicitBackwardAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v):
             scale = check_inputs(q, k, v, causal, None)
@@ -239,30 +269,33 @@ def hopper_backward_fn(causal: bool) -> Callable:
         @staticmethod
         def backward(ctx, do):
             q, k, v, out, lse = ctx.saved_tensors
-            return flash_backward(do, q, k, v, out, lse, causal, ctx.scale, bwd_kernel="hopper")
+            return flash_backward(do, q, k, v, out, lse, causal, ctx.scale, bwd_kernel=bwd_kernel)
 
     def run(q, k, v):
         try:
-            select_bwd_kernel("hopper", False, q.shape[-1])
+            select_bwd_kernel(bwd_kernel, False, q.shape[-1])
         except ValueError as e:
-            raise RuntimeError(f"ours_hbwd: {e}") from e
-        return HopperBackwardAttention.apply(q, k, v)
+            raise RuntimeError(f"{provider}: {e}") from e
+        return ExplicitBackwardAttention.apply(q, k, v)
 
     run.causal = causal  # for hbwd_grad_diffs
     return run
 
 
 def hbwd_grad_diffs(attn: Callable, q, k, v, do) -> dict:
-    """max |grad of ours_hbwd - grad of ours| for dq, dk, dv (the Hopper backward against the
-    FlashAttention-2 one on the same forward output), plus the largest |grad| for scale."""
+    """max |grad of ours_hbwd - grad of the FA2 backward| for dq, dk, dv (the Hopper backward
+    against `flash_attention(..., bwd_kernel="fa2")` on the same forward output), plus the
+    largest |grad| of the FA2 one, for scale."""
     from project01_cuda_kernel.attention import flash_attention
 
     causal = getattr(attn, "causal", False)
-    ours = torch.autograd.grad(flash_attention(q, k, v, causal=causal), (q, k, v), do)
+    fa2 = torch.autograd.grad(
+        flash_attention(q, k, v, causal=causal, bwd_kernel="fa2"), (q, k, v), do
+    )
     hbwd = torch.autograd.grad(attn(q, k, v), (q, k, v), do)
     out = {}
-    for name, a, b in zip(("dq", "dk", "dv"), hbwd, ours):
-        out[f"hbwd_{name}_max_abs_diff_vs_ours"] = (a.float() - b.float()).abs().max().item()
+    for name, a, b in zip(("dq", "dk", "dv"), hbwd, fa2):
+        out[f"hbwd_{name}_max_abs_diff_vs_fa2"] = (a.float() - b.float()).abs().max().item()
         out[f"{name}_max_abs"] = b.float().abs().max().item()
     return out
 
@@ -370,7 +403,7 @@ def measure(cfg: AttentionBenchConfig) -> dict:
                 except RuntimeError as e:
                     skip(provider, str(e))
                 torch.cuda.empty_cache()
-            if "ours_hbwd" in live:  # its gradients against ours' (the FA2 backward), recorded
+            if "ours_hbwd" in live:  # its gradients against the FA2 backward's, recorded
                 try:
                     checks.append({**shape, **hbwd_grad_diffs(live["ours_hbwd"], q, k, v, do)})
                 except RuntimeError as e:
@@ -406,7 +439,12 @@ def measure(cfg: AttentionBenchConfig) -> dict:
             del q, k, v, do
             torch.cuda.empty_cache()
             bar.advance(status=f"head dim {d}, seq {s}, {'causal' if causal else 'non-causal'}")
-    from project01_cuda_kernel.attention import resolve_fwd_kernel, select_fwd_kernel
+    from project01_cuda_kernel.attention import (
+        kernel_head_dim,
+        resolve_fwd_kernel,
+        select_bwd_kernel,
+        select_fwd_kernel,
+    )
 
     return {
         "rows": rows,
@@ -418,6 +456,11 @@ def measure(cfg: AttentionBenchConfig) -> dict:
         # what "ours" ran forward at each head dim ("auto" takes fa2 where Hopper has no instance)
         "ours_forward_kernels": {
             str(d): select_fwd_kernel("auto", False, d) for d in cfg.head_dims
+        },
+        # and backward ("auto": FA2's, or the Hopper one where it has an instance once
+        # attention.AUTO_BWD_HOPPER is on)
+        "ours_backward_kernels": {
+            str(d): select_bwd_kernel("auto", False, kernel_head_dim(d)) for d in cfg.head_dims
         },
     }
 
@@ -448,13 +491,29 @@ def ratios(rows: list[dict], base: str = "flash", provider: str = "ours") -> lis
     return out
 
 
-def hbwd_table(rows: list[dict]) -> list[dict]:
-    """One row per (shape, mode) where ours_hbwd ran: its TFLOP/s and its ratios to ours (the
-    FlashAttention-2 backward), cuDNN and FLASH (median ratios of the repetitions)."""
+def fa2_backward_provider(result: dict) -> str | None:
+    """The provider of a record whose backward is the FlashAttention-2 one at every head dim:
+    ours_fa2bwd when measured, else "ours" when "auto" ran FA2's backward (records without
+    `ours_backward_kernels` were measured before the Hopper backward could be "auto"'s), else
+    None."""
+    rows = result.get("rows", [])
+    if any(r["provider"] == "ours_fa2bwd" for r in rows):
+        return "ours_fa2bwd"
+    kernels = (result.get("ours_backward_kernels") or {}).values()
+    return "ours" if all(k == "fa2" for k in kernels) else None
+
+
+def hbwd_table(rows: list[dict], fa2: str | None = "ours") -> list[dict]:
+    """One row per (shape, mode) where ours_hbwd ran: its TFLOP/s and its ratios to the
+    FlashAttention-2 backward (the provider `fa2` names, `fa2_backward_provider`; no column when
+    None), cuDNN and FLASH (median ratios of the repetitions)."""
     key = ("head_dim", "seq_len", "causal", "mode")
+    bases = (("cudnn", "cuDNN"), ("flash", "FLASH"))
+    if fa2:
+        bases = ((fa2, "FA2 bwd"), *bases)
     against = {
         base: {tuple(r[k] for k in key): r for r in ratios(rows, base, "ours_hbwd")}
-        for base in ("ours", "cudnn", "flash")
+        for base, _ in bases
     }
     shapes = [tuple(r[k] for k in key) for r in rows if r["provider"] == "ours_hbwd"]
     table = []
@@ -464,7 +523,7 @@ def hbwd_table(rows: list[dict]) -> list[dict]:
             r for r in rows if r["provider"] == "ours_hbwd" and tuple(r[k] for k in key) == shape
         )
         row["ours_hbwd TFLOP/s"] = own["tflops"]
-        for base, label in (("ours", "ours"), ("cudnn", "cuDNN"), ("flash", "FLASH")):
+        for base, label in bases:
             r = against[base].get(shape)
             row[f"hbwd/{label}"] = r["ratio"] if r else None
         table.append(row)
@@ -499,7 +558,7 @@ def print_summary(result: dict) -> None:
         for r in ratios(result["rows"])
     ]
     print(markdown_table(table, floatfmt=".3g"))
-    hbwd = hbwd_table(result["rows"])
+    hbwd = hbwd_table(result["rows"], fa2_backward_provider(result))
     if hbwd:
         print("ours_hbwd (forward auto + Hopper backward):")
         print(markdown_table(hbwd, floatfmt=".3g"))
@@ -531,7 +590,9 @@ def run(cfg: AttentionBenchConfig) -> Path:
     if any(r["provider"] == "ours_hbwd" for r in result["rows"]):
         result["ratios_hbwd_vs_cudnn"] = ratios(result["rows"], "cudnn", "ours_hbwd")
         result["ratios_hbwd_vs_flash"] = ratios(result["rows"], "flash", "ours_hbwd")
-        result["ratios_hbwd_vs_ours"] = ratios(result["rows"], "ours", "ours_hbwd")
+        fa2 = fa2_backward_provider(result)
+        if fa2:
+            result["ratios_hbwd_vs_fa2"] = ratios(result["rows"], fa2, "ours_hbwd")
     return save_result(
         PROJECT,
         cfg.name,

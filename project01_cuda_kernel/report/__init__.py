@@ -60,7 +60,8 @@ ATTENTION_RECORDS = {
     ),
     "attention:hbwd": (
         "attention_hbwd",
-        "--providers ours ours_hbwd flash cudnn --head-dims 64 128 --seq-lens 4096 8192 16384 "
+        "--providers ours ours_hbwd ours_fa2bwd flash cudnn --head-dims 64 128 "
+        "--seq-lens 4096 8192 16384 "
         "--repeats 5 --name attention_hbwd",
     ),
 }
@@ -137,7 +138,9 @@ def render_summary(reports_dir: Path) -> str:
             f"{environment_line(bench.get('environment', {}))}):",
             "",
             *attention._target_lines(
-                bench["results"]["rows"], bench["results"].get("ours_forward_kernel", "fa2")
+                bench["results"]["rows"],
+                bench["results"].get("ours_forward_kernel", "fa2"),
+                attention.backward_kernels(bench["results"]),
             ),
             "",
         ]

@@ -32,6 +32,7 @@ VARIANT_LABELS = {
     "ours_fa2": "ours, FA2 (32 rows/warp)",
     "ours_r16": "ours, FA2 (16 rows/warp)",
     "ours_k64": "ours, 64 keys/CTA",
+    "ours_fa2bwd": "ours, FA2 bwd (128 keys/CTA)",
 }
 PROVIDER_LABELS = {
     "ours": "ours (forward: wgmma/TMA on Hopper, else FA2; backward: FA2)",
@@ -43,10 +44,13 @@ PROVIDER_LABELS = {
     "efficient": "SDPA EFFICIENT (xFormers)",
     "math": "SDPA MATH",
     "ours_hbwd": "ours, Hopper backward (wgmma/TMA; forward as ours)",
+    "ours_fa2bwd": "ours, FA2 backward (mma.sync, 128 keys/CTA; forward as ours)",
 }
+# "ours" once "auto" runs the Hopper backward (a record whose ours_backward_kernels say so)
+OURS_LABEL_HOPPER_BWD = "ours (forward and backward: wgmma/TMA on Hopper, else FA2)"
 
 
-PROVIDER_MARKERS = dict(zip(PROVIDERS, ("o", "s", "^", "v", "D", "P", "X", "*", "h")))
+PROVIDER_MARKERS = dict(zip(PROVIDERS, ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<")))
 PROVIDER_COLORS = {  # one colour per provider in every chart
     "ours": "#1f77b4",
     "ours_fa2": "#ff7f0e",
@@ -57,10 +61,11 @@ PROVIDER_COLORS = {  # one colour per provider in every chart
     "efficient": "#9467bd",
     "math": "#8c564b",
     "ours_hbwd": "#e377c2",
+    "ours_fa2bwd": "#ff7f0e",
 }
 
 
-MODE_VARIANTS = {"fwd": ("ours_fa2", "ours_r16"), "bwd": ("ours_k64",)}
+MODE_VARIANTS = {"fwd": ("ours_fa2", "ours_r16"), "bwd": ("ours_fa2bwd", "ours_k64")}
 SDPA_COLUMNS = (
     ("flash", "FLASH"),
     ("cudnn", "cuDNN"),
@@ -170,15 +175,42 @@ def _target_line(what: str, ratios: list[tuple], target: float) -> str:
     )
 
 
-def _target_lines(rows: list[dict], forward_kernel: str = "fa2") -> list[str]:
+def backward_kernels(res: dict) -> dict[int, str]:
+    """Head dim -> the backward "ours" ran ("fa2" or "hopper"), from the record's
+    `ours_backward_kernels`; a record without them was measured while "auto" was always the
+    FlashAttention-2 backward."""
+    recorded = res.get("ours_backward_kernels") or {}
+    return {r["head_dim"]: recorded.get(str(r["head_dim"]), "fa2") for r in res.get("rows", [])}
+
+
+def provider_label(provider: str, res: dict) -> str:
+    """A provider's name in charts: PROVIDER_LABELS, with "ours" saying which backward ran."""
+    if provider == "ours" and "hopper" in backward_kernels(res).values():
+        return OURS_LABEL_HOPPER_BWD
+    return PROVIDER_LABELS[provider]
+
+
+def _target_lines(
+    rows: list[dict], forward_kernel: str = "fa2", bwd_kernels: dict | None = None
+) -> list[str]:
+    """The targets' verdicts from a record's rows; `forward_kernel` is its ours_forward_kernel,
+    `bwd_kernels` its `backward_kernels` (head dim -> "fa2" / "hopper"; None: FA2's)."""
     t = _by_key(rows)
     hopper = forward_kernel == "hopper"
-    # "ours" runs the Hopper forward on a CC 9.0 GPU: the FlashAttention-2 forward is "ours_fa2".
+    hopper_bwd = "hopper" in (bwd_kernels or {}).values()
+    # "ours" runs the Hopper forward on a CC 9.0 GPU: the FlashAttention-2 forward is "ours_fa2";
+    # once "auto" runs the Hopper backward too, the FlashAttention-2 backward is "ours_fa2bwd".
     fa2_fwd = "ours_fa2" if hopper else "ours"
+    fa2_bwd = "ours_fa2bwd" if hopper_bwd else "ours"
     out = []
     for what, provider, mode, target in (
         ("FlashAttention-2-style forward", fa2_fwd, "fwd", TARGET_FWD),
-        ("Backward", "ours", "bwd", TARGET_BWD),
+        (
+            "FlashAttention-2-style backward" if hopper_bwd else "Backward",
+            fa2_bwd,
+            "bwd",
+            TARGET_BWD,
+        ),
     ):
         ratios = _ratios(t, provider, mode)
         if not ratios:
@@ -197,6 +229,14 @@ def _target_lines(rows: list[dict], forward_kernel: str = "fa2") -> list[str]:
             f"- Hopper forward vs SDPA cuDNN (the ceiling to chase), same shapes: "
             f"{min(cudnn)[0]:.2f} to {max(cudnn)[0]:.2f}x."
         )
+    if hopper_bwd and (bwd_kernels or {}).get(128) == "hopper":
+        vs_cudnn = {}
+        for (d, s, causal, m, p), row in t.items():
+            if p == "ours" and m == "fwd_bwd":
+                r = row_ratio(row, t.get((d, s, causal, m, "cudnn")), "tflops")
+                if r is not None:
+                    vs_cudnn[(d, s, causal, m)] = {"ratio": r.median}
+        out += ["- " + line for line in _hbwd_target_lines(vs_cudnn) if line]
     return out
 
 
@@ -316,7 +356,12 @@ def render_markdown(
         + "TFLOP/s count 4·B·H·S²·D forward (half when causal) and 2.5x that backward, as the "
         "FlashAttention papers do. SDPA columns pin one backend each with `sdpa_kernel`. "
         + (
-            "'ours' runs the Hopper forward (wgmma + TMA) and the FlashAttention-2-style "
+            "'ours' runs the Hopper forward and the Hopper backward (wgmma + TMA); the "
+            "'ours, FA2' columns are the FlashAttention-2-style forward kernels and 'ours, FA2 "
+            "bwd' the FlashAttention-2-style backward. "
+            if res.get("ours_forward_kernel") == "hopper"
+            and "hopper" in backward_kernels(res).values()
+            else "'ours' runs the Hopper forward (wgmma + TMA) and the FlashAttention-2-style "
             "backward; the 'ours, FA2' columns are the FlashAttention-2-style forward kernels. "
             if res.get("ours_forward_kernel") == "hopper"
             else "'ours' runs the FlashAttention-2-style forward and backward. "
@@ -326,7 +371,7 @@ def render_markdown(
         "",
         "Targets:",
         "",
-        *_target_lines(rows, res.get("ours_forward_kernel", "fa2")),
+        *_target_lines(rows, res.get("ours_forward_kernel", "fa2"), backward_kernels(res)),
         "",
     ]
     for d in sorted({r["head_dim"] for r in rows}, reverse=True):
@@ -427,8 +472,9 @@ def _hbwd_headline(res: dict) -> str:
 
     dims = sorted({r["head_dim"] for r in res.get("ratios_hbwd_vs_cudnn", [])}, reverse=True)
     texts = []
+    fa2 = _hbwd_fa2_key(res)
     for d in dims:
-        bwd, fb = span("ratios_hbwd_vs_ours", "bwd", d), span("ratios_hbwd_vs_cudnn", "fwd_bwd", d)
+        bwd, fb = span(fa2, "bwd", d), span("ratios_hbwd_vs_cudnn", "fwd_bwd", d)
         got = [
             t for t in (bwd and f"backward {bwd} the FA2 one", fb and f"fwd+bwd {fb} cuDNN's") if t
         ]
@@ -436,21 +482,37 @@ def _hbwd_headline(res: dict) -> str:
             texts.append(f"head dim {d}: " + ", ".join(got))
     if not texts:
         return ""
-    return " The Hopper backward (`ours_hbwd`, opt-in): " + "; ".join(texts) + "."
+    return " The Hopper backward (`ours_hbwd`): " + "; ".join(texts) + "."
 
 
-def _forward_kernel_text(rows: list[dict], recorded: str) -> str:
-    """What 'ours' ran forward at the record's head dims. `recorded` is the record's
-    `ours_forward_kernel` (what "auto" resolves to on its GPU); the Hopper forward runs only at
-    HOPPER_HEAD_DIMS, so at the others (256) "auto" ran the FlashAttention-2 forward."""
+def _hbwd_fa2_key(res: dict) -> str:
+    """The record's key of ours_hbwd / the FA2 backward: ratios_hbwd_vs_fa2 (against
+    ours_fa2bwd, or ours where "auto" ran FA2's); records made before it have
+    ratios_hbwd_vs_ours, when "ours" always ran the FA2 backward."""
+    return "ratios_hbwd_vs_fa2" if "ratios_hbwd_vs_fa2" in res else "ratios_hbwd_vs_ours"
+
+
+def _forward_kernel_text(rows: list[dict], recorded: str, backward: dict | None = None) -> str:
+    """What 'ours' ran forward (and backward) at the record's head dims. `recorded` is the
+    record's `ours_forward_kernel` (what "auto" resolves to on its GPU); the Hopper forward runs
+    only at HOPPER_HEAD_DIMS, so at the others (256) "auto" ran the FlashAttention-2 forward.
+    `backward`: `backward_kernels` of the record (None: the FlashAttention-2 backward)."""
     dims = sorted({r["head_dim"] for r in rows})
     hopper = [d for d in dims if recorded == "hopper" and d in HOPPER_HEAD_DIMS]
     other = [d for d in dims if d not in hopper]
     text = []
     if hopper:
+        bwd = {backward.get(d, "fa2") for d in hopper} if backward else {"fa2"}
         text.append(
             f"'ours' runs the Hopper forward (wgmma + TMA) at head dim "
-            f"{'/'.join(map(str, hopper))} and the FlashAttention-2-style backward."
+            f"{'/'.join(map(str, hopper))} and "
+            + (
+                "the Hopper backward."
+                if bwd == {"hopper"}
+                else "the FlashAttention-2-style backward."
+                if bwd == {"fa2"}
+                else "the Hopper backward where it has an instance, else the FA2 one."
+            )
         )
     if other:
         text.append(
@@ -489,7 +551,7 @@ def render_record(record: dict) -> str:
         "same process. "
         + _repeats_sentence(res.get("repeats") or 1)
         + "TFLOP/s count 4·B·H·S²·D forward (half when causal) and 2.5x that backward. "
-        + _forward_kernel_text(rows, res.get("ours_forward_kernel", "fa2")),
+        + _forward_kernel_text(rows, res.get("ours_forward_kernel", "fa2"), backward_kernels(res)),
         "",
     ]
     ranges = [
@@ -533,11 +595,14 @@ def render_record(record: dict) -> str:
 def _hbwd_lines(res: dict) -> list[str]:
     """The Hopper backward's table (a record with ours_hbwd): per shape and mode (backward,
     forward + backward), the median ratio and its min-max range over the repetitions against
-    ours (the FA2 backward), cuDNN and FLASH, then its largest gradient differences from ours."""
+    the FA2 backward, cuDNN and FLASH, then its largest gradient differences from the FA2
+    backward's."""
     keys = ("head_dim", "seq_len", "causal", "mode")
+    sources = {"fa2": _hbwd_fa2_key(res), "cudnn": "ratios_hbwd_vs_cudnn"}
+    sources["flash"] = "ratios_hbwd_vs_flash"
     by = {
-        base: {tuple(r[k] for k in keys): r for r in res.get(f"ratios_hbwd_vs_{base}", [])}
-        for base in ("ours", "cudnn", "flash")
+        base: {tuple(r[k] for k in keys): r for r in res.get(key, [])}
+        for base, key in sources.items()
     }
     shapes = [k for k in by["cudnn"] if k[3] in ("bwd", "fwd_bwd")]
     if not shapes:
@@ -552,29 +617,40 @@ def _hbwd_lines(res: dict) -> list[str]:
         'Hopper backward (`ours_hbwd`: forward as ours, backward `bwd_kernel="hopper"`), ratios '
         "of its TFLOP/s, median (min-max) over the repetitions:",
         "",
-        "| D | S | causal | mode | hbwd TFLOP/s | hbwd / ours (FA2 bwd) | hbwd / cuDNN "
-        "| hbwd / FLASH |",
+        "| D | S | causal | mode | hbwd TFLOP/s | hbwd / FA2 bwd | hbwd / cuDNN | hbwd / FLASH |",
         "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for k in sorted(shapes, key=lambda k: (k[0], k[2], k[1], k[3])):
         d, sl, causal, mode = k
         lines.append(
             f"| {d} | {sl} | {'yes' if causal else 'no'} | {mode} | "
-            f"{_fmt(by['cudnn'][k].get('ours'))} | {cell(by['ours'].get(k))} | "
+            f"{_fmt(by['cudnn'][k].get('ours'))} | {cell(by['fa2'].get(k))} | "
             f"{cell(by['cudnn'][k])} | {cell(by['flash'].get(k))} |"
         )
     lines.append("")
     lines += _hbwd_target_lines(by["cudnn"])
-    grads = [c for c in res.get("checks", []) if "hbwd_dq_max_abs_diff_vs_ours" in c]
+    # the FA2 backward's gradients: keys ..._vs_fa2, or ..._vs_ours in records made while
+    # "ours" always ran it
+    suffix = next(
+        (
+            x
+            for x in ("fa2", "ours")
+            for c in res.get("checks", [])
+            if f"hbwd_dq_max_abs_diff_vs_{x}" in c
+        ),
+        None,
+    )
+    grads = [c for c in res.get("checks", []) if f"hbwd_dq_max_abs_diff_vs_{suffix}" in c]
     if grads:
         worst = {
             g: max(
-                c[f"hbwd_{g}_max_abs_diff_vs_ours"] / max(c[f"{g}_max_abs"], 1e-30) for c in grads
+                c[f"hbwd_{g}_max_abs_diff_vs_{suffix}"] / max(c[f"{g}_max_abs"], 1e-30)
+                for c in grads
             )
             for g in ("dq", "dk", "dv")
         }
         lines += [
-            "Gradients against ours (the FA2 backward) at every benchmarked shape: largest "
+            "Gradients against the FA2 backward's at every benchmarked shape: largest "
             "difference over the largest magnitude, "
             + ", ".join(f"{g} {v:.1e}" for g, v in worst.items())
             + f" ({len(grads)} shapes).",
@@ -671,7 +747,7 @@ def make_charts(
                         lw=2.2 if provider == "ours" else 1.2,
                         ms=5,
                         color=PROVIDER_COLORS[provider],
-                        label=PROVIDER_LABELS[provider],
+                        label=provider_label(provider, result),
                         ls="--" if provider in VARIANT_MODE else "-",
                         zorder=3 if provider == "ours" else 2,
                     )
@@ -711,7 +787,7 @@ def make_charts(
                     ys,
                     marker=PROVIDER_MARKERS[provider],
                     color=PROVIDER_COLORS[provider],
-                    label=PROVIDER_LABELS[provider],
+                    label=provider_label(provider, result),
                     ms=8 if provider == "ours" else 5,
                     lw=2.5 if provider == "ours" else 1.5,
                 )

@@ -21,13 +21,63 @@ from project01_cuda_kernel.compile_check import CSRC, NO_SPILL_MARKER
 NOT_HOPPER = pytest.mark.skipif(is_hopper(), reason="this machine has a Hopper GPU")
 
 
-def test_auto_is_fa2_until_the_hopper_backward_is_measured():
+def test_auto_is_fa2_while_the_switch_is_off(monkeypatch):
+    """AUTO_BWD_HOPPER off: "auto" is "fa2" whatever the GPU says, like "fa2" itself."""
     assert BWD_KERNELS == ("auto", "hopper", "fa2")
-    for local in (False, True):
-        for d in (64, 128, 256, None):
-            assert select_bwd_kernel("auto", local, d) == "fa2"
-            assert select_bwd_kernel("fa2", local, d) == "fa2"
-    assert select_bwd_kernel("auto", False, 128, varlen=True) == "fa2"
+    monkeypatch.setattr(attention, "AUTO_BWD_HOPPER", False)
+    for on_hopper in (False, True):
+        monkeypatch.setattr(attention, "_on_hopper", lambda on_hopper=on_hopper: on_hopper)
+        for local in (False, True):
+            for d in (64, 128, 256, None):
+                assert select_bwd_kernel("auto", local, d) == "fa2"
+                assert select_bwd_kernel("fa2", local, d) == "fa2"
+        assert select_bwd_kernel("auto", False, 128, varlen=True) == "fa2"
+
+
+def test_auto_takes_the_hopper_backward_where_it_has_an_instance(monkeypatch):
+    """AUTO_BWD_HOPPER on: "auto" is "hopper" exactly where "hopper" would be accepted (dense,
+    kernel head dim 64 or 128, not varlen, a compute capability 9.0 GPU) and "fa2" wherever
+    "hopper" would be refused; it never raises. "fa2" stays "fa2"."""
+    monkeypatch.setattr(attention, "AUTO_BWD_HOPPER", True)
+    for on_hopper in (False, True):
+        monkeypatch.setattr(attention, "_on_hopper", lambda on_hopper=on_hopper: on_hopper)
+        for local in (False, True):
+            for d in (64, 128, 256, 32, None):
+                for varlen in (False, True):
+                    try:
+                        expect = select_bwd_kernel("hopper", local, d, varlen)
+                    except ValueError:
+                        expect = "fa2"
+                    if d is None:  # "hopper" checks no unknown head dim; "auto" needs one
+                        expect = "fa2"
+                    assert select_bwd_kernel("auto", local, d, varlen) == expect
+                    assert select_bwd_kernel("fa2", local, d, varlen) == "fa2"
+        hopper = select_bwd_kernel("auto", False, 128)
+        assert hopper == ("hopper" if on_hopper else "fa2")
+
+
+def test_check_bwd_kernel_reads_the_kernel_head_dim_and_the_mask(monkeypatch):
+    """With the switch on, what flash_attention's forward expects the backward to run: the
+    kernel head dim (40 is padded to 64, 200 to 256), a window or softcap only when in effect."""
+    from project01_cuda_kernel.attention import check_bwd_kernel
+
+    monkeypatch.setattr(attention, "AUTO_BWD_HOPPER", True)
+    monkeypatch.setattr(attention, "_on_hopper", lambda: True)
+
+    def qk(d, sq=20, sk=20):
+        return torch.zeros(1, 2, sq, d), torch.zeros(1, 2, sk, d)
+
+    assert check_bwd_kernel("auto", *qk(40), True) == "hopper"
+    assert check_bwd_kernel("auto", *qk(128), False) == "hopper"
+    assert check_bwd_kernel("auto", *qk(200), False) == "fa2"
+    assert check_bwd_kernel("auto", *qk(64), True, window_size=(4, 0)) == "fa2"
+    assert check_bwd_kernel("auto", *qk(64), True, softcap=30.0) == "fa2"
+    assert check_bwd_kernel("auto", *qk(64), True, window_size=(99, 0)) == "hopper"  # hides none
+    assert check_bwd_kernel("fa2", *qk(64), True) == "fa2"
+    monkeypatch.setattr(attention, "AUTO_BWD_HOPPER", False)
+    assert check_bwd_kernel("auto", *qk(64), True) == "fa2"
+    with pytest.raises(ValueError, match="bwd_kernel must be one of"):
+        check_bwd_kernel("cudnn", *qk(64), True)
 
 
 @pytest.mark.parametrize("bad", ["Hopper", "fa3", "", None, 2])

@@ -117,7 +117,7 @@ def test_headline_names_the_hopper_backward_per_head_dim():
     line = headline(hbwd_record())
     # per head dim, the ranges of the per-shape medians: backward over ours', fwd+bwd over cuDNN
     assert line.endswith(
-        " The Hopper backward (`ours_hbwd`, opt-in): head dim 128: backward 1.25–1.25x the FA2 "
+        " The Hopper backward (`ours_hbwd`): head dim 128: backward 1.25–1.25x the FA2 "
         "one, fwd+bwd 0.72–0.72x cuDNN's; head dim 64: backward 1.25–1.25x the FA2 one, "
         "fwd+bwd 0.72–0.72x cuDNN's."
     )
@@ -146,3 +146,21 @@ def test_hbwd_target_verdict_reads_head_dim_128_from_seq_4k():
     missed = {k: 0.7 for k in base}
     assert "**not met**" in " ".join(_hbwd_target_lines(rows(missed)))
     assert _hbwd_target_lines(rows({(64, 4096, False, "fwd_bwd"): 0.9})) == []
+
+
+def test_hbwd_record_with_the_fa2_backward_named_renders_the_same():
+    """Records made once ours_fa2bwd exists key the FA2 comparison `..._vs_fa2` (not
+    `..._vs_ours`: "ours" may run the Hopper backward itself); the table, the gradient line and
+    the headline read either."""
+    from project01_cuda_kernel.report.attention import headline
+
+    old = hbwd_record()
+    new = hbwd_record()
+    res = new["results"]
+    res["ratios_hbwd_vs_fa2"] = res.pop("ratios_hbwd_vs_ours")
+    for check in res["checks"]:
+        for key in [k for k in check if k.endswith("_vs_ours")]:
+            check[key.removesuffix("_ours") + "_fa2"] = check.pop(key)
+    assert render_record(new) == render_record(old)
+    assert headline(new) == headline(old)
+    assert "1.25 (1.20-1.30)" in render_record(new)

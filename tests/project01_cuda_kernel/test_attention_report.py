@@ -36,7 +36,7 @@ def fake_rows(ours_fwd: float, flash_fwd: float, fa2_fwd: float | None = None) -
     return rows
 
 
-def write_bench(tmp_path, rows, forward_kernel="fa2"):
+def write_bench(tmp_path, rows, forward_kernel="fa2", backward_kernels=None):
     folder = tmp_path / "project01_cuda_kernel"
     folder.mkdir(parents=True)
     record = {
@@ -58,7 +58,10 @@ def write_bench(tmp_path, rows, forward_kernel="fa2"):
             "ours_forward_kernel": forward_kernel,
         },
     }
+    if backward_kernels is not None:
+        record["results"]["ours_backward_kernels"] = backward_kernels
     (folder / "attention.json").write_text(json.dumps(record))
+    return record
 
 
 def test_ratios_pair_ours_with_flash():
@@ -100,6 +103,38 @@ def test_report_on_hopper_judges_each_forward_against_its_target(tmp_path):
     assert "Hopper forward vs SDPA cuDNN" in md and "0.83 to 0.83x" in md
     # the forward table shows ours (Hopper), both FA2 variants, then FLASH and cuDNN
     assert "| no | 4,096 | 4 x 16 | 500 | 380 | 250 | 400 | 600 |" in md
+
+
+def test_report_once_auto_runs_the_hopper_backward(tmp_path):
+    """A record whose "ours" ran the Hopper backward (ours_backward_kernels): the FA2 backward's
+    target is judged on ours_fa2bwd, the Hopper backward's (fwd+bwd >= 0.85x cuDNN at head dim
+    128, seq >= 4k) on ours, and the text, the bwd table and the chart label say which ran."""
+    from project01_cuda_kernel.report.attention import OURS_LABEL_HOPPER_BWD, provider_label
+
+    rows = fake_rows(520.0, 400.0, fa2_fwd=380.0)
+    rows += [
+        {**r, "provider": "ours_fa2bwd", "tflops": 300.0}
+        for r in rows
+        if r["provider"] == "ours" and r["mode"] == "bwd"
+    ]
+    record = write_bench(tmp_path, rows, "hopper", {"128": "hopper"})
+    md = render_markdown(tmp_path)
+    # FA2 backward 300 / FLASH bwd 320 = 0.94 (ours' own 416 / 320 would be 1.30)
+    assert "FlashAttention-2-style backward >= 0.75x SDPA FLASH" in md
+    assert "**met**. Ours / FLASH ranges 0.94" in md
+    # ours fwd+bwd 520 x 0.85 over cuDNN's 600 x 0.85: 0.87 at both seq-4,096 shapes
+    assert (
+        "- Target: forward + backward with the Hopper backward >= 0.85x SDPA cuDNN (head dim "
+        "128, seq >= 4,096, causal and not): **met**; the 2 shapes measured range 0.87-0.87x"
+    ) in md
+    assert "'ours' runs the Hopper forward and the Hopper backward (wgmma + TMA)" in md
+    # the backward table: ours (Hopper), the FA2 backward named, then FLASH and cuDNN
+    assert "| causal | seq | batch x heads | ours | ours, FA2 bwd (128 keys/CTA) | FLASH |" in md
+    assert "| no | 4,096 | 4 x 16 | 416 | 300 | 320 | 480 |" in md
+    assert provider_label("ours", record["results"]) == OURS_LABEL_HOPPER_BWD
+    del record["results"]["ours_backward_kernels"]  # a record from before: FA2's backward
+    assert "FA2" in provider_label("ours", record["results"])
+    assert provider_label("ours", record["results"]) != OURS_LABEL_HOPPER_BWD
 
 
 def test_report_without_measurements(tmp_path):

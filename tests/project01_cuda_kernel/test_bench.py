@@ -83,6 +83,7 @@ def test_hopper_backward_provider_is_opt_in():
     assert "ours_hbwd" not in cfg().providers
     assert cfg(providers=("ours", "ours_hbwd", "cudnn")).providers[1] == "ours_hbwd"
     assert "ours_hbwd" not in bench_attention.VARIANT_MODE  # fwd, bwd and fwd_bwd, like ours
+    assert bench_attention.EXPLICIT_BWD == {"ours_hbwd": "hopper", "ours_fa2bwd": "fa2"}
     for table in (
         report_attention.PROVIDER_LABELS,
         report_attention.PROVIDER_MARKERS,
@@ -99,8 +100,51 @@ def test_hopper_backward_provider_is_opt_in():
             fn(q, q, q)
 
 
+def test_default_providers_follow_what_auto_runs_backward():
+    """While "auto" runs the FA2 backward, "ours" is it and neither named-backward provider runs
+    by default; once it takes the Hopper backward, ours_fa2bwd keeps FA2's in the record (the
+    bwd mode only, a variant column) and ours_hbwd, the same kernel as ours, stays opt-in."""
+    from project01_cuda_kernel import attention
+
+    for switch in (False, True):
+        default = bench_attention.default_providers(switch)
+        assert "ours_hbwd" not in default
+        assert ("ours_fa2bwd" in default) is switch
+        assert set(default) | {"ours_hbwd", "ours_fa2bwd"} == set(bench_attention.PROVIDERS)
+    assert bench_attention.VARIANT_MODE["ours_fa2bwd"] == "bwd"
+    expect = bench_attention.default_providers(attention.AUTO_BWD_HOPPER)
+    assert bench_attention.DEFAULT_PROVIDERS == expect
+    assert bench_attention.AttentionBenchConfig().providers == expect
+
+
+def test_fa2_backward_provider_of_a_record():
+    """The FA2 backward's provider: ours_fa2bwd when measured, else ours when "auto" ran FA2's
+    (or the record predates ours_backward_kernels), else none."""
+    fa2 = bench_attention.fa2_backward_provider
+    row = {"head_dim": 128, "seq_len": 4096, "causal": False, "mode": "bwd", "tflops": 1.0}
+    assert fa2({"rows": [{**row, "provider": "ours"}]}) == "ours"
+    both = {"rows": [{**row, "provider": "ours"}], "ours_backward_kernels": {"128": "fa2"}}
+    assert fa2(both) == "ours"
+    hopper = {"rows": [{**row, "provider": "ours"}], "ours_backward_kernels": {"128": "hopper"}}
+    assert fa2(hopper) is None
+    hopper["rows"].append({**row, "provider": "ours_fa2bwd"})
+    assert fa2(hopper) == "ours_fa2bwd"
+
+
+def test_named_fa2_backward_provider_refuses_nothing_on_cpu_shapes():
+    """ours_fa2bwd's function checks its kernel like ours_hbwd's: "fa2" takes every head dim, so
+    the check passes (the forward then needs CUDA tensors)."""
+    fn = bench_attention.attention_fn("ours_fa2bwd", causal=False)
+    assert fn.causal is False
+    q = torch.randn(1, 2, 16, 256).bfloat16()
+    with pytest.raises(Exception) as e:  # the forward's own refusal of CPU tensors, not the check
+        fn(q, q, q)
+    assert "ours_fa2bwd:" not in str(e.value)
+
+
 def test_hopper_backward_table_and_ratios():
-    """The summary's ours_hbwd table: its TFLOP/s and ratios to ours, cuDNN and FLASH."""
+    """The summary's ours_hbwd table: its TFLOP/s and ratios to the FA2 backward (ours here),
+    cuDNN and FLASH; with ours_fa2bwd named as the FA2 backward, the ratio is to it."""
     shape = {"head_dim": 128, "seq_len": 4096, "causal": False, "mode": "fwd_bwd"}
     rows = [
         {**shape, "provider": p, "tflops": t}
@@ -108,7 +152,12 @@ def test_hopper_backward_table_and_ratios():
     ]
     (row,) = bench_attention.hbwd_table(rows)
     assert row["ours_hbwd TFLOP/s"] == 450.0
-    assert row["hbwd/ours"] == pytest.approx(1.5)
+    assert row["hbwd/FA2 bwd"] == pytest.approx(1.5)
+    fa2 = [{**shape, "provider": "ours_fa2bwd", "tflops": 225.0}]
+    (row2,) = bench_attention.hbwd_table(rows + fa2, "ours_fa2bwd")
+    assert row2["hbwd/FA2 bwd"] == pytest.approx(2.0)
+    (row3,) = bench_attention.hbwd_table(rows, None)
+    assert "hbwd/FA2 bwd" not in row3 and row3["hbwd/cuDNN"] == pytest.approx(0.9)
     assert row["hbwd/cuDNN"] == pytest.approx(0.9)
     assert row["hbwd/FLASH"] == pytest.approx(1.8)
     (r,) = bench_attention.ratios(rows, "cudnn", "ours_hbwd")

@@ -365,7 +365,7 @@ def test_p01_reruns_parse_with_the_benchmarks_own_command_line(key, repo_root, t
             assert best_row(committed, dtype, size)["kernel"] in cfg.kernels
     else:
         assert (cfg.head_dims, cfg.seq_lens, cfg.causal) == ((128,), (4096,), (False,))
-        hbwd = {"ours_hbwd"} if key == "p01-hbwd" else set()
+        hbwd = {"ours_hbwd", "ours_fa2bwd"} if key == "p01-hbwd" else set()
         assert set(cfg.providers) == {"ours", "flash", "cudnn"} | hbwd
         assert cfg.name == ("attention_hbwd" if hbwd else "attention")
         assert (cfg.total_tokens, cfg.hidden, cfg.dtype) == (16384, 2048, "bfloat16")
@@ -454,6 +454,24 @@ def test_p01_hbwd_figures_read_the_hopper_backward_rows():
     new = attention_record(fa2_faster)
     assert vr.compare(fig("p01.hbwd.fwd_bwd_cudnn"), committed, new).status == "agree"
     assert vr.compare(fig("p01.hbwd.bwd_vs_fa2"), committed, new).status == "disagree"
+
+
+def test_p01_hbwd_against_the_fa2_backward_named():
+    """A re-run made once "auto" runs the Hopper backward names the FA2 one (ours_fa2bwd): the
+    figure divides by it, not by ours; a record whose ours ran the Hopper backward and that has
+    no ours_fa2bwd gives no figure (not a ratio of the Hopper backward to itself)."""
+    committed = attention_record(COMMITTED_HBWD)
+    rerun = dict(COMMITTED_HBWD)
+    rerun[("ours", "bwd")] = [441.0]  # "ours" is the Hopper backward now
+    rerun[("ours_fa2bwd", "bwd")] = [254.0]
+    new = attention_record(rerun)
+    new["results"]["ours_backward_kernels"] = {"128": "hopper"}
+    assert fig("p01.hbwd.bwd_vs_fa2").value(new).median == pytest.approx(441 / 254)
+    assert vr.compare(fig("p01.hbwd.bwd_vs_fa2"), committed, new).status == "agree"
+    del rerun[("ours_fa2bwd", "bwd")]
+    alone = attention_record(rerun)
+    alone["results"]["ours_backward_kernels"] = {"128": "hopper"}
+    assert fig("p01.hbwd.bwd_vs_fa2").value(alone) is None
 
 
 def test_p01_gemm_agrees_within_its_tolerance_and_disagrees_outside():
