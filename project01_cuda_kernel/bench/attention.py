@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -41,42 +41,6 @@ from shared.repeat import DEFAULT_REPEATS, flat, ratio, read_flat
 
 from .interleaved import time_interleaved, timing_fields
 
-PROVIDERS = (
-    "ours",
-    "ours_fa2",
-    "ours_r16",
-    "ours_k64",
-    "flash",
-    "cudnn",
-    "efficient",
-    "math",
-    "ours_hbwd",
-    "ours_fa2bwd",
-)
-# ours with its backward kernel named (`flash_backward(..., bwd_kernel=...)`), forward "auto":
-# ours_hbwd the Hopper backward (compute capability 9.0 only; elsewhere it is recorded as skipped
-# with the reason), ours_fa2bwd the FlashAttention-2 backward (the 128-keys-a-CTA kernel).
-EXPLICIT_BWD = {"ours_hbwd": "hopper", "ours_fa2bwd": "fa2"}
-
-
-# Measured unless --providers names others: every provider but those two while "auto" runs the
-# FA2 backward (AUTO_BWD_HOPPER off: "ours" is FA2's, and the Hopper one is opt-in), and every
-# provider but ours_hbwd once "auto" takes the Hopper backward (then ours_fa2bwd keeps the FA2
-# backward in the record, as the reference the Hopper one is compared against).
-def default_providers(auto_bwd_hopper: bool) -> tuple[str, ...]:
-    """DEFAULT_PROVIDERS for a value of attention.AUTO_BWD_HOPPER."""
-    return tuple(
-        p for p in PROVIDERS if p != "ours_hbwd" and (p != "ours_fa2bwd" or auto_bwd_hopper)
-    )
-
-
-DEFAULT_PROVIDERS = default_providers(attention.AUTO_BWD_HOPPER)
-# Kernel variants of ours, measured in one mode only: the FlashAttention-2 forward (32 and 16 query
-# rows a warp; on a Hopper GPU "ours" runs the wgmma/TMA forward instead), the FlashAttention-2
-# backward named and its variant with 64 keys a CTA (its kernels called directly, after one
-# forward).
-VARIANT_MODE = {"ours_fa2": "fwd", "ours_r16": "fwd", "ours_k64": "bwd", "ours_fa2bwd": "bwd"}
-MODES = ("fwd", "bwd", "fwd_bwd")
 Provider = Literal[
     "ours",
     "ours_fa2",
@@ -89,6 +53,32 @@ Provider = Literal[
     "ours_hbwd",
     "ours_fa2bwd",
 ]
+PROVIDERS: tuple[str, ...] = get_args(Provider)
+# ours with its backward kernel named (`flash_backward(..., bwd_kernel=...)`), forward "auto":
+# ours_hbwd the Hopper backward (compute capability 9.0 only; elsewhere it is recorded as skipped
+# with the reason), ours_fa2bwd the FlashAttention-2 backward (the 128-keys-a-CTA kernel).
+EXPLICIT_BWD = {"ours_hbwd": "hopper", "ours_fa2bwd": "fa2"}
+
+
+def default_providers(auto_bwd_hopper: bool) -> tuple[str, ...]:
+    """DEFAULT_PROVIDERS for a value of attention.AUTO_BWD_HOPPER: every provider but the two
+    of EXPLICIT_BWD while "auto" runs the FA2 backward ("ours" is FA2's, and the Hopper one is
+    opt-in), and every provider but ours_hbwd once "auto" takes the Hopper backward (then
+    ours_fa2bwd keeps the FA2 backward in the record, as the reference the Hopper one is
+    compared against)."""
+    return tuple(
+        p for p in PROVIDERS if p != "ours_hbwd" and (p != "ours_fa2bwd" or auto_bwd_hopper)
+    )
+
+
+# Measured unless --providers names others.
+DEFAULT_PROVIDERS = default_providers(attention.AUTO_BWD_HOPPER)
+# Kernel variants of ours, measured in one mode only: the FlashAttention-2 forward (32 and 16 query
+# rows a warp; on a Hopper GPU "ours" runs the wgmma/TMA forward instead), the FlashAttention-2
+# backward named and its variant with 64 keys a CTA (its kernels called directly, after one
+# forward).
+VARIANT_MODE = {"ours_fa2": "fwd", "ours_r16": "fwd", "ours_k64": "bwd", "ours_fa2bwd": "bwd"}
+MODES = ("fwd", "bwd", "fwd_bwd")
 
 
 @dataclass
