@@ -598,8 +598,11 @@ def _hbwd_lines(res: dict) -> list[str]:
     the FA2 backward, cuDNN and FLASH, then its largest gradient differences from the FA2
     backward's."""
     keys = ("head_dim", "seq_len", "causal", "mode")
-    sources = {"fa2": _hbwd_fa2_key(res), "cudnn": "ratios_hbwd_vs_cudnn"}
-    sources["flash"] = "ratios_hbwd_vs_flash"
+    sources = {
+        "fa2": _hbwd_fa2_key(res),
+        "cudnn": "ratios_hbwd_vs_cudnn",
+        "flash": "ratios_hbwd_vs_flash",
+    }
     by = {
         base: {tuple(r[k] for k in keys): r for r in res.get(key, [])}
         for base, key in sources.items()
