@@ -11,6 +11,13 @@ Per profiled step (the `ProfilerStep#N` spans):
 compute + exposed + other = step time. Intervals are clipped to the step and merged before they
 are measured, so nested or concurrent events are never counted twice.
 
+On a GPU trace also `kernel_time`: the device time of the step's kernels, copies and memsets
+summed by kind (`kernel_kind`: GEMMs, attention, Inductor's compiled kernels, the optimizer,
+copies and casts, other eager element-wise kernels, collectives), each with its count and its
+share of the total, and the kernels that took the most time. A sum of durations (where two
+streams overlap, both count), so it answers "which kernels hold the device", and compute_ms
+above "how long the device computed".
+
     python -m project02_fsdp_scaling comm-analysis reports/project02_fsdp_scaling/trace_1b_ws2_rank0.json.gz
 """
 
@@ -108,6 +115,72 @@ def collective_kind(name: str) -> str | None:
     return "other"
 
 
+# Kernel kinds by name, lower-cased; the first kind one of whose fragments the name contains wins
+# (attention before GEMM: cuDNN's attention kernels carry "wgmma" too; Inductor's GEMM templates
+# before its other kernels). Names as CUDA 13 / torch 2.11 / cuDNN 9 print them on an H200.
+KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attention", ("sdpa", "fmha", "flash", "attention", "cudnn::fusion")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "triton_tem_", "scaled_mm")),
+    ("compiled (Inductor)", ("triton_",)),
+    ("optimizer", ("multi_tensor_apply", "adam")),
+    ("copy / cast", ("copy", "memcpy", "chunk_cat", "cat_cuda", "split_with_sizes")),
+    ("eager element-wise", ("elementwise", "reduce_kernel", "fill", "memset")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The KERNEL_KINDS kind of a GPU event's name: "collective" for NCCL, "other" when none
+    matches."""
+    if collective_kind(name) is not None:
+        return "collective"
+    low = name.lower()
+    for kind, fragments in KERNEL_KINDS:
+        if any(f in low for f in fragments):
+            return kind
+    return "other"
+
+
+def kernel_time(kernels: list[dict], steps: list[Interval], top: int = 10) -> dict:
+    """Per step (ms): the GPU events (kernels, copies, memsets) that start inside the step
+    spans, summed by `kernel_kind` with counts and shares, and the `top` kernels by time (name
+    cut at 100 characters)."""
+    by_kind: dict[str, float] = defaultdict(float)
+    n_kind: dict[str, int] = defaultdict(int)
+    by_name: dict[str, float] = defaultdict(float)
+    n_name: dict[str, int] = defaultdict(int)
+    for e in kernels:
+        start, end = _span(e)
+        if not any(lo <= start < hi for lo, hi in steps):
+            continue
+        name = str(e.get("name", ""))
+        kind = "copy / cast" if e.get("cat") == "gpu_memcpy" else kernel_kind(name)
+        by_kind[kind] += end - start
+        n_kind[kind] += 1
+        by_name[name[:100]] += end - start
+        n_name[name[:100]] += 1
+    n, all_us = len(steps), sum(by_kind.values())
+    return {
+        "total_ms_per_step": all_us / n / 1e3,
+        "kinds": {
+            k: {
+                "ms_per_step": v / n / 1e3,
+                "count_per_step": n_kind[k] / n,
+                "share": v / all_us if all_us else 0.0,
+            }
+            for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])
+        },
+        "top": [
+            {
+                "name": name,
+                "kind": kernel_kind(name),
+                "ms_per_step": v / n / 1e3,
+                "count_per_step": n_name[name] / n,
+            }
+            for name, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+        ],
+    }
+
+
 def _span(e: dict) -> Interval:
     ts = float(e["ts"])
     return ts, ts + float(e.get("dur", 0.0))
@@ -176,6 +249,7 @@ def analyse_trace(trace: dict) -> dict:
             kind_n[kind] += len(inside)
     n = len(steps)
     ms = {k: v / n / 1e3 for k, v in acc.items()}  # us -> ms, per step
+    by_kernel = {"kernel_time": kernel_time(kernels, steps)} if on_gpu else {}
     return {
         "source": "GPU kernels (CUDA)" if on_gpu else "CPU ops (gloo threads vs training thread)",
         "steps": n,
@@ -191,14 +265,16 @@ def analyse_trace(trace: dict) -> dict:
             k: {"ms_per_step": kind_ms[k] / n, "count_per_step": kind_n[k] / n}
             for k in sorted(kind_ms)
         },
+        **by_kernel,
         "unit": "ms per step",
     }
 
 
 @dataclass
 class CommAnalysisConfig:
-    """Compute vs communication vs exposed communication of a torch.profiler trace, as JSON on
-    stdout."""
+    """Compute vs communication vs exposed communication of a torch.profiler trace, and on a GPU
+    trace the GPU time by kernel kind (GEMM, attention, Inductor's kernels, copies, ...), as
+    JSON on stdout."""
 
     trace: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="TRACE")]
     """Chrome trace (.json or .json.gz) written by torch.profiler"""

@@ -10,6 +10,7 @@ import pytest
 from project02_fsdp_scaling.comm_analysis import (
     analyse_trace,
     collective_kind,
+    kernel_kind,
     load_trace,
     merge,
     subtract,
@@ -68,6 +69,72 @@ def test_gpu_trace_breakdown():
     assert r["compute_ms"] + r["exposed_comm_ms"] + r["other_ms"] == pytest.approx(r["step_ms"])
     assert r["collectives"]["allgather"]["count_per_step"] == 1
     assert r["collectives"]["reducescatter"]["ms_per_step"] == pytest.approx(0.005)
+
+
+def test_kernel_kinds_of_real_kernel_names():
+    """Names as an H200 run of the 1b model printed them (committed trace): cuDNN's attention
+    kernels carry "wgmma" but are attention; Inductor's GEMM templates are GEMMs, its other
+    kernels "compiled" even when their names say copy; eager casts are copies."""
+    cases = {
+        "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN": "gemm",
+        "sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128": "gemm",
+        "triton_tem_fused_mm_0": "gemm",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26": "attention",
+        "void cudnn::fusion::compute_dot_do_o_specialized<true, 128>(void const*)": "attention",
+        "triton_poi_fused__to_copy_clone_permute_stack_3": "compiled (Inductor)",
+        "triton_red_fused__log_softmax__to_copy_prepare_softmax_online_view_0": (
+            "compiled (Inductor)"
+        ),
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>": "optimizer",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda": (
+            "copy / cast"
+        ),
+        "void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>>": (
+            "eager element-wise"
+        ),
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "collective",
+        "void at::native::(anonymous namespace)::sum_and_scatter<c10::BFloat16, long>": "other",
+    }
+    for name, kind in cases.items():
+        assert kernel_kind(name) == kind, name
+
+
+def test_kernel_time_by_kind_per_step():
+    """The step's GPU events summed by kind (nested or concurrent ones both count: a sum of
+    durations, not a union), with shares and the top kernels; a kernel outside every step and
+    the host ops are left out; a memcpy is a copy."""
+    trace = gpu_trace()
+    trace["traceEvents"] += [
+        X("Memcpy HtoD (Pinned -> Device)", 82, 4, "gpu_memcpy", tid=7, pid=0),
+        X("nvjet_sm90_gemm", 200, 50, "kernel", tid=7, pid=0),  # after the step
+    ]
+    k = analyse_trace(trace)["kernel_time"]
+    assert k["total_ms_per_step"] == pytest.approx(0.129)  # 70 + 20 + 35 + 4 us
+    kinds = k["kinds"]
+    assert list(kinds) == ["gemm", "collective", "compiled (Inductor)", "copy / cast"]
+    assert kinds["gemm"]["ms_per_step"] == pytest.approx(0.070)
+    assert kinds["gemm"]["count_per_step"] == 2
+    assert kinds["gemm"]["share"] == pytest.approx(70 / 129)
+    assert kinds["collective"]["ms_per_step"] == pytest.approx(0.035)
+    assert kinds["copy / cast"]["count_per_step"] == 1
+    assert sum(v["share"] for v in kinds.values()) == pytest.approx(1.0)
+    top = [(t["name"], t["kind"]) for t in k["top"][:3]]
+    assert top == [
+        ("nvjet_sm90_gemm", "gemm"),
+        ("ncclDevKernel_AllGather_RING_LL", "collective"),
+        ("triton_poi_fused_mul_0", "compiled (Inductor)"),
+    ]
+    assert k["top"][0]["ms_per_step"] == pytest.approx(0.070)
+
+
+def test_cpu_trace_has_no_kernel_time():
+    trace = {
+        "traceEvents": [
+            X("ProfilerStep#1", 0, 100, "user_annotation"),
+            X("aten::mm", 0, 50, "cpu_op"),
+        ]
+    }
+    assert "kernel_time" not in analyse_trace(trace)
 
 
 def test_cpu_trace_breakdown(tmp_path):
