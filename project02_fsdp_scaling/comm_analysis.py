@@ -14,9 +14,12 @@ are measured, so nested or concurrent events are never counted twice.
 On a GPU trace also `kernel_time`: the device time of the step's kernels, copies and memsets
 summed by kind (`kernel_kind`: GEMMs, attention, Inductor's compiled kernels, the optimizer,
 copies and casts, other eager element-wise kernels, collectives), each with its count and its
-share of the total, and the kernels that took the most time. A sum of durations (where two
-streams overlap, both count), so it answers "which kernels hold the device", and compute_ms
-above "how long the device computed".
+share of the total, the kernels that took the most time, and `by_origin`: the same time
+charged to where the host launched each kernel (the innermost `FSDP::...` or `Optimizer.step`
+span of the launching thread, else the autograd node of the backward), which tells, say, FSDP's
+gradient accumulation between micro-batches from the model's own element-wise work. A sum of
+durations (where two streams overlap, both count), so it answers "which kernels hold the
+device", and compute_ms above "how long the device computed".
 
     python -m project02_fsdp_scaling comm-analysis reports/project02_fsdp_scaling/trace_1b_ws2_rank0.json.gz
 """
@@ -117,13 +120,15 @@ def collective_kind(name: str) -> str | None:
 
 # Kernel kinds by name, lower-cased; the first kind one of whose fragments the name contains wins
 # (attention before GEMM: cuDNN's attention kernels carry "wgmma" too; Inductor's GEMM templates
-# before its other kernels). Names as CUDA 13 / torch 2.11 / cuDNN 9 print them on an H200.
+# before its other kernels; copies before the optimizer: FSDP's all-gather copy-in is a foreach
+# copy, `multi_tensor_apply_kernel<..., CopyFunctor<...>>`). Names as CUDA 13 / torch 2.11 /
+# cuDNN 9 print them on an H200.
 KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("sdpa", "fmha", "flash", "attention", "cudnn::fusion")),
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "triton_tem_", "scaled_mm")),
     ("compiled (Inductor)", ("triton_",)),
-    ("optimizer", ("multi_tensor_apply", "adam")),
     ("copy / cast", ("copy", "memcpy", "chunk_cat", "cat_cuda", "split_with_sizes")),
+    ("optimizer", ("multi_tensor_apply", "adam")),
     ("eager element-wise", ("elementwise", "reduce_kernel", "fill", "memset")),
 )
 
@@ -140,14 +145,23 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def kernel_time(kernels: list[dict], steps: list[Interval], top: int = 10) -> dict:
+def kernel_time(
+    kernels: list[dict],
+    steps: list[Interval],
+    top: int = 10,
+    origins: dict[int, str] | None = None,
+) -> dict:
     """Per step (ms): the GPU events (kernels, copies, memsets) that start inside the step
     spans, summed by `kernel_kind` with counts and shares, and the `top` kernels by time (name
-    cut at 100 characters)."""
+    cut at 100 characters). With `origins` (`launch_origins` of the trace) also `by_origin`:
+    the time summed by (launch origin, kind), the `top` largest, e.g. FSDP's gradient
+    accumulation between micro-batches ("FSDP::post_backward_accumulate", element-wise)."""
     by_kind: dict[str, float] = defaultdict(float)
     n_kind: dict[str, int] = defaultdict(int)
     by_name: dict[str, float] = defaultdict(float)
     n_name: dict[str, int] = defaultdict(int)
+    by_origin: dict[tuple[str, str], float] = defaultdict(float)
+    n_origin: dict[tuple[str, str], int] = defaultdict(int)
     for e in kernels:
         start, end = _span(e)
         if not any(lo <= start < hi for lo, hi in steps):
@@ -158,7 +172,33 @@ def kernel_time(kernels: list[dict], steps: list[Interval], top: int = 10) -> di
         n_kind[kind] += 1
         by_name[name[:100]] += end - start
         n_name[name[:100]] += 1
+        if origins is not None:
+            corr = e.get("args", {}).get("correlation")
+            site = (
+                origins.get(int(corr), "(launch not traced)")
+                if corr is not None
+                else "(launch not traced)",
+                kind,
+            )
+            by_origin[site] += end - start
+            n_origin[site] += 1
     n, all_us = len(steps), sum(by_kind.values())
+    origin_rows = (
+        {}
+        if origins is None
+        else {
+            "by_origin": [
+                {
+                    "origin": origin,
+                    "kind": kind,
+                    "ms_per_step": v / n / 1e3,
+                    "count_per_step": n_origin[origin, kind] / n,
+                    "share": v / all_us if all_us else 0.0,
+                }
+                for (origin, kind), v in sorted(by_origin.items(), key=lambda kv: -kv[1])[:top]
+            ]
+        }
+    )
     return {
         "total_ms_per_step": all_us / n / 1e3,
         "kinds": {
@@ -178,7 +218,60 @@ def kernel_time(kernels: list[dict], steps: list[Interval], top: int = 10) -> di
             }
             for name, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
         ],
+        **origin_rows,
     }
+
+
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+_BACKWARD_OP = "autograd::engine::evaluate_function: "
+
+
+def _origin_name(name: str) -> str:
+    """An annotation's name without its per-instance part: "FSDP::pre_forward (layers.3)" ->
+    "FSDP::pre_forward", "FSDP::backward_prefetch for layers.3" -> "FSDP::backward_prefetch",
+    "Optimizer.step#AdamW.step" -> "Optimizer.step"."""
+    name = re.sub(r" (\(.*\)|for \S+)$", "", name)
+    return name.split("#", 1)[0]
+
+
+def launch_origins(events: list[dict]) -> dict[int, str]:
+    """Correlation id -> where the host launched it: the innermost enclosing annotation of the
+    launching thread (FSDP's `FSDP::...` spans, `Optimizer.step`, ...; step spans left out), or
+    else the autograd node whose backward launched it ("backward: MulBackward0"), or else
+    "(no annotation)" (the forward's and the loss's own kernels)."""
+    spans: dict[tuple, list[dict]] = defaultdict(list)
+    launches: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        cat, name = e.get("cat"), str(e.get("name", ""))
+        key = (e.get("pid"), e.get("tid"))
+        if cat in _LAUNCH_CATS and "correlation" in e.get("args", {}):
+            launches[key].append(e)
+        elif (cat == "user_annotation" and not _STEP.match(name)) or (
+            cat == "cpu_op" and name.startswith(_BACKWARD_OP)
+        ):
+            spans[key].append(e)
+    out: dict[int, str] = {}
+    for key, ls in launches.items():
+        todo = sorted(spans.get(key, []), key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        stack: list[dict] = []
+        i = 0
+        for launch in sorted(ls, key=lambda e: float(e["ts"])):
+            ts = float(launch["ts"])
+            while i < len(todo) and float(todo[i]["ts"]) <= ts:
+                stack.append(todo[i])
+                i += 1
+            stack = [s for s in stack if _span(s)[1] >= ts]  # launches come in time order
+            open_ = [s for s in stack if _span(s)[0] <= ts]
+            note = [s for s in open_ if s.get("cat") == "user_annotation"]
+            if note:
+                origin = _origin_name(str(max(note, key=lambda s: float(s["ts"]))["name"]))
+            elif open_:
+                node = str(max(open_, key=lambda s: float(s["ts"]))["name"])
+                origin = "backward: " + node.removeprefix(_BACKWARD_OP)
+            else:
+                origin = "(no annotation)"
+            out[int(launch["args"]["correlation"])] = origin
+    return out
 
 
 def _span(e: dict) -> Interval:
@@ -249,7 +342,11 @@ def analyse_trace(trace: dict) -> dict:
             kind_n[kind] += len(inside)
     n = len(steps)
     ms = {k: v / n / 1e3 for k, v in acc.items()}  # us -> ms, per step
-    by_kernel = {"kernel_time": kernel_time(kernels, steps)} if on_gpu else {}
+    by_kernel = (
+        {"kernel_time": kernel_time(kernels, steps, top=12, origins=launch_origins(events))}
+        if on_gpu
+        else {}
+    )
     return {
         "source": "GPU kernels (CUDA)" if on_gpu else "CPU ops (gloo threads vs training thread)",
         "steps": n,

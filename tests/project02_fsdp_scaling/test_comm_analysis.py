@@ -11,6 +11,7 @@ from project02_fsdp_scaling.comm_analysis import (
     analyse_trace,
     collective_kind,
     kernel_kind,
+    launch_origins,
     load_trace,
     merge,
     subtract,
@@ -86,6 +87,13 @@ def test_kernel_kinds_of_real_kernel_names():
             "compiled (Inductor)"
         ),
         "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>": "optimizer",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+        "namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::"
+        "FusedAdamMathFunctor<float, 4>": "optimizer",
+        # FSDP's all-gather copy-in (a foreach copy) is a cast, not optimizer work
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+        "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::CopyFunctor<c10::"
+        "BFloat16, float, 2, 1, 1>, at::native::Copy<c10::BFloat16, float> >": "copy / cast",
         "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda": (
             "copy / cast"
         ),
@@ -125,6 +133,66 @@ def test_kernel_time_by_kind_per_step():
         ("triton_poi_fused_mul_0", "compiled (Inductor)"),
     ]
     assert k["top"][0]["ms_per_step"] == pytest.approx(0.070)
+
+
+def launched(name, ts, dur, corr, cat="kernel", launch_ts=None, host_tid=1):
+    """A GPU event and the host call that launched it (linked by the correlation id)."""
+    kernel = X(name, ts, dur, cat, tid=7, pid=0)
+    kernel["args"] = {"correlation": corr}
+    launch = X("cudaLaunchKernel", ts if launch_ts is None else launch_ts, 1, "cuda_runtime")
+    launch["tid"], launch["args"] = host_tid, {"correlation": corr}
+    return [kernel, launch]
+
+
+def test_kernel_time_by_launch_origin():
+    """Each GPU event is charged to the innermost annotation around the host call that
+    launched it (FSDP's spans, the optimizer's), per-layer suffixes dropped; without one, to
+    the autograd node running on the backward thread; else to "(no annotation)". Host spans
+    of another thread never claim a launch."""
+    events = [
+        X("ProfilerStep#1", 0, 1000, "user_annotation"),
+        X("ProfilerStep#1", 0, 1000, "gpu_user_annotation", tid=7, pid=0),
+        # forward thread (tid 1): an FSDP span around the all-gather copy-in, then model code
+        X("FSDP::pre_forward (layers.0)", 0, 20, "user_annotation"),
+        *launched("void at::native::bfloat16_copy_kernel_cuda", 10, 30, 1, launch_ts=5),
+        *launched("nvjet_sm90_gemm", 100, 200, 2, launch_ts=30),
+        X("Optimizer.step#AdamW.step", 900, 50, "user_annotation"),
+        *launched("multi_tensor_apply_kernel", 910, 20, 3, launch_ts=905),
+        # backward thread (tid 2): an autograd node, and FSDP's accumulation nested inside one
+        X("autograd::engine::evaluate_function: CompiledFunctionBackward", 300, 100, "cpu_op", 2),
+        *launched("nvjet_sm90_gemm", 400, 100, 4, launch_ts=310, host_tid=2),
+        X("autograd::engine::evaluate_function: RegisterPostBackward", 500, 50, "cpu_op", 2),
+        X("FSDP::post_backward_accumulate (layers.0)", 505, 40, "user_annotation", tid=2),
+        *launched("CUDAFunctor_add<float> elementwise", 600, 10, 5, launch_ts=510, host_tid=2),
+        *launched("CUDAFunctor_add<float> elementwise", 620, 10, 6, launch_ts=520, host_tid=2),
+        # an annotation on another thread at the same time claims nothing
+        X("FSDP::post_backward_reshard (layers.1)", 0, 1000, "user_annotation", tid=3),
+    ]
+    events.append(X("triton_poi_fused_0", 700, 5, "kernel", tid=7, pid=0))  # no correlation
+    origins = launch_origins(events)
+    assert origins == {
+        1: "FSDP::pre_forward",
+        2: "(no annotation)",
+        3: "Optimizer.step",
+        4: "backward: CompiledFunctionBackward",
+        5: "FSDP::post_backward_accumulate",
+        6: "FSDP::post_backward_accumulate",
+    }
+    rows = analyse_trace({"traceEvents": events})["kernel_time"]["by_origin"]
+    table = {(r["origin"], r["kind"]): (r["ms_per_step"], r["count_per_step"]) for r in rows}
+    assert table == {
+        ("(no annotation)", "gemm"): (pytest.approx(0.200), 1),
+        ("backward: CompiledFunctionBackward", "gemm"): (pytest.approx(0.100), 1),
+        ("FSDP::pre_forward", "copy / cast"): (pytest.approx(0.030), 1),
+        ("FSDP::post_backward_accumulate", "eager element-wise"): (pytest.approx(0.020), 2),
+        ("Optimizer.step", "optimizer"): (pytest.approx(0.020), 1),
+        ("(launch not traced)", "compiled (Inductor)"): (pytest.approx(0.005), 1),
+    }
+    assert [r["origin"] for r in rows][:2] == [
+        "(no annotation)",
+        "backward: CompiledFunctionBackward",
+    ]
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
 
 
 def test_cpu_trace_has_no_kernel_time():
