@@ -50,6 +50,7 @@ def record_precision(config: dict) -> str:
 
 
 AttentionName = Literal["sdpa", "cudnn", "flash"]
+CompileModeName = Literal["default", "max-autotune-no-cudagraphs"]
 DeviceName = Literal["auto", "cuda", "cpu"]
 
 # A config held by another: its flags appear without the field's prefix (--preset, not
@@ -208,6 +209,12 @@ class TrainConfig(JobConfig):
     """recompute each block's activations in backward (less memory, ~1/3 more compute)"""
     compile: bool = False
     """torch.compile each block and the loss"""
+    compile_mode: CompileModeName = "default"
+    """with --compile: torch.compile's mode for the blocks; max-autotune-no-cudagraphs also
+    benchmarks Triton GEMM templates and kernel configurations (minutes at the first step)"""
+    coordinate_descent_tuning: bool = False
+    """with --compile: Inductor tunes each generated kernel's block sizes and warps by
+    coordinate descent at the first call (torch._inductor.config.coordinate_descent_tuning)"""
     attention: AttentionName = "sdpa"
     """SDPA backend: sdpa (PyTorch's choice), cudnn or flash (forced; CUDA only)"""
     reshard_after_forward: bool = True
@@ -238,8 +245,14 @@ class TrainConfig(JobConfig):
             ("precision", PrecisionName),
             ("reduce_dtype", DTypeName),
             ("attention", AttentionName),
+            ("compile_mode", CompileModeName),
         ):
             _check_choice(self, name, allowed)
+        if not self.compile and (self.compile_mode != "default" or self.coordinate_descent_tuning):
+            raise ValueError(
+                "--compile-mode and --coordinate-descent-tuning tune torch.compile's kernels: "
+                "they need --compile"
+            )
         if self.precision == "fp64" and self.reduce_dtype != "float32":
             raise ValueError(
                 f"reduce_dtype {self.reduce_dtype!r} cannot go with precision 'fp64' "

@@ -348,22 +348,25 @@ def scaling_markdown(rec: dict, *, name: str | None = None, heading: str = "#") 
 def sweep_markdown(rec: dict, heading: str = "#") -> str:
     res = rec["results"]
     h = heading
+    repeats = res.get("repeats", 1)
     rows = []
     for v in res["variants"]:
         if v.get("status") != "ok":
-            rows.append({"variant": v["variant"], "status": f"failed: {v.get('error', '')[:80]}"})
+            status = v.get("status", "failed")
+            rows.append({"variant": v["variant"], "status": f"{status}: {v.get('error', '')[:80]}"})
             continue
         rows.append(
             {
                 "variant": ("**" + v["variant"] + "**")
                 if res.get("best") and v["variant"] == res["best"]["variant"]
                 else v["variant"],
-                "status": "ok",
+                "status": "ok" if "failed_pass" not in v else "ok, then failed",
+                **({"runs": v.get("runs", 1)} if repeats > 1 else {}),
                 "step time (s), median [p20, p80]": f"{v['step_time_s']:.4g} "
                 f"[{v['step_time_p20_s']:.4g}, {v['step_time_p80_s']:.4g}]",
-                "tokens/s": round(v["tokens_per_s"]),
-                "TFLOP/s": v["achieved_tflops_per_device"],
-                "MFU (%)": _pct(v["mfu"]),
+                "tokens/s": ranged(v, "tokens_per_s", ",.0f", round),
+                "TFLOP/s": ranged(v, "achieved_tflops_per_device", ".4g"),
+                "MFU (%)": ranged(v, "mfu", ".2f", _pct),
                 "MFU, all-param 6N (%)": _pct(
                     mfu_all_params(v["mfu"], res["preset"], res["seq_len"])
                 ),
@@ -399,7 +402,15 @@ def sweep_markdown(rec: dict, heading: str = "#") -> str:
             f"gradient reduction, AdamW (fused on GPU), gradient clipping at "
             f"{res.get('grad_clip', 1.0)}; median of {res['steps']} timed steps after "
             f"{res['warmup_steps']} warm-up steps, one process, one model initialisation. "
-            "Baseline: the eager variant in the same process. "
+            + (
+                f"Each variant ran in {repeats} passes over the list, its order reversed on "
+                "alternate passes: tokens/s, TFLOP/s and MFU show the median (min–max) over the "
+                "passes (vs eager: the median of the per-pass ratios), the step-time column the "
+                "first pass's steps, peak memory the largest. "
+                if repeats > 1
+                else ""
+            )
+            + "Baseline: the eager variant in the same process. "
             + (
                 f"MFU = tokens/s x {res['flops_per_token'] / 1e9:.3f} GFLOP/token / the dense "
                 "peak of the variant's compute dtype ("

@@ -89,6 +89,16 @@ def resolve_device(cfg: TrainConfig) -> str:
     return cfg.device
 
 
+def inductor_options(cfg: TrainConfig) -> contextlib.AbstractContextManager:
+    """Inductor's settings for the run (global: the blocks compile lazily, at the first step,
+    inside this context); nothing changed without --coordinate-descent-tuning."""
+    if not cfg.coordinate_descent_tuning:
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch(coordinate_descent_tuning=True)
+
+
 @contextlib.contextmanager
 def attention_backend(name: str, device: str):
     """Force an SDPA backend for the duration (global flags: torch.compile sees them at trace
@@ -289,6 +299,7 @@ def run_training(
             reshard_after_forward=cfg.reshard_after_forward,
             activation_checkpointing=cfg.activation_checkpointing,
             compile=cfg.compile,
+            compile_mode=cfg.compile_mode,
             float8=float8,
         ),
         mesh=mesh,
@@ -375,6 +386,7 @@ def run_training(
     tokens_per_step = cfg.global_batch * seq_len
     with (
         attention_backend(cfg.attention, device),
+        inductor_options(cfg),
         progress(
             n_timed_end,
             "train",

@@ -31,6 +31,9 @@ class ParallelConfig:
     reshard_after_forward: bool = True  # ZeRO-3 style; False keeps params gathered (ZeRO-2)
     activation_checkpointing: bool = False
     compile: bool = False
+    compile_mode: str = (
+        "default"  # torch.compile mode of the blocks, e.g. "max-autotune-no-cudagraphs"
+    )
     float8: str | None = None  # torchao float8 training recipe: "tensorwise", "rowwise" or None
 
 
@@ -105,11 +108,18 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_compile(model: nn.Module) -> None:
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+
+
+def apply_compile(model: nn.Module, mode: str = "default") -> None:
     """`torch.compile` each block in place: the blocks repeat, so one compiled graph serves all
-    and parameter names do not change."""
+    and parameter names do not change. mode: `COMPILE_MODES` ("max-autotune-no-cudagraphs"
+    benchmarks Triton GEMM templates and kernel configurations at the first call; CUDA graphs
+    stay off: FSDP's hooks run between the blocks)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
     for block in _blocks(model):
-        block.compile(fullgraph=True)
+        block.compile(fullgraph=True, mode=None if mode == "default" else mode)
 
 
 def apply_fsdp(
@@ -149,7 +159,7 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, *, mesh=None) -> nn.Modul
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model)
     if cfg.compile:
-        apply_compile(model)
+        apply_compile(model, cfg.compile_mode)
     return apply_fsdp(
         model,
         mesh=mesh,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -87,18 +88,74 @@ def test_cost_config_errors():
 
 
 def test_sweep_variants():
+    unmodified = {
+        "reshard_after_forward": True,
+        "precision": "bf16",
+        "coordinate_descent_tuning": False,
+        "compile_mode": "default",
+        "sync_every_microbatch": False,
+        "fused_loss": False,
+    }
     assert parse_variant("compile+ac+cudnn") == {
         "compile": True,
         "activation_checkpointing": True,
         "attention": "cudnn",
-        "reshard_after_forward": True,
-        "precision": "bf16",
+        **unmodified,
     }
     assert parse_variant("compile+cudnn+fp32")["precision"] == "fp32"
+    # the levers of the bf16 profile, each one field; +mbN the micro-batch
+    assert parse_variant("compile+noreshard+cdt+autotune+syncmb+fusedloss+mb32") == {
+        "compile": True,
+        "activation_checkpointing": False,
+        "attention": "sdpa",
+        "reshard_after_forward": False,
+        "precision": "bf16",
+        "coordinate_descent_tuning": True,
+        "compile_mode": "max-autotune-no-cudagraphs",
+        "sync_every_microbatch": True,
+        "fused_loss": True,
+        "micro_batch": 32,
+    }
+    assert "micro_batch" not in parse_variant("compile")  # the sweep's --train.micro-batch
     with pytest.raises(ValueError, match="must start with 'eager' or 'compile'"):
         parse_variant("fast")
     with pytest.raises(ValueError, match="unknown modifier 'fp8'"):
         parse_variant("compile+fp8")
+    for bad in ("mb0", "mb", "mb-2", "mbx"):
+        with pytest.raises(ValueError, match=f"unknown modifier '{bad}'.*mbN"):
+            parse_variant(f"compile+{bad}")
+
+
+def test_compile_tuning_needs_compile():
+    """--compile-mode and --coordinate-descent-tuning tune compiled kernels: refused without
+    --compile (so an eager+cdt sweep variant fails before any variant runs), and the mode is
+    one torch.compile knows here."""
+    ok = TrainConfig(preset="tiny", global_batch=4, compile=True, coordinate_descent_tuning=True)
+    assert ok.validate() is ok
+    TrainConfig(preset="tiny", compile=True, compile_mode="max-autotune-no-cudagraphs").validate()
+    for bad in (
+        {"coordinate_descent_tuning": True},
+        {"compile_mode": "max-autotune-no-cudagraphs"},
+    ):
+        with pytest.raises(ValueError, match="need --compile"):
+            TrainConfig(preset="tiny", compile=False, **bad).validate()
+    with pytest.raises(ValueError, match="compile_mode"):
+        TrainConfig(preset="tiny", compile=True, compile_mode="reduce-overhead").validate()
+    with pytest.raises(ValueError, match="need --compile"):
+        replace(TrainConfig(preset="tiny"), **parse_variant("eager+cdt")).validate()
+
+
+def test_coordinate_descent_tuning_is_set_for_the_run_only():
+    import torch._inductor.config as inductor_config
+
+    from project02_fsdp_scaling.train import inductor_options
+
+    before = inductor_config.coordinate_descent_tuning
+    with inductor_options(TrainConfig(preset="tiny", compile=True)):
+        assert inductor_config.coordinate_descent_tuning == before
+    with inductor_options(TrainConfig(preset="tiny", compile=True, coordinate_descent_tuning=True)):
+        assert inductor_config.coordinate_descent_tuning is True
+    assert inductor_config.coordinate_descent_tuning == before
 
 
 def test_cli_flags_round_trip_through_tyro():

@@ -7,6 +7,7 @@ from shared.model import build_model
 from shared.parallelize import (
     ParallelConfig,
     apply_activation_checkpointing,
+    apply_compile,
     parallelize,
     parse_dtype,
 )
@@ -35,6 +36,25 @@ def test_activation_checkpointing_keeps_names_and_gradients():
     assert g1.keys() == g2.keys()
     for n, g in g1.items():
         torch.testing.assert_close(g, g2[n])
+
+
+def test_compile_mode_reaches_every_block(monkeypatch):
+    """Each block is compiled whole (fullgraph) in the mode asked for; "default" is torch's
+    own default (mode None); an unknown mode is refused before anything compiles."""
+    seen = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: seen.append(kw))
+    model = build_model("tiny", seed=0)
+    apply_compile(model)
+    apply_compile(model, "max-autotune-no-cudagraphs")
+    n = len(model.layers)
+    assert (
+        seen
+        == [{"fullgraph": True, "mode": None}] * n
+        + [{"fullgraph": True, "mode": "max-autotune-no-cudagraphs"}] * n
+    )
+    with pytest.raises(ValueError, match="compile mode must be one of"):
+        apply_compile(model, "reduce-overhead")  # CUDA graphs: FSDP's hooks run between blocks
+    assert len(seen) == 2 * n
 
 
 def test_bad_dtype_and_model_are_clear():
