@@ -88,19 +88,12 @@ def test_cost_config_errors():
 
 
 def test_sweep_variants():
-    unmodified = {
-        "reshard_after_forward": True,
-        "precision": "bf16",
-        "coordinate_descent_tuning": False,
-        "compile_mode": "default",
-        "sync_every_microbatch": False,
-        "fused_loss": False,
-    }
+    plain = parse_variant("compile")
+    assert plain["compile"] is True and not plain["activation_checkpointing"]
     assert parse_variant("compile+ac+cudnn") == {
-        "compile": True,
+        **plain,
         "activation_checkpointing": True,
         "attention": "cudnn",
-        **unmodified,
     }
     assert parse_variant("compile+cudnn+fp32")["precision"] == "fp32"
     # the levers of the bf16 profile, each one field; +mbN the micro-batch
