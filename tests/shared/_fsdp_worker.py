@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from shared.data import SyntheticTokens
-from shared.distributed import cleanup, get_logger, init_distributed
+from shared.distributed import cleanup, exit_under_launcher, get_logger, init_distributed
 from shared.model import build_model
 from shared.parallelize import ParallelConfig, parallelize
 
@@ -40,6 +40,9 @@ def main(out_path: str, bug: str = "", steps: int = 3) -> None:
     if info.is_main:
         torch.save(full, out_path)
     cleanup()
+    # A gloo worker can abort in the interpreter's teardown ("terminate called without an
+    # active exception") after its work is done, and torchrun then fails the whole job.
+    exit_under_launcher(0)
 
 
 if __name__ == "__main__":
