@@ -19,10 +19,10 @@ operator; on CUDA tensors they run our kernels in both directions:
   P recomputed from the log-sum-exp, dV and dK in registers, dQ accumulated in float32 with
   atomics;
 - backward on Hopper (`flash_attention(..., bwd_kernel="hopper")` through autograd, or
-  `flash_backward(..., bwd_kernel="hopper")`; "auto" runs it where it has an instance once
-  AUTO_BWD_HOPPER is on, and the FlashAttention-2 backward until then): the FlashAttention-3 design, a TMA
-  producer warpgroup and two wgmma consumer warpgroups per 128-key block
-  (csrc/attention/flash_bwd_hopper*.cu), dense attention at head dims 64 and 128 only.
+  `flash_backward(..., bwd_kernel="hopper")`; "auto", the default, runs it wherever it has an
+  instance, see AUTO_BWD_HOPPER, and the FlashAttention-2 backward elsewhere): the
+  FlashAttention-3 design, a TMA producer warpgroup and two wgmma consumer warpgroups per
+  128-key block (csrc/attention/flash_bwd_hopper*.cu), dense attention at head dims 64 and 128 only.
   No S x S tensor is ever stored.
 
 Supported: float16 and bfloat16; head dims up to 256 (the kernels are compiled for 64, 128 and
@@ -156,11 +156,10 @@ HOPPER_HEAD_DIMS = (64, 128)
 BWD_KERNELS = ("auto", "hopper", "fa2")
 # What "auto" runs. False: the FlashAttention-2 backward everywhere. True: the Hopper backward
 # wherever it has an instance (compute capability 9.0, kernel head dim in HOPPER_HEAD_DIMS, no
-# window or softcap in effect, not varlen), the FlashAttention-2 one elsewhere. The Hopper
-# backward is validated and measured on an H200 (attention_hbwd.json) but "auto" stays on FA2
-# until the GPU tier and the main attention record (attention.json, whose "ours" is "auto")
-# are re-run with it switched on (NOTES.md, "Hopper backward").
-AUTO_BWD_HOPPER = False
+# window or softcap in effect, not varlen), the FlashAttention-2 one elsewhere. On since the
+# GPU tier and the main attention record (attention.json, whose "ours" is "auto") were re-run
+# with it (NOTES.md, "Hopper backward"); False restores the FA2 backward everywhere for A/B runs.
+AUTO_BWD_HOPPER = True
 # Backward kernel variant: warps per CTA, 16 keys each. 8 = 128 keys a CTA (half the dQ atomics
 # of 4 = 64 keys a CTA). (Head dim 256: one variant, 8 warps in pairs, 64 keys a CTA.)
 BWD_WARPS = 8
@@ -957,9 +956,10 @@ def flash_attention(
     as in the flash-attn package. Runs the operator `project01::flash_attn_fwd`,
     differentiable through `project01::flash_attn_bwd`: our kernels on CUDA tensors, the float32
     reference on CPU tensors (slow; see the module docstring). bwd_kernel: the backward kernel
-    autograd runs (BWD_KERNELS; `select_bwd_kernel`): "auto" (the FlashAttention-2 backward,
-    or the Hopper one where it has an instance once AUTO_BWD_HOPPER is on), "fa2", or "hopper" (the wgmma/TMA backward: compute capability 9.0, kernel head dims
-    64 and 128, no window or softcap in effect); checked here, before the forward runs
+    autograd runs (BWD_KERNELS; `select_bwd_kernel`): "auto" (the Hopper backward where it
+    has an instance, the FlashAttention-2 one elsewhere; AUTO_BWD_HOPPER), "fa2", or "hopper"
+    (the wgmma/TMA backward: compute capability 9.0, kernel head dims 64 and 128, no window or
+    softcap in effect); checked here, before the forward runs
     (`check_bwd_kernel`; under torch.compile at trace time), so a refusal is a ValueError
     naming bwd_kernel at this call. The CPU reference computes the same gradients whichever is
     named. Raises TypeError/ValueError naming a bad argument

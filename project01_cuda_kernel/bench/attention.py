@@ -447,8 +447,8 @@ def measure(cfg: AttentionBenchConfig) -> dict:
         "ours_forward_kernels": {
             str(d): select_fwd_kernel("auto", False, d) for d in cfg.head_dims
         },
-        # and backward ("auto": FA2's, or the Hopper one where it has an instance once
-        # attention.AUTO_BWD_HOPPER is on)
+        # and backward ("auto": the Hopper one where it has an instance while
+        # attention.AUTO_BWD_HOPPER is on, as it is by default; FA2's elsewhere)
         "ours_backward_kernels": {
             str(d): select_bwd_kernel("auto", False, kernel_head_dim(d)) for d in cfg.head_dims
         },

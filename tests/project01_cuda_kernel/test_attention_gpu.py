@@ -560,6 +560,7 @@ def check_window(
     kernel="auto",
     m_tiles_per_warp=2,
     warps=8,
+    bwd_kernel="auto",
     seed=8,
 ):
     """Forward (out, lse) and backward (from that out and lse) with a window and/or softcap,
@@ -588,7 +589,9 @@ def check_window(
     out, lse = flash_forward(
         q, k, v, causal, scale, kernel=kernel, m_tiles_per_warp=m_tiles_per_warp, **window_args
     )
-    dq, dk, dv = flash_backward(do, q, k, v, out, lse, causal, scale, warps=warps, **window_args)
+    dq, dk, dv = flash_backward(
+        do, q, k, v, out, lse, causal, scale, warps=warps, bwd_kernel=bwd_kernel, **window_args
+    )
 
     def ref_fn(q, k, v):
         return reference_attention(q, k, v, causal=causal, softmax_scale=scale, **window_args)
@@ -676,6 +679,7 @@ def test_window_kernel_variants(m_tiles_per_warp, warps, d, sq, sk, causal, wind
         kernel="fa2",
         m_tiles_per_warp=m_tiles_per_warp,
         warps=warps,
+        bwd_kernel="fa2",
     )
     assert not failures, failures
 

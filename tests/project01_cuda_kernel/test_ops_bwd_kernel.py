@@ -330,8 +330,8 @@ AUTOGRAD_CASES = [
 @ONLY_ON_HOPPER
 def test_hopper_backward_through_autograd_matches_fa2(spy, d, causal, h, hk, sq, sk):
     """flash_attention(..., bwd_kernel="hopper") through autograd runs the Hopper backward,
-    "fa2" the FlashAttention-2 one, and "auto" the one `select_bwd_kernel` names for it (FA2
-    while AUTO_BWD_HOPPER is off, the Hopper one once it is on); the same forward feeds both.
+    "fa2" the FlashAttention-2 one, and "auto" the one `select_bwd_kernel` names for it (the
+    Hopper one while AUTO_BWD_HOPPER is on, as by default; FA2 with it off); the same forward feeds both.
 
     dk and dv: bitwise equal to FA2's, as the H200 benchmark measured (bf16, head dims 64 and
     128, causal and not). Neither kernel uses atomics for them: one CTA accumulates each key's
