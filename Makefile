@@ -146,7 +146,7 @@ project04: $(SETUP)  ## build, test, benchmark and report the inference engine (
 	@echo "== project04 speculative decoding (trains a target and a draft, then times them)"
 	$(PYTHON) -m project04_llm_inference.spec.train_corpus --models-dir $(P04_RUN)/spec-models --distill 1.0 \
 	  --max-steps 1500 --target-dim 1024 --target-layers 16 --target-heads 16 --target-ffn 2816
-	$(PYTHON) -m project04_llm_inference spec --models-dir $(P04_RUN)/spec-models --repeats 3 \
+	$(PYTHON) -m project04_llm_inference spec --models-dir $(P04_RUN)/spec-models --num-prompts 16 --repeats 3 \
 	  --reports-dir $(P04_RUN)
 	$(PYTHON) -m project04_llm_inference report --reports-dir $(P04_RUN)
 	@echo "project04: results in $(P04_RUN)"
