@@ -455,7 +455,7 @@ RERUNS: dict[str, Rerun] = {
             f"{P01}/attention.json",
             "attention forward, backward and fwd+bwd of ours, SDPA FLASH and SDPA cuDNN at head "
             "dim 128, seq 4,096, non-causal, batch 4 x 16 heads (the committed run: 24 shapes, "
-            "eight providers), 5 interleaved repetitions, timing budgets as committed",
+            "nine providers), 5 interleaved repetitions, timing budgets as committed",
             P01,
             "bench-attention",
             _attention_flags("ours", "flash", "cudnn"),
