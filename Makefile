@@ -37,7 +37,7 @@ endif
 
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: help setup test gpu-test demo publish project01 project02 project03 project04 apple apple-test apple-tier lint format fork clean readme
+.PHONY: help setup test test-all gpu-test demo publish project01 project02 project03 project04 apple apple-test apple-tier lint format fork clean readme
 
 help:  ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,8 +56,22 @@ $(STAMP): pyproject.toml
 	done
 	@touch $(STAMP)
 
-test: $(SETUP)  ## the CPU tier: every test that needs no GPU
-	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
+# The CPU tier comes in two sizes. `make test` is the fast one a contributor runs before every
+# commit: every test not marked `slow` or `gpu`, spread over the machine's cores by pytest-xdist
+# (minutes on two cores). `make test-all` is everything that needs no GPU: the fast tier plus
+# the `slow` tests (real torchrun jobs, kill -9 trials, nvcc builds, Ray Tune, forks running their
+# own suites) and the on-device track's exporters in .venv-apple; CI (`.ci/run`) runs it.
+# PYTEST_WORKERS=0 runs in one process; files stay whole on one worker (--dist loadfile), so a
+# module's fixtures are built once.
+PYTEST_WORKERS ?= auto
+# (expanded when the recipe runs, after set-up; without pytest-xdist the tests run in one process)
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,$(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo -n $(PYTEST_WORKERS) --dist loadfile))
+
+test: $(SETUP)  ## the fast CPU tier: every test not marked slow or gpu (minutes)
+	$(PYTHON) -m pytest -m "not gpu and not slow" $(XDIST) $(PYTEST_ARGS)
+
+test-all: $(SETUP)  ## everything that needs no GPU: the fast tier, the slow tests, the on-device track (what CI runs)
+	$(PYTHON) -m pytest -m "not gpu" $(XDIST) $(PYTEST_ARGS)
 ifneq ($(wildcard apple_track/Makefile),)
 ifeq ($(APPLE_TESTS),1)
 	@$(MAKE) --no-print-directory apple-tier
@@ -65,7 +79,7 @@ endif
 endif
 
 # The on-device track's exporters (litert-torch pins its own torch) live in .venv-apple.
-# `make test` sets it up when this machine can (about 7 GB of disk, a few minutes the first
+# `make test-all` sets it up when this machine can (about 7 GB of disk, a few minutes the first
 # time) and runs the track's tests there; where it cannot, it says so in one line. APPLE_TESTS=0
 # leaves it out.
 apple-tier:

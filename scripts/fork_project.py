@@ -62,6 +62,7 @@ COMMON_TARGETS = (
     "setup",
     "$(STAMP)",
     "test",
+    "test-all",
     "gpu-test",
     "demo",
     "publish",
@@ -550,11 +551,11 @@ def _makefile_for(sel: Selection, tree: Path, extras: list[str]) -> str:
         if needed
     ]
     targets = [
-        *COMMON_TARGETS[:5],
+        *COMMON_TARGETS[:6],
         *ci,
-        *COMMON_TARGETS[5:7],
+        *COMMON_TARGETS[6:8],
         *MAKE_TARGETS[sel.project],
-        *COMMON_TARGETS[7:],
+        *COMMON_TARGETS[8:],
     ]
     rules = []
     for t in list(targets):
@@ -565,13 +566,14 @@ def _makefile_for(sel: Selection, tree: Path, extras: list[str]) -> str:
                 raise
             targets.remove(t)  # a common target this tree does not have yet
             continue
-        if t == "test" and not apple:
+        if t == "test-all" and not apple:
             rule = _drop_conditional(rule, "ifneq ($(wildcard apple_track/Makefile),)")
         rules.append(rule.replace("## every capstone at the size", "## the project at the size"))
     phony = " ".join(t for t in targets if not t.startswith("$"))
     intro = (
-        f"# {sel.project}: `make test` (the CPU tier) and `make demo` (the project at the size\n"
-        "# this hardware allows, into runs/<time>/). Both create .venv and install everything.\n"
+        f"# {sel.project}: `make test` (the fast CPU tier; `make test-all` adds the slow tests) and\n"
+        "# `make demo` (the project at the size this hardware allows, into runs/<time>/). Both\n"
+        "# create .venv and install everything.\n"
         "# `make help` lists the targets.\n\n"
     )
     return intro + head + f".PHONY: {phony}\n\n" + "\n".join(rules)
@@ -612,7 +614,7 @@ def _workflows_for(sel: Selection, tree: Path) -> dict[str, str]:
             ci = drop_job(ci, "cuda-compile-bindings")
         if sel.project != "apple_track":
             ci = drop_job(ci, "apple-track")
-            ci = ci.replace("make test APPLE_TESTS=0", "make test")
+            ci = ci.replace("make test-all APPLE_TESTS=0", "make test-all")
         out[CI_WORKFLOW] = ci
     if sel.smoke_tests and (tree / GPU_SMOKE_WORKFLOW).is_file():
         out[GPU_SMOKE_WORKFLOW] = (tree / GPU_SMOKE_WORKFLOW).read_text()

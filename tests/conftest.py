@@ -3,6 +3,7 @@ only on macOS. Elsewhere they are skipped with the reason, never counted as pass
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from pathlib import Path
@@ -12,6 +13,20 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` spreads files over the cores), each worker's torch takes
+    its share of the cores rather than all of them: two workers of two threads each on two cores
+    spend their time switching. Subprocesses a test starts inherit the same share."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        share = str(max(1, (os.cpu_count() or 1) // int(workers)))
+        os.environ.setdefault("OMP_NUM_THREADS", share)
+        os.environ.setdefault("MKL_NUM_THREADS", share)
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -192,6 +192,7 @@ def test_the_fork_has_its_own_makefile_and_demo_plan(project, fork_of):
     makefile = (dest / "Makefile").read_text()
     for target in (
         "test",
+        "test-all",
         "gpu-test",
         "demo",
         "publish",
