@@ -343,6 +343,26 @@ def test_n_is_admitted_whole(live):
     assert [c["index"] for c in answer["choices"]] == list(range(16))
 
 
+def test_an_oversized_body_is_413_and_the_server_goes_on(live):
+    status, answer = post(live, b'{"prompt": "' + b"bab " * (9 * 2**18) + b'"}')  # 9 MiB
+    assert_error(answer, 413, status)
+    assert_healthy(live)
+
+
+def test_a_request_choices_are_admitted_all_or_none(live):
+    """The second choice is refused: the first, already in the engine, is taken back."""
+    ok = SamplingParams(max_tokens=200, ignore_eos=True)
+    items = [("whole-0", [1, 5, 6], ok), ("whole-1", [1, 999], ok)]
+    with pytest.raises(ValueError, match="prompt"):
+        live.call(live.engine.add_requests(items))
+    too_many = [(f"many-{i}", [1, 5], ok) for i in range(65)]  # max_queued_requests is 64
+    with pytest.raises(ValueError, match="could ever admit"):
+        live.call(live.engine.add_requests(too_many))
+    vals = wait_idle(live)
+    assert vals["llm_num_requests_running"] == vals["llm_num_requests_waiting"] == 0, vals
+    assert live.engine.num_in_flight == 0
+
+
 def test_a_failing_step_fails_its_requests_and_the_loop_goes_on(live):
     """A step that raises (planted: any step running a request with max_tokens 13) fails that
     request with a 500; the engine loop survives, and the next requests are served."""
@@ -465,6 +485,7 @@ def test_fuzzed_bodies_get_an_answer_never_a_500(live):
             assert_error(answer, status, status)
         elif not body.get("stream"):
             assert answer["choices"] and answer["usage"]["completion_tokens"] >= 1, (body, answer)
+    print("fuzz statuses:", seen)
     assert seen.get(200, 0) >= 20 and seen.get(400, 0) >= 20, seen  # both sides exercised
     assert_healthy(live)
     vals = wait_idle(live)
