@@ -121,6 +121,12 @@ _ENGINE_CHOICES = {
 }
 
 
+# int fields whose checks below refuse a bool or a float by naming their range
+_OWN_RANGE_CHECKS = frozenset(
+    {"num_scheduler_steps", "num_speculative_tokens", "spec_fused_rounds"}
+)
+
+
 def _physical_memory_bytes() -> int | None:
     """This machine's RAM, bytes (None where the OS does not say)."""
     try:
@@ -225,6 +231,8 @@ class EngineArgs:
                 )
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name in _OWN_RANGE_CHECKS:
+                continue
             if f.type in ("int", "int | None") and v is not None:
                 _check_int("EngineArgs", f.name, v, lo=-(2**63), hi=2**63 - 1)
             elif f.type == "bool" and not isinstance(v, bool):
