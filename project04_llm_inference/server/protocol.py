@@ -313,7 +313,7 @@ def _chat_prompt(info: ModelInfo, body: dict) -> list[int]:
     messages = [_message_text(m, i) for i, m in enumerate(msgs)]
     _check_chars(info, sum(len(m["content"]) for m in messages), "messages")
     try:
-        ids = info.chat.encode(messages)
+        ids = info.chat.encode(messages, max_chars=info.limits.prompt_chars(info.max_model_len))
     except ChatTemplateError as e:
         raise APIError(str(e), "messages") from None
     if not ids:

@@ -189,10 +189,15 @@ HUGE = 18446744073709551616  # 2**64: once a 500 that killed the engine loop
         ({"prompt": "bab", "logprobs": 21}, "logprobs"),
         ({"prompt": [1, 2, HUGE]}, "prompt"),
         ({"prompt": "bab " * 5000}, "prompt"),  # 20,000 characters > 32 x 256
+        ({"messages": [{"role": "user", "content": "bab " * 5000}]}, "messages"),
+        ({"messages": [{"role": "u" * 100}] * 100}, "messages"),  # the rendered text's length
+        ({"messages": [{"role": "user", "content": "bab"}], "top_k": HUGE}, "top_k"),
     ],
 )
 def test_bad_fields_answer_400_naming_the_field(live, body, param):
-    status, answer = post(live, body)
+    status, answer = post(
+        live, body, route="chat/completions" if "messages" in body else "completions"
+    )
     assert_error(answer, 400, status, param)
 
 
