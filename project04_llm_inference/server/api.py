@@ -3,7 +3,7 @@ Prometheus metrics.
 
 A request first passes the guards (`guard.py`: Host, Origin, Content-Type; 403/415). A route
 reads the body within `read_timeout_s` (408 for a client that stops half way), then checks it
-in a worker thread (`protocol.parse_json` and `parse_request`: JSON limits, prompt length,
+in a worker thread (`json_body.parse_json` and `protocol.parse_request`: JSON limits, prompt length,
 tokenizing, every field; a 400 naming the field), so no body, however large, holds up the
 event loop. It hands one engine request per choice to the `AsyncEngine`, all admitted
 together (so a refusal is still a clean 400 or 503), then reads their outputs from one shared
@@ -37,8 +37,9 @@ from ..engine.llm_engine import LLMEngine
 from .async_engine import AsyncEngine, EngineDead, ServerOverloaded
 from .chat import ChatFormatter
 from .guard import HostGuard, bind_warning, content_type_error
+from .json_body import parse_json
 from .metrics import ServerMetrics
-from .protocol import APIError, GenerationRequest, Limits, ModelInfo, parse_json, parse_request
+from .protocol import APIError, GenerationRequest, Limits, ModelInfo, parse_request
 from .responses import ChoiceState, collect, stream
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ Logprobs: the engine returns the log-probability of each chosen token only. Comp
 `logprobs: k` and chat's `top_logprobs: k` are accepted, and `top_logprobs` then lists the chosen
 token alone.
 
-Work per request is bounded before any is done: the body's JSON (`parse_json`: no NaN, no
-integer past 64 digits, nesting at most 64 deep, no lone UTF-16 surrogate), the characters of
+Work per request is bounded before any is done: the body's JSON (`json_body.parse_json`), the
+characters of
 prompt text (`Limits.max_prompt_chars`, checked before tokenizing), the choices (n times the
 prompts, `Limits.max_choices`), stop strings and logprobs (`SamplingParams`' bounds). The whole
 of it runs off the event loop (`api.py` hands it to a thread), so a large prompt never stalls
@@ -19,7 +19,6 @@ other clients.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -29,8 +28,6 @@ from ..model.tokenizer import Tokenizer
 from .chat import ChatFormatter, ChatTemplateError
 
 MAX_LOGPROBS = 20
-MAX_JSON_DEPTH = 64  # nesting of objects and lists in a body
-MAX_JSON_INT_DIGITS = 64  # longer integers are refused while parsing (converting is quadratic)
 # fields the engine does not implement, with the values that mean "off"
 _UNSUPPORTED = {
     "presence_penalty": (None, 0, 0.0),
@@ -98,59 +95,6 @@ class ModelInfo:
     tokenizer: Tokenizer | None
     chat: ChatFormatter | None
     limits: Limits = field(default_factory=Limits)
-
-
-# --- the JSON body --------------------------------------------------------------------------
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_JSON_INT_DIGITS:
-        raise ValueError(f"an integer of {len(text)} digits (at most {MAX_JSON_INT_DIGITS})")
-    return int(text)
-
-
-def _check_tree(body) -> None:
-    """Nesting depth and strings: every string (keys too) must encode as UTF-8, which a lone
-    surrogate escape ("\\ud800") does not."""
-    stack = [(body, 1)]
-    while stack:
-        x, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise APIError(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(x, str):
-            items = ()
-            strings = (x,)
-        elif isinstance(x, dict):
-            items, strings = x.values(), x.keys()
-        elif isinstance(x, list):
-            items, strings = x, ()
-        else:
-            continue
-        for t in strings:
-            if not t.isascii():
-                try:
-                    t.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise APIError(
-                        "malformed JSON body: a string holds a lone UTF-16 surrogate"
-                    ) from None
-        stack.extend((v, depth + 1) for v in items if isinstance(v, (str, list, dict)))
-
-
-def parse_json(raw: bytes):
-    """A request body -> its JSON value, or an APIError saying what is wrong with it."""
-    try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_int=_bounded_int)
-    except RecursionError:
-        raise APIError(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, the two hooks above
-        raise APIError(f"malformed JSON body: {e}") from None
-    _check_tree(body)
-    return body
 
 
 @dataclass
