@@ -594,3 +594,41 @@ def test_serve_exits_1_when_the_engine_cannot_go_on(monkeypatch, capsys, one_thr
     assert statuses == [500] * MAX_STEP_FAILURES
     assert code == 1
     assert "the engine loop stopped" in capsys.readouterr().err
+
+
+def test_a_stream_write_the_client_never_takes_times_out():
+    """A client that stops reading: the stream's next write waits on a full socket. After
+    write_timeout_s the response gives up and closes the connection (the route then aborts
+    the requests). The socket is a stand-in whose writes never complete: loopback buffers hold
+    megabytes, more than a tiny model streams."""
+    from unittest import mock
+
+    from aiohttp import test_utils
+
+    from project04_llm_inference.engine.llm_engine import RequestOutput
+    from project04_llm_inference.server.protocol import Choice, GenerationRequest
+    from project04_llm_inference.server.responses import ChoiceState, stream
+
+    async def never(data) -> None:
+        await asyncio.sleep(3600)
+
+    async def scenario():
+        writer = mock.Mock()
+        writer.write_headers = mock.AsyncMock()
+        writer.write = mock.AsyncMock(side_effect=never)
+        transport = mock.Mock()
+        request = test_utils.make_mocked_request(
+            "POST", "/v1/completions", writer=writer, transport=transport
+        )
+        choice = Choice(0, 0, [1, 5], SamplingParams(max_tokens=4))
+        req = GenerationRequest(False, NAME, [choice], True, False, None, True)
+        states = {"r-0": ChoiceState(choice, None)}
+        queue: asyncio.Queue = asyncio.Queue()
+        queue.put_nowait(RequestOutput("r-0", [1, 5], [7], [7], False))
+        t0 = time.monotonic()
+        await asyncio.wait_for(stream(request, req, "r", queue, states, write_timeout_s=0.2), 10)
+        return time.monotonic() - t0, transport
+
+    elapsed, transport = asyncio.run(scenario())
+    assert transport.close.called
+    assert 0.2 <= elapsed < 5  # the timeout, not the hour the write would have taken
