@@ -76,7 +76,8 @@ class ServeConfig:
     max_body_mib: float = 8.0
     """Largest request body, MiB (413 past it)."""
     read_timeout_s: float = 30.0
-    """A request body must arrive within this long (408 otherwise)."""
+    """A request's headers, then its body, must each arrive within this long (the connection
+    is closed, or 408); an idle keep-alive connection is closed after it too."""
     write_timeout_s: float = 30.0
     """A stream whose client takes no data for this long is closed (and its request aborted)."""
     allowed_hosts: list[str] = field(default_factory=list)

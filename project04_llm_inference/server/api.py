@@ -268,6 +268,9 @@ async def start_server(
     runner = web.AppRunner(
         build_app(engine, model_name, server_metrics, options),
         handler_cancellation=True,  # a client gone cancels its handler: its requests abort
+        # a connection that has not sent a whole request line and headers (a slow or stalled
+        # client) or sits idle between requests is closed after this long
+        keepalive_timeout=options.read_timeout_s,
         access_log=None,
         shutdown_timeout=2.0,
     )

@@ -321,9 +321,10 @@ def test_streamed_text_equals_the_full_text(live):
     assert "".join(c["choices"][0]["text"] for c in chunks) == full["choices"][0]["text"]
 
 
-def test_half_sent_bodies_time_out(live):
+def test_half_sent_requests_time_out(live):
     """Clients that send headers and part of a body, then nothing: each gets a 408 after the
-    read timeout, and the server answers everyone else meanwhile."""
+    read timeout; clients that stop inside their headers are disconnected after it; the server
+    answers everyone else meanwhile."""
     socks = []
     for _ in range(20):
         s = socket.create_connection(("127.0.0.1", live.port), timeout=10)
@@ -332,11 +333,19 @@ def test_half_sent_bodies_time_out(live):
             b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"prompt":'
         )
         socks.append(s)
+    slow = []  # and clients that never finish their headers
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", live.port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0")
+        slow.append(s)
     assert_healthy(live)
     t0 = time.monotonic()
     for s in socks:
         head = s.recv(4096)
         assert head.startswith(b"HTTP/1.1 408"), head[:100]
+        s.close()
+    for s in slow:
+        assert s.recv(4096) == b""  # closed by the server
         s.close()
     # the read timeout, with room for a loaded 2-core machine
     assert time.monotonic() - t0 < READ_TIMEOUT_S + 5
