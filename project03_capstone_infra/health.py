@@ -395,6 +395,23 @@ class TrainingMetrics:
         return generate_latest(self.registry).decode()
 
 
+def check_bind_address(what: str, addr: str) -> None:
+    """ValueError naming `what` unless `addr` is an address this host can listen on (bound to
+    a free port and released at once), so a typo is refused before a run starts."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, sockaddr = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(sockaddr)
+    except OSError as e:
+        raise ValueError(
+            f"{what}: cannot listen on {addr!r}: {e.strerror or e} (an address of this host, "
+            "127.0.0.1 for this machine only, or 0.0.0.0 for every interface)"
+        ) from None
+
+
 class MetricsServer:
     """A Prometheus HTTP endpoint for a registry (port 0: any free port; see `.port`). It has no
     authentication: it binds to the loopback address unless told otherwise."""
@@ -406,7 +423,16 @@ class MetricsServer:
             raise ValueError(f"port must be in 0..65535, got {port}")
         if not isinstance(addr, str) or not addr.strip():
             raise ValueError(f"addr must be an address to bind to, got {addr!r}")
-        started = start_http_server(port, addr=addr, registry=metrics.registry)
+        try:
+            started = start_http_server(port, addr=addr, registry=metrics.registry)
+        except (
+            OSError
+        ) as e:  # an address that does not resolve or is not this host's, a port in use
+            where = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+            raise ValueError(
+                f"metrics server: cannot listen on {where}: {e.strerror or e} (check the bind "
+                "address and port)"
+            ) from None
         if started is None:  # prometheus-client older than 0.17: no handle to stop it
             raise RuntimeError(
                 "prometheus-client >= 0.17 is needed (start_http_server returns the server)"
@@ -494,6 +520,9 @@ def command(args: HealthArgs) -> int:
     import json
     import sys
     import time
+
+    if args.serve_port >= 0:
+        check_bind_address("--serve-addr", args.serve_addr)
 
     from .config import EXIT_PREFLIGHT
 

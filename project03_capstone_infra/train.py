@@ -155,6 +155,10 @@ class Trainer:
         cfg = self.cfg
         if cfg.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("TrainConfig.device='cuda' but torch sees no CUDA GPU")
+        if cfg.metrics_port >= 0 and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            from .health import check_bind_address
+
+            check_bind_address("TrainConfig.metrics_addr", cfg.metrics_addr)
         use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
         self.dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if use_cuda else "float32")
         self.log = get_logger("project03.train")

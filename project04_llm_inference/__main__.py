@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 
-from shared.cli import main_guard, run_subcommand
+from shared.cli import main_guard, run_subcommand, writable_dir
 
 from .config import EngineArgs, SamplingParams
 
@@ -63,13 +63,41 @@ class ServeConfig:
     served_model_name: str | None = None
     """The `model` clients name; default: --engine.model as given, or dummy-<shape>."""
     max_queued_requests: int = 256
-    """Most requests waiting for a place in the running batch; past it, requests get 503."""
+    """Most requests (choices: n counts n times) waiting for a place in the running batch; a
+    request that does not fit whole gets 503."""
     shutdown_grace_s: float = 10.0
     """On SIGINT/SIGTERM, how long running requests may finish before they are aborted."""
+    max_choices: int = 16
+    """Most choices of one request: n times the number of prompts (and never more than
+    max_queued_requests)."""
+    max_prompt_chars: int | None = None
+    """Most characters of prompt text per prompt (a chat's messages together), checked before
+    tokenizing; default 32 per token of the model's context."""
+    max_body_mib: float = 8.0
+    """Largest request body, MiB (413 past it)."""
+    read_timeout_s: float = 30.0
+    """A request's headers, then its body, must each arrive within this long (the connection
+    is closed, or 408); an idle keep-alive connection is closed after it too."""
+    write_timeout_s: float = 30.0
+    """A stream whose client takes no data for this long is closed (and its request aborted)."""
+    allowed_hosts: list[str] = field(default_factory=list)
+    """Host names clients may use besides the bound address (and the loopback names when bound
+    to loopback); '*' allows any. Other Host headers get 403 (DNS rebinding)."""
+    allowed_origins: list[str] = field(default_factory=list)
+    """Browser origins (scheme://host:port) allowed to call the API; requests from other pages
+    get 403. Clients that are not browsers send no Origin and are not affected."""
 
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("ServeConfig.host: empty")
+        for name in ("max_choices", "max_prompt_chars"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"ServeConfig.{name} must be >= 1, got {v}")
+        for name in ("max_body_mib", "read_timeout_s", "write_timeout_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"ServeConfig.{name} must be finite and > 0, got {v}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"ServeConfig.port must be in [0, 65535], got {self.port}")
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -104,25 +132,31 @@ def _generate(cfg: GenerateConfig) -> None:
         print(out.text)
 
 
-def _serve(cfg: ServeConfig) -> None:
+def _serve(cfg: ServeConfig) -> int:
+    """0 after SIGINT/SIGTERM; 1 when the engine loop died (a supervisor restarts it)."""
     import asyncio
     import logging
 
-    from .server.api import serve
+    from .server.api import ServerOptions, serve
+    from .server.protocol import Limits
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(
-        serve(
-            cfg.engine,
-            host=cfg.host,
-            port=cfg.port,
-            served_model_name=cfg.served_model_name,
-            max_queued_requests=cfg.max_queued_requests,
-            shutdown_grace_s=cfg.shutdown_grace_s,
-        )
+    options = ServerOptions(
+        host=cfg.host,
+        port=cfg.port,
+        served_model_name=cfg.served_model_name,
+        max_queued_requests=cfg.max_queued_requests,
+        shutdown_grace_s=cfg.shutdown_grace_s,
+        limits=Limits(max_choices=cfg.max_choices, max_prompt_chars=cfg.max_prompt_chars),
+        max_body_mib=cfg.max_body_mib,
+        read_timeout_s=cfg.read_timeout_s,
+        write_timeout_s=cfg.write_timeout_s,
+        allowed_hosts=list(cfg.allowed_hosts),
+        allowed_origins=list(cfg.allowed_origins),
     )
+    return asyncio.run(serve(cfg.engine, options))
 
 
 def _report(cfg: ReportConfig) -> None:
@@ -151,9 +185,32 @@ def commands() -> dict[str, tuple[type, Callable]]:
     }
 
 
+# Benchmarks of the CUDA kernels: nothing to measure without a GPU
+GPU_COMMANDS = ("decode-kernel", "gemv-kernel", "prefill-kernel")
+
+
+def _run_command(name: str, fn: Callable, cfg) -> object:
+    """Checks before a command starts, each answered in one line: a kernel benchmark without
+    a GPU (exit code 1), an output folder that cannot be one (exit code 2)."""
+    if name in GPU_COMMANDS:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(
+                f"error: {name}: needs a CUDA GPU and torch sees none (nothing measured, no record)",
+                file=sys.stderr,
+            )
+            return 1
+    if name == "spec-train":
+        writable_dir("models_dir", cfg.models_dir)
+    return fn(cfg)
+
+
 @main_guard
 def main(argv: list[str] | None = None) -> int:
-    return run_subcommand(commands(), prog=PROG, description=DESCRIPTION, argv=argv)
+    return run_subcommand(
+        commands(), prog=PROG, description=DESCRIPTION, argv=argv, runner=_run_command
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ request is decoded. Both validate on construction and name the offending field.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 # Rounds per fused speculative program when EngineArgs.spec_fused_rounds is left unset
@@ -55,6 +56,83 @@ DUMMY_SHAPES: dict[str, dict] = {
         eos_token_id=2,
     ),
 }
+
+
+# Bounds of SamplingParams: every field reaches the device as a float32 or int32/int64 tensor
+# or drives per-token work on the engine's thread, so each has a ceiling
+MAX_INT32 = 2**31 - 1
+# Temperatures below this are greedy: logits / T stays finite in float32 for |logits| < 1e33
+MIN_TEMPERATURE = 1e-5
+# Far past any useful value (OpenAI's API stops at 2); keeps logits / T a normal float32
+MAX_TEMPERATURE = 1e4
+# Each generated token is checked against every stop string: both are bounded per request
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+
+
+def _check_int(owner: str, name: str, x, lo: int, hi: int) -> int:
+    """x must be an int (a bool is not one) in [lo, hi]."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{owner}.{name} must be an integer, got {type(x).__name__} {x!r}")
+    if not lo <= x <= hi:
+        raise ValueError(f"{owner}.{name} must be in [{lo}, {hi}], got {x}")
+    return x
+
+
+def _check_float(owner: str, name: str, x) -> float:
+    """x must be a finite int or float (a bool is not a number); returned as a float."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{owner}.{name} must be a number, got {type(x).__name__} {x!r}")
+    try:
+        x = float(x)
+    except OverflowError:
+        raise ValueError(f"{owner}.{name} must be a finite number, got a huge integer") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{owner}.{name} must be a finite number, got {x}")
+    return x
+
+
+def _check_stop(stop) -> list[str]:
+    """A stop string or a list of them -> a list of non-empty, bounded strings."""
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise TypeError("SamplingParams.stop must be a string or a list of strings")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(
+            f"SamplingParams.stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}"
+        )
+    for s in stops:
+        if not s:
+            raise ValueError("SamplingParams.stop: empty stop strings are not allowed")
+        if len(s) > MAX_STOP_STRING_CHARS:
+            raise ValueError(
+                f"SamplingParams.stop: a stop string may have at most {MAX_STOP_STRING_CHARS} "
+                f"characters, got {len(s)}"
+            )
+    return list(stops)
+
+
+_ENGINE_CHOICES = {
+    "load_format": ("auto", "dummy"),
+    "dtype": ("auto", "bfloat16", "float16", "float32"),
+    "device": ("auto", "cuda", "cpu"),
+    "speculative_method": ("none", "ngram", "draft"),
+}
+
+
+# int fields whose checks below refuse a bool or a float by naming their range
+_OWN_RANGE_CHECKS = frozenset(
+    {"num_scheduler_steps", "num_speculative_tokens", "spec_fused_rounds"}
+)
+
+
+def _physical_memory_bytes() -> int | None:
+    """This machine's RAM, bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 @dataclass
@@ -146,6 +224,21 @@ class EngineArgs:
         return DEFAULT_FUSED_ROUNDS if self.fused_greedy else 1
 
     def __post_init__(self) -> None:
+        for name, allowed in _ENGINE_CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"EngineArgs.{name}: expected one of {list(allowed)}, got {getattr(self, name)!r}"
+                )
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in _OWN_RANGE_CHECKS:
+                continue
+            if f.type in ("int", "int | None") and v is not None:
+                _check_int("EngineArgs", f.name, v, lo=-(2**63), hi=2**63 - 1)
+            elif f.type == "bool" and not isinstance(v, bool):
+                raise TypeError(f"EngineArgs.{f.name} must be a bool, got {type(v).__name__}")
+            elif f.type == "float":
+                _check_float("EngineArgs", f.name, v)
         if self.model is None and self.load_format != "dummy":
             raise ValueError("EngineArgs.model: give a model folder, or --load-format dummy")
         if (
@@ -168,6 +261,12 @@ class EngineArgs:
         if not (self.cpu_kv_cache_gib > 0 and math.isfinite(self.cpu_kv_cache_gib)):
             raise ValueError(
                 f"EngineArgs.cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}"
+            )
+        ram = _physical_memory_bytes()
+        if ram is not None and self.cpu_kv_cache_gib * 2**30 > ram:
+            raise ValueError(
+                f"EngineArgs.cpu_kv_cache_gib: {self.cpu_kv_cache_gib:g} GiB exceeds this "
+                f"machine's memory ({ram / 2**30:.1f} GiB)"
             )
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
@@ -237,9 +336,9 @@ class SamplingParams:
     max_tokens: int = 16
     """Most tokens to generate."""
     temperature: float = 1.0
-    """0 means greedy."""
+    """0 means greedy; so does anything below 1e-5 (the limit of the distribution)."""
     top_k: int = 0
-    """Keep the k most likely tokens; 0 keeps all."""
+    """Keep the k most likely tokens; 0 keeps all (so does any k past the vocabulary)."""
     top_p: float = 1.0
     """Keep the smallest set of tokens whose probability reaches top_p."""
     min_p: float = 0.0
@@ -249,31 +348,53 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     """Stop when one of these is generated (it is kept in the output)."""
     stop: list[str] = field(default_factory=list)
-    """Stop strings (need a tokenizer); the output is cut before the match."""
+    """Stop strings (need a tokenizer); the output is cut before the match. One string is taken
+    as a list of one (never split into characters)."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (benchmarks)."""
     logprobs: bool = False
     """Return the log-probability of each chosen token."""
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+        name = "SamplingParams"
+        _check_int(name, "max_tokens", self.max_tokens, lo=1, hi=MAX_INT32)
+        self.temperature = _check_float(name, "temperature", self.temperature)
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
             raise ValueError(
-                f"SamplingParams.temperature must be finite and >= 0, got {self.temperature}"
+                f"SamplingParams.temperature must be in [0, {MAX_TEMPERATURE:g}], "
+                f"got {self.temperature}"
             )
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+        if self.temperature < MIN_TEMPERATURE:
+            # logits / T overflows float32 for tiny T (inf - inf = NaN in the softmax); the
+            # distribution's limit as T -> 0 is the argmax, which is what greedy decoding takes
+            self.temperature = 0.0
+        _check_int(name, "top_k", self.top_k, lo=0, hi=MAX_INT32)
+        self.top_p = _check_float(name, "top_p", self.top_p)
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        self.min_p = _check_float(name, "min_p", self.min_p)
         if not (0.0 <= self.min_p <= 1.0):
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(
-                f"SamplingParams.stop_token_ids must be non-negative ints, got {self.stop_token_ids}"
+        if self.seed is not None:
+            _check_int(name, "seed", self.seed, lo=0, hi=2**63 - 1)
+        ids = self.stop_token_ids
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError(
+                f"SamplingParams.stop_token_ids must be a list of ints, got {type(ids).__name__}"
             )
-        if any(not s for s in self.stop):
-            raise ValueError("SamplingParams.stop: empty stop strings are not allowed")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"SamplingParams.stop_token_ids: at most {MAX_STOP_TOKEN_IDS}, got {len(ids)}"
+            )
+        for t in ids:
+            _check_int(name, "stop_token_ids", t, lo=0, hi=MAX_INT32)
+        self.stop_token_ids = list(ids)
+        self.stop = _check_stop(self.stop)
+        for flag in ("ignore_eos", "logprobs"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(
+                    f"SamplingParams.{flag} must be a bool, got {type(getattr(self, flag)).__name__}"
+                )
 
     @property
     def greedy(self) -> bool:

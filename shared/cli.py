@@ -114,6 +114,7 @@ def nonempty_path(text: str) -> Path:
 
 _BOX = re.compile(r"[\u2500-\u257f]")  # box drawing characters
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TYRO_INNER = re.compile(r"__tyro[-_]dummy[-_]inner__\.")
 _RULE = re.compile(r"^[\s\-=_\u2500-\u257f+|]*$")
 
 
@@ -135,6 +136,9 @@ def _fold_box(text: str) -> str:
     if len(sections) > 1 and len(sections[0]) == 1 and ":" not in sections[0][0]:
         sections = sections[1:]  # a title line drawn above a rule
     message = " ".join(" ".join(sections[0]).split()) if sections else ""
+    # tyro names a subcommand's nested config by an internal wrapper ("Error parsing
+    # __tyro-dummy-inner__.engine: ..."): say the flag's prefix instead
+    message = _TYRO_INNER.sub("--", message)
     return message or one_line(text)
 
 

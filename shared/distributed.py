@@ -2,7 +2,8 @@
 
 One code path for every tier: under `torchrun` the variables RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT come from the launcher (one node or a multi-node rendezvous); a plain
-`python -m ...` becomes a world of one on a free local port, so FSDP code runs unchanged.
+`python -m ...` becomes a world of one with an in-process store (nothing listens on the network
+for the rendezvous), so FSDP code runs unchanged.
 NCCL on GPUs, gloo on CPU.
 """
 
@@ -75,7 +76,8 @@ def init_distributed(
     if backend == "nccl" and not use_cuda:
         raise ValueError("the nccl backend needs CUDA GPUs; use gloo on CPU")
 
-    if "RANK" not in os.environ:  # not under torchrun: a world of one
+    alone = "RANK" not in os.environ
+    if alone:  # not under torchrun: a world of one
         os.environ.update(
             RANK="0",
             LOCAL_RANK="0",
@@ -102,6 +104,10 @@ def init_distributed(
         if backend == "nccl":
             kwargs["device_id"] = dev  # eager NCCL init: errors show at start, not first step
         store = _restart_scoped_store(rank, world_size, timeout_s) if restart_scoped_store else None
+        if alone and world_size == 1:
+            # a world of one rendezvouses with itself: an in-process store, where the default
+            # (env://) TCPStore would listen on every network interface
+            store = dist.HashStore()
         if store is not None:
             kwargs["store"] = store
         dist.init_process_group(

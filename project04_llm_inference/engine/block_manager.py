@@ -2,6 +2,10 @@
 
 A full block whose K/V are computed is registered under a hash of its tokens and of every token
 before it (the chain of parent hashes), so two requests with the same prefix share its blocks.
+The hash is a cryptographic digest (BLAKE2b, 128 bits) of the parent's digest and the block's
+token ids: a hit means the whole prefix matches, short of a BLAKE2b collision. (Python's 64-bit
+`hash` would let a client search for a prompt whose chain collides with another's and read its
+cached K/V.)
 Blocks nobody references sit in a free list in LRU order; a cached one keeps its contents until
 it is reused, so a later request can still hit it. The cache holds only blocks whose K/V were
 computed: a block is hashed when the sequence's computed tokens cover it, never when its token
@@ -10,6 +14,8 @@ ids are merely known (the newest sampled token has no K/V yet).
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
 
 from .sequence import Sequence
@@ -22,9 +28,9 @@ class BlockManager:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # hash -> block id
+        self.cached: dict[bytes, int] = {}  # digest -> block id
         # unreferenced blocks, least recently freed first: allocation takes from the front
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.prefix_queries = 0  # prompt tokens looked up
@@ -43,8 +49,13 @@ class BlockManager:
         total = seq.num_computed_tokens + num_new_tokens
         return max(0, -(-total // self.block_size) - len(seq.block_ids))
 
-    def _hash(self, parent: int | None, tokens: tuple[int, ...]) -> int:
-        return hash((parent, tokens))
+    def _hash(self, parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
+        """The digest of a block: its parent's digest (none for the first) and its token ids as
+        little-endian int64 (ids are checked to lie in the vocabulary before they get here)."""
+        h = hashlib.blake2b(digest_size=16)
+        h.update(parent if parent is not None else b"\0" * 16)
+        h.update(struct.pack(f"<{len(tokens)}q", *tokens))
+        return h.digest()
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of seq's tokens (full blocks only, and never

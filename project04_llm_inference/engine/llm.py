@@ -32,20 +32,39 @@ class LLM:
         *,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs in the prompts' order."""
+        """Generate for every prompt (text or token ids); outputs in the prompts' order.
+
+        Whatever ends the call early (a prompt the engine refuses, an error in a step,
+        Ctrl-C) aborts the requests it added, so the engine holds none of them afterwards."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(
+                "prompts must be a string, a list of token ids, or a list of either, got "
+                f"{type(prompts).__name__}"
+            )
         if isinstance(params, list):
             if len(params) != len(prompts):
                 raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
         else:
             params = [params or SamplingParams()] * len(prompts)
-        ids = []
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise TypeError(f"params must be SamplingParams, got {type(p).__name__}")
+        ids: list[str] = []
+        try:
+            return self._run(prompts, params, ids, use_tqdm)
+        finally:
+            for rid in ids:  # no-op for the requests that finished
+                self.engine.abort(rid)
+
+    def _run(self, prompts, params, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         for prompt, p in zip(prompts, params):
             rid = str(self._next_id)
             self._next_id += 1
             self.engine.add_request(rid, prompt, p)
             ids.append(rid)
+        wanted = set(ids)
         done: dict[str, RequestOutput] = {}
         progress = None
         if use_tqdm:
@@ -69,7 +88,7 @@ class LLM:
         try:
             while self.engine.has_unfinished():
                 for out in self.engine.step():
-                    if out.finished:
+                    if out.finished and out.request_id in wanted:
                         done[out.request_id] = out
                         if progress is not None:
                             progress.advance(task)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import SamplingParams
+from ..config import MIN_TEMPERATURE, SamplingParams
 from .sequence import Sequence
 
 
@@ -24,10 +24,13 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
     ranks = torch.arange(v, device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, v)[:, None]
     drop = ranks >= k
-    # top-p: keep a token while the mass before it is < p (the top token is always kept)
+    # top-p: keep a token while the mass before it is < p
     mass_before = probs.cumsum(-1) - probs
     drop |= mass_before >= top_p[:, None]
     drop |= probs < min_p[:, None] * probs[:, :1]
+    # the top token is always kept, whatever the filters say (a top_p that rounds to 0 in
+    # float32 would drop every token, and a softmax over all -inf is NaN)
+    drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
@@ -37,12 +40,16 @@ def request_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     temperature, top-k, top-p and min-p. A greedy row (temperature 0) gets its temperature-1
     distribution: callers take the argmax of the logits for those rows instead."""
     dev = logits.device
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
-    scaled = logits / temps[:, None]
+    # SamplingParams makes temperatures below MIN_TEMPERATURE greedy; the floor here keeps a
+    # hand-built params object from dividing by a float32 zero
+    temps = [max(p.temperature, MIN_TEMPERATURE) if p.temperature > 0 else 1.0 for p in params]
+    scaled = logits / torch.tensor(temps, device=dev)[:, None]
     if any(p.top_k or p.top_p < 1 or p.min_p > 0 for p in params):
+        v = logits.shape[-1]
         scaled = _filter(
             scaled,
-            torch.tensor([p.top_k for p in params], device=dev),
+            # any k past the vocabulary keeps everything (and stays within int64)
+            torch.tensor([min(p.top_k, v) for p in params], device=dev),
             torch.tensor([p.top_p for p in params], device=dev),
             torch.tensor([p.min_p for p in params], device=dev),
         )

@@ -10,7 +10,15 @@ batch to the requests' `asyncio.Queue`s.
 The thread blocks on the command queue while no request is pending and steps while some are;
 between two steps it takes every command that arrived, so adds and aborts wait at most one step.
 An abort (a client gone, a shutdown) frees the request's KV blocks at once and ends its stream
-with a `RequestOutput` whose finish_reason is "abort".
+with a `RequestOutput` whose finish_reason is "abort". The requests of one HTTP call (its n
+choices) are admitted together or not at all, each counting once against max_queued_requests.
+
+One request cannot stop the loop. A request the engine refuses fails alone. A step that raises
+fails the requests that were running in it (their streams end with a `StepFailed`; waiting
+requests go on), after which the engine's blocks are checked against its live requests; if
+they disagree, or MAX_STEP_FAILURES steps fail in a row (a broken device, not a request), the
+loop stops: `is_running` turns false, `dead` is set, and `serve` exits non-zero so that a
+supervisor restarts the process.
 
 Outputs: `RequestOutput.new_token_ids` is the stream (`token_ids` is the engine's live list
 while a request runs, so a consumer accumulates `new_token_ids` rather than reading it).
@@ -40,6 +48,13 @@ class ServerOverloaded(RuntimeError):
 
 class EngineDead(RuntimeError):
     """The engine loop stopped on an error; no request can be served (HTTP 500/503)."""
+
+
+class StepFailed(RuntimeError):
+    """An engine step this request was part of raised; the request was aborted (HTTP 500)."""
+
+
+MAX_STEP_FAILURES = 3  # consecutive failed steps after which the engine is declared dead
 
 
 @dataclass
@@ -77,9 +92,9 @@ class RequestHandle:
 
 @dataclass
 class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
+    """Requests admitted together (one HTTP call's choices): all, or none."""
+
+    items: list[tuple[str, str | list[int], SamplingParams]]
     ack: asyncio.Future
 
 
@@ -96,6 +111,7 @@ class _Stop:
 @dataclass
 class _ThreadState:
     known: set[str] = field(default_factory=set)  # request ids the engine holds
+    failures: int = 0  # consecutive steps that raised
 
 
 class AsyncEngine:
@@ -125,6 +141,7 @@ class AsyncEngine:
         self._closed = False  # the thread has exited (set on the loop)
         self._shut = False
         self.error: BaseException | None = None
+        self.dead = asyncio.Event()  # set when the loop stopped on an error
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -183,36 +200,59 @@ class AsyncEngine:
     ) -> RequestHandle:
         """Hand a request to the engine; returns once the engine holds it.
 
-        Raises `ValueError` (the engine refused the request: bad prompt, too long, ...),
-        `ServerOverloaded` (max_queued_requests wait already, or shutting down) or `EngineDead`.
-        Outputs (`RequestOutput`, or an exception if the engine dies) go to `queue`: several
-        requests may share one, their outputs told apart by request_id."""
+        Raises `ValueError`/`TypeError` (the engine refused the request: bad prompt, too
+        long, ...), `ServerOverloaded` (max_queued_requests wait already, or shutting down) or
+        `EngineDead`. Outputs (`RequestOutput`, or an exception if the engine dies or a step
+        it ran in fails) go to `queue`: several requests may share one, their outputs told
+        apart by request_id."""
+        (handle,) = await self.add_requests(
+            [(request_id, prompt, params)], queue=queue, arrival=arrival
+        )
+        return handle
+
+    async def add_requests(
+        self,
+        items: list[tuple[str, str | list[int], SamplingParams]],
+        *,
+        queue: asyncio.Queue | None = None,
+        arrival: float | None = None,
+    ) -> list[RequestHandle]:
+        """`add_request` for several (request_id, prompt, params) at once: the engine takes
+        all of them or none (the first refusal is raised), and they count one each against
+        max_queued_requests, as separate requests would."""
         if self.error is not None:
             raise EngineDead(f"the engine loop has stopped: {self.error!r}")
         if not self._accepting:  # shutting down (or not started)
             raise ServerOverloaded("the server is shutting down and accepts no new requests")
-        if request_id in self._live:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+        if len(items) > self.max_queued_requests:
+            raise ValueError(
+                f"n: {len(items)} choices in one request, more than max_queued_requests "
+                f"({self.max_queued_requests}) could ever admit"
+            )
+        ids = [rid for rid, _, _ in items]
+        if len(set(ids)) != len(ids) or any(rid in self._live for rid in ids):
+            raise ValueError(f"request_id: already in use among {ids[:3]}")
         loop = asyncio.get_running_loop()
-        handle = RequestHandle(
-            request_id,
-            queue if queue is not None else asyncio.Queue(),
-            RequestTiming(arrival if arrival is not None else time.monotonic()),
-        )
-        self._live[request_id] = handle
+        queue = queue if queue is not None else asyncio.Queue()
+        t0 = arrival if arrival is not None else time.monotonic()
+        handles = [RequestHandle(rid, queue, RequestTiming(t0)) for rid in ids]
+        for h in handles:
+            self._live[h.request_id] = h
         self._idle.clear()
         ack = loop.create_future()
-        self._commands.put(_Add(request_id, prompt, params, ack))
+        self._commands.put(_Add(list(items), ack))
         try:
             await ack
         except asyncio.CancelledError:
-            self.abort(request_id)  # it may have reached the engine meanwhile
-            self._forget(request_id)
+            for rid in ids:
+                self.abort(rid)  # they may have reached the engine meanwhile
+                self._forget(rid)
             raise
         except BaseException:
-            self._forget(request_id)
+            for rid in ids:
+                self._forget(rid)
             raise
-        return handle
+        return handles
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks; its stream ends with finish_reason 'abort'."""
@@ -290,6 +330,8 @@ class AsyncEngine:
     def _on_thread_exit(self) -> None:
         self._closed = True
         self._accepting = False
+        if self.error is not None:
+            self.dead.set()
         err = self.error or EngineDead("the engine loop has stopped")
         while True:  # commands nobody will read: refuse the adds
             try:
@@ -352,19 +394,45 @@ class AsyncEngine:
                     engine.abort(cmd.request_id)
                     batch.append((cmd.request_id, _aborted(cmd.request_id)))
             if engine.has_unfinished():
-                for out in engine.step():
-                    if out.finished:
-                        state.known.discard(out.request_id)
-                    batch.append((out.request_id, out))
+                try:
+                    outs = engine.step()
+                except Exception as e:  # noqa: BLE001 - fails the step's requests, not the loop
+                    self._step_failed(engine, state, e, batch)
+                else:
+                    state.failures = 0
+                    for out in outs:
+                        if out.finished:
+                            state.known.discard(out.request_id)
+                        batch.append((out.request_id, out))
             if batch:
                 self._call(self._deliver, batch)
             self._update_metrics(engine)
+
+    def _step_failed(self, engine: LLMEngine, state: _ThreadState, error: Exception, batch) -> None:
+        """A step raised: abort the requests it ran (all of them if the last step failed too),
+        check the blocks, and give up after MAX_STEP_FAILURES in a row."""
+        state.failures += 1
+        log.exception("an engine step failed (%d in a row)", state.failures)
+        if state.failures >= MAX_STEP_FAILURES:
+            raise EngineDead(f"{state.failures} engine steps failed in a row: {error!r}")
+        running = getattr(engine.scheduler, "running", None)
+        victims = [s.request_id for s in running] if running and state.failures == 1 else []
+        victims = victims or list(state.known)
+        err = StepFailed(f"the engine failed on a step this request was part of: {error!r}")
+        for rid in victims:
+            engine.abort(rid)
+            state.known.discard(rid)
+            batch.append((rid, err))
+        try:
+            engine.block_manager.check_no_leaks(list(engine.requests.values()))
+        except AssertionError as e:
+            raise EngineDead(f"the KV cache is inconsistent after a failed step: {e}") from error
 
     def _add(self, engine: LLMEngine, state: _ThreadState, cmd: _Add) -> None:
         if cmd.ack.cancelled():  # the caller is gone already
             return
         waiting = engine.stats()["waiting"]
-        if waiting >= self.max_queued_requests:
+        if waiting + len(cmd.items) > self.max_queued_requests:
             if self.metrics is not None:
                 self.metrics.rejected.inc()
             err = ServerOverloaded(
@@ -373,17 +441,25 @@ class AsyncEngine:
             )
             self._call(_resolve, cmd.ack, err)
             return
-        try:
-            engine.add_request(cmd.request_id, cmd.prompt, cmd.params)
-        except ValueError as e:
-            self._call(_resolve, cmd.ack, e)
-            return
-        state.known.add(cmd.request_id)
+        added = []
+        for rid, prompt, params in cmd.items:
+            try:
+                engine.add_request(rid, prompt, params)
+            except Exception as e:  # noqa: BLE001 - refuses this call's requests alone
+                for r in added:
+                    engine.abort(r)
+                self._call(_resolve, cmd.ack, e)
+                return
+            added.append(rid)
+        state.known.update(added)
         self._call(_resolve, cmd.ack, None)
 
     def _update_metrics(self, engine: LLMEngine) -> None:
         if self.metrics is not None:
-            self.metrics.update_engine(engine.stats())
+            try:
+                self.metrics.update_engine(engine.stats())
+            except Exception:  # noqa: BLE001 - metrics never stop the engine
+                log.exception("updating the engine metrics failed")
 
 
 def _aborted(request_id: str) -> RequestOutput:

@@ -75,8 +75,15 @@ class ChatFormatter:
         except TemplateError as e:
             raise ChatTemplateError(f"the chat template refused the messages: {e}") from None
 
-    def encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict], max_chars: int | None = None) -> list[int]:
+        """The rendered prompt's token ids; a ChatTemplateError when the rendered text has more
+        than max_chars characters (checked before tokenizing it)."""
         text = self.render(messages)
+        if max_chars is not None and len(text) > max_chars:
+            raise ChatTemplateError(
+                f"the rendered prompt has {len(text)} characters, more than the {max_chars} "
+                "this server tokenizes"
+            )
         return self.tokenizer.encode(text, add_special_tokens=self.template is None)
 
 

@@ -8,19 +8,25 @@ engine does not implement are refused when set to anything but their neutral val
 Logprobs: the engine returns the log-probability of each chosen token only. Completions'
 `logprobs: k` and chat's `top_logprobs: k` are accepted, and `top_logprobs` then lists the chosen
 token alone.
+
+Work per request is bounded before any is done: the body's JSON (`json_body.parse_json`), the
+characters of
+prompt text (`Limits.max_prompt_chars`, checked before tokenizing), the choices (n times the
+prompts, `Limits.max_choices`), stop strings and logprobs (`SamplingParams`' bounds). The whole
+of it runs off the event loop (`api.py` hands it to a thread), so a large prompt never stalls
+other clients.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from ..config import SamplingParams
+from ..config import MAX_INT32, SamplingParams
 from ..model.tokenizer import Tokenizer
 from .chat import ChatFormatter, ChatTemplateError
 
-MAX_CHOICES = 128  # n times the number of prompts
 MAX_LOGPROBS = 20
 # fields the engine does not implement, with the values that mean "off"
 _UNSUPPORTED = {
@@ -47,14 +53,36 @@ class APIError(Exception):
         param: str | None = None,
         status: int = 400,
         type: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message, self.param, self.status, self.type = message, param, status, type
+        self.code = code
 
     def body(self) -> dict:
         return {
-            "error": {"message": self.message, "type": self.type, "param": self.param, "code": None}
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
         }
+
+
+@dataclass
+class Limits:
+    """Per-request bounds of the server (`serve`'s flags of the same names)."""
+
+    max_choices: int = 16
+    """n times the number of prompts of one request."""
+    max_prompt_chars: int | None = None
+    """Characters of prompt text per prompt (a chat's messages together), checked before
+    tokenizing; None: 32 per token of the model's context (a text that long is very unlikely to
+    fit: English runs about 4 characters a token)."""
+
+    def prompt_chars(self, max_model_len: int) -> int:
+        return self.max_prompt_chars or 32 * max_model_len
 
 
 @dataclass
@@ -66,6 +94,7 @@ class ModelInfo:
     vocab_size: int
     tokenizer: Tokenizer | None
     chat: ChatFormatter | None
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -132,7 +161,7 @@ def _get_stop(body: dict) -> list[str]:
     stops = [x] if isinstance(x, str) else x
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise APIError("stop must be a non-empty string or a list of non-empty strings", "stop")
-    return stops
+    return stops  # their number and lengths: SamplingParams' bounds
 
 
 def _is_token_list(x) -> bool:
@@ -142,6 +171,16 @@ def _is_token_list(x) -> bool:
 # --- the two routes' bodies -----------------------------------------------------------------
 
 
+def _check_chars(info: ModelInfo, n_chars: int, field: str) -> None:
+    limit = info.limits.prompt_chars(info.max_model_len)
+    if n_chars > limit:
+        raise APIError(
+            f"{field}: {n_chars} characters of text, more than the {limit} this server "
+            f"tokenizes for a context of {info.max_model_len} tokens",
+            field,
+        )
+
+
 def _encode_text(info: ModelInfo, text: str, field: str) -> list[int]:
     if info.tokenizer is None:
         raise APIError(
@@ -149,11 +188,19 @@ def _encode_text(info: ModelInfo, text: str, field: str) -> list[int]:
             "(send token ids)",
             field,
         )
+    _check_chars(info, len(text), field)
     return info.tokenizer.encode(text)
 
 
-def _completion_prompts(info: ModelInfo, body: dict) -> list[list[int]]:
+def _completion_prompts(info: ModelInfo, body: dict, n: int) -> list[list[int]]:
     p = body.get("prompt")
+    count = len(p) if isinstance(p, list) and p and not _is_int(p[0]) else 1
+    if n * count > info.limits.max_choices:
+        raise APIError(
+            f"n times the number of prompts must be <= {info.limits.max_choices}, got "
+            f"{n} x {count}",
+            "n",
+        )
     if isinstance(p, str):
         prompts = [_encode_text(info, p, "prompt")]
     elif _is_token_list(p):
@@ -208,8 +255,9 @@ def _chat_prompt(info: ModelInfo, body: dict) -> list[int]:
             "messages",
         )
     messages = [_message_text(m, i) for i, m in enumerate(msgs)]
+    _check_chars(info, sum(len(m["content"]) for m in messages), "messages")
     try:
-        ids = info.chat.encode(messages)
+        ids = info.chat.encode(messages, max_chars=info.limits.prompt_chars(info.max_model_len))
     except ChatTemplateError as e:
         raise APIError(str(e), "messages") from None
     if not ids:
@@ -224,19 +272,22 @@ def parse_request(info: ModelInfo, body, *, chat: bool) -> GenerationRequest:
     if model is None:
         model = info.names[0]
     elif not isinstance(model, str) or model not in info.names:
-        raise APIError(f"model {model!r} is not served here; served: {info.names}", "model")
+        raise APIError(
+            f"The model {model!r} does not exist on this server; served: {info.names}",
+            "model",
+            404,
+            code="model_not_found",
+        )
     for name, neutral in _UNSUPPORTED.items():
         if name in body and body[name] not in neutral:
             raise APIError(f"{name} is not supported by this server", name)
 
-    prompts = [_chat_prompt(info, body)] if chat else _completion_prompts(info, body)
-    prompt_field = "messages" if chat else "prompt"
-    n = _get_int(body, "n", 1, lo=1)
+    n = _get_int(body, "n", 1, lo=1, hi=info.limits.max_choices)
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise APIError("best_of is not supported by this server (give n alone)", "best_of")
-    if n * len(prompts) > MAX_CHOICES:
-        raise APIError(f"n times the number of prompts must be <= {MAX_CHOICES}", "n")
+    prompts = [_chat_prompt(info, body)] if chat else _completion_prompts(info, body, n)
+    prompt_field = "messages" if chat else "prompt"
     max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
     max_tokens = _get_int(body, "max_completion_tokens", None, lo=1)
     if max_tokens is None:
@@ -262,8 +313,8 @@ def parse_request(info: ModelInfo, body, *, chat: bool) -> GenerationRequest:
     else:
         logprobs = _get_int(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
 
-    seed = _get_int(body, "seed", None, lo=0, hi=2**63 - 1 - MAX_CHOICES)
-    top_k = _get_int(body, "top_k", 0, lo=-1)
+    seed = _get_int(body, "seed", None, lo=0, hi=2**63 - 1 - info.limits.max_choices)
+    top_k = _get_int(body, "top_k", 0, lo=-1, hi=MAX_INT32)
     stop = _get_stop(body)
     if stop and info.tokenizer is None:
         raise APIError("stop: stop strings need the model folder's tokenizer.json", "stop")
@@ -277,7 +328,7 @@ def parse_request(info: ModelInfo, body, *, chat: bool) -> GenerationRequest:
             ignore_eos=_get_bool(body, "ignore_eos", False),
             logprobs=logprobs is not None,
         )
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         m = re.search(r"SamplingParams\.(\w+)", str(e))
         raise APIError(str(e).replace("SamplingParams.", ""), m.group(1) if m else None) from None
 

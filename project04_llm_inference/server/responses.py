@@ -1,10 +1,13 @@
 """OpenAI answers from engine outputs: one JSON body, or server-sent events in the chunk format.
 
 `ChoiceState` follows one choice (one engine request): its tokens, logprobs and the text sent so
-far. Streaming text: each chunk carries the text decoded so far minus what was sent. Text that may
-still turn into a stop string (the last len(longest stop) - 1 characters) or that ends in an
-incomplete UTF-8 sequence is held back; the last chunk sends the engine's final text (cut at the
-stop string) minus what was sent. Chunks follow OpenAI's format: `data: {json}\n\n`, a chat
+far. The text is decoded incrementally, a few tokens at a time (`IncrementalText`), so a long
+output costs O(tokens), not a decode of everything per chunk; each token's text offset comes
+with it. Streaming text: each chunk carries the text decoded so far minus what was sent. Text
+that may still turn into a stop string (the last len(longest stop) - 1 characters) or that ends
+in an incomplete UTF-8 sequence is held back; the last chunk sends the engine's final text (cut
+at the stop string) minus what was sent. A stream write that the client does not take within
+`write_timeout_s` ends the response. Chunks follow OpenAI's format: `data: {json}\n\n`, a chat
 stream opens with a role-only delta per choice, `stream_options.include_usage` adds a last chunk
 with empty `choices` and the usage (every other chunk then carries `"usage": null`), and
 `data: [DONE]\n\n` closes the stream.
@@ -26,6 +29,33 @@ from .protocol import APIError, Choice, GenerationRequest
 log = logging.getLogger(__name__)
 
 
+class IncrementalText:
+    """The text of a growing token list, decoded a few tokens at a time.
+
+    Decoding a window that starts a few tokens back (`prefix`..end) and dropping the text of
+    its first part (`prefix`..`read`) gives the new tokens' text with the spacing and merged
+    bytes a full decode would give them; text ending in U+FFFD (an incomplete UTF-8
+    sequence) waits for the next token. The windows stay short, so each token costs O(1)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok = tok
+        self.ids: list[int] = []
+        self.text = ""
+        self.offsets: list[int] = []  # per token: len(text) before it
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token: int) -> None:
+        self.offsets.append(len(self.text))
+        self.ids.append(token)
+        ids = self.ids
+        before = self.tok.decode(ids[self._prefix : self._read]) if self._read else ""
+        window = self.tok.decode(ids[self._prefix :])
+        if len(window) > len(before) and not window.endswith("\ufffd"):
+            self.text += window[len(before) :]
+            self._prefix, self._read = self._read, len(ids)
+
+
 class ChoiceState:
     """One choice's tokens, logprobs and the text sent so far."""
 
@@ -36,6 +66,7 @@ class ChoiceState:
         self.hold = max((len(s) for s in choice.params.stop), default=1) - 1
         self.ids: list[int] = []
         self.logprobs: list[float] = []
+        self.text = IncrementalText(tokenizer) if tokenizer is not None else None
         self.sent = ""
         self.finish_reason: str | None = None
 
@@ -45,19 +76,18 @@ class ChoiceState:
         self.ids.extend(new)
         if out.logprobs and new:
             self.logprobs.extend(out.logprobs[-len(new) :])
-        if self.tok is None:
+        if self.text is None:
             if out.finished:
                 self.finish_reason = out.finish_reason
             return ""
+        for t in new:
+            self.text.push(t)
         if out.finished:
             self.finish_reason = out.finish_reason
-            final = out.text if out.finish_reason != "abort" else self.tok.decode(self.ids)
+            final = out.text if out.finish_reason != "abort" else self.text.text
         elif streaming:
-            final = self.tok.decode(self.ids)
-            end = len(final)
-            while end and final[end - 1] == "\ufffd":  # an incomplete UTF-8 sequence
-                end -= 1
-            final = final[: min(end, len(final) - self.hold)]
+            final = self.text.text
+            final = final[: len(final) - self.hold]
         else:
             return ""
         if len(final) <= len(self.sent) or not final.startswith(self.sent):
@@ -72,9 +102,10 @@ class ChoiceState:
     def completion_logprobs(self, start: int, top: int) -> dict:
         ids, lps = self.ids[start:], self.logprobs[start:]
         toks = [self.token_str(t) for t in ids]
-        offsets = []
-        for i in range(start, start + len(ids)):
-            offsets.append(len(self.tok.decode(self.ids[:i])) if self.tok else 0)
+        if self.text is not None:
+            offsets = self.text.offsets[start : start + len(ids)]
+        else:
+            offsets = [0] * len(ids)
         return {
             "tokens": toks,
             "token_logprobs": lps,
@@ -155,12 +186,18 @@ async def stream(
     rid: str,
     queue: asyncio.Queue,
     states: dict[str, ChoiceState],
+    *,
+    write_timeout_s: float = 30.0,
 ) -> web.StreamResponse:
     """Send the choices' outputs as server-sent events as they come."""
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await resp.prepare(request)
+
+    async def write(data: bytes) -> None:
+        await asyncio.wait_for(resp.write(data), write_timeout_s)
+
     base = {
         "id": rid,
         "object": "chat.completion.chunk" if req.chat else "text_completion",
@@ -193,7 +230,7 @@ async def stream(
 
     try:
         if req.chat:
-            await resp.write(b"".join(_sse(chunk(s, "", 0, None, True)) for s in states.values()))
+            await write(b"".join(_sse(chunk(s, "", 0, None, True)) for s in states.values()))
         pending = len(states)
         while pending:
             items = [await queue.get()]
@@ -203,7 +240,7 @@ async def stream(
             for item in items:
                 if isinstance(item, BaseException):
                     err = APIError(f"the engine failed: {item}", None, 500, "server_error")
-                    await resp.write(_sse(err.body()))
+                    await write(_sse(err.body()))
                     return resp
                 s = states[item.request_id]
                 start = len(s.ids)
@@ -219,12 +256,16 @@ async def stream(
                 ):
                     out.append(_sse(chunk(s, delta, start, finish)))
             if out:
-                await resp.write(b"".join(out))
+                await write(b"".join(out))
         if req.include_usage:
             usage = _usage(req, list(states.values()))
-            await resp.write(_sse({**base, "choices": [], "usage": usage}))
-        await resp.write(b"data: [DONE]\n\n")
+            await write(_sse({**base, "choices": [], "usage": usage}))
+        await write(b"data: [DONE]\n\n")
         await resp.write_eof()
     except ConnectionResetError:  # the client went away: the caller aborts what is left
         log.debug("%s: client disconnected", rid)
+    except asyncio.TimeoutError:  # the client stopped reading: end it, the caller aborts
+        log.info("%s: the client took no data for %.1f s; closing", rid, write_timeout_s)
+        if request.transport is not None:
+            request.transport.close()
     return resp

@@ -161,6 +161,24 @@ def test_hash_collision_is_no_hit(monkeypatch):
     assert bm.find_cached_prefix(_seq([1, 2, 3, 4, 5])) == a.block_ids[:1]
 
 
+def test_block_key_is_a_digest_of_the_parent_key_and_the_tokens():
+    # A child's key must change whenever its parent's does: with Python's hash of (parent, ids),
+    # parents p and p + (2**61 - 1) (equal modulo the int hash's prime) gave the same child key,
+    # and the exact-token check sees only the block's own tokens, so two different prefixes
+    # could share later blocks. BLAKE2b over the parent's digest and the ids closes that.
+    import hashlib
+    import struct
+
+    bm = BlockManager(16, BS)
+    first = bm._hash(None, (1, 2, 3, 4))
+    want = hashlib.blake2b(b"\0" * 16 + struct.pack("<4q", 1, 2, 3, 4), digest_size=16)
+    assert first == want.digest()
+    other = bm._hash(None, (9, 2, 3, 4))
+    assert bm._hash(first, (5, 6, 7, 8)) != bm._hash(other, (5, 6, 7, 8))
+    p = 12345
+    assert hash((p, (5, 6, 7, 8))) == hash((p + 2**61 - 1, (5, 6, 7, 8)))  # the old weakness
+
+
 def test_prefix_caching_off_caches_nothing():
     bm = BlockManager(16, BS, enable_prefix_caching=False)
     a = _seq(range(1, 10), "a")

@@ -116,6 +116,24 @@ def test_filters_never_pick_a_filtered_token(kw, allowed):
     assert set(tokens.tolist()) == allowed  # each allowed token drawn (p >= 0.15 of 4000)
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(top_k=2**31 - 1),  # past the vocabulary: keeps all
+        dict(top_p=1e-46),  # 0 in float32: every token's mass before it is >= 0
+        dict(min_p=1.0, top_p=1e-30),
+        dict(temperature=1e-39),  # greedy (SamplingParams), never logits / 0
+    ],
+)
+def test_extreme_filters_keep_the_top_token(kw):
+    logits = PROBS.log()
+    tokens = _draw(logits, 64, **kw)
+    if kw.get("top_k"):
+        assert set(tokens.tolist()) <= {0, 1, 2, 3} and len(set(tokens.tolist())) > 1
+    else:
+        assert tokens.tolist() == [1] * 64  # only the most likely token survives
+
+
 def test_filters_apply_to_the_tempered_distribution():
     # temperature 2 flattens PROBS to ~ [0.12, 0.38, 0.21, 0.29]: min-p 0.5 (threshold 0.19)
     # now keeps token 2, which it drops at temperature 1 (see above)

@@ -420,7 +420,6 @@ def test_overload_answers_503(servers):
 @pytest.mark.parametrize(
     "route, body, param",
     [
-        ("completions", {"model": "gpt-4", "prompt": "bab"}, "model"),
         ("completions", {"prompt": "bab", "max_tokens": -1}, "max_tokens"),
         ("completions", {"prompt": " ".join(WORDS[3:] * 3)}, "prompt"),
         ("completions", {"prompt": "bab", "max_tokens": 600}, "max_tokens"),
@@ -446,6 +445,12 @@ def test_bad_requests_answer_400_naming_the_field(main, route, body, param):
     assert status == 400, answer
     err = answer["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["message"]
+
+
+def test_unknown_model_answers_404(main):
+    status, answer = _post(f"{main.url}/v1/completions", {"model": "gpt-4", "prompt": "bab"})
+    assert status == 404, answer
+    assert answer["error"]["param"] == "model" and answer["error"]["code"] == "model_not_found"
 
 
 def test_malformed_json_unknown_route_and_client_error(main, client):

@@ -1,0 +1,57 @@
+"""`python -m project04_llm_inference` answers bad command lines in one line, never a traceback,
+and never names tyro's internals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from project04_llm_inference.__main__ import main
+
+
+def _run(argv, capsys) -> tuple[int, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+DUMMY = ["--engine.load-format", "dummy", "--engine.dummy-shape", "tiny"]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["serve", *DUMMY, "--engine.block-size", "3"], "block_size"),
+        (["serve", *DUMMY, "--engine.dtype", "int8"], "int8"),
+        (["generate", *DUMMY, "--engine.cpu-kv-cache-gib", "1e9", "--prompt-ids", "1"], "memory"),
+        (["generate", *DUMMY, "--sampling.top-k", "-3", "--prompt-ids", "1"], "top_k"),
+        (["generate", *DUMMY, "--sampling.temperature", "nan", "--prompt-ids", "1"], "temperature"),
+        (["serve", *DUMMY, "--max-choices", "0"], "max_choices"),
+        (["serve", *DUMMY, "--read-timeout-s", "inf"], "read_timeout_s"),
+        (["serve", *DUMMY, "--port", "99999"], "port"),
+    ],
+)
+def test_bad_arguments_are_one_line(argv, words, capsys):
+    rc, err = _run(argv, capsys)
+    assert rc == 2, err
+    assert err.startswith("error:") and len(err.splitlines()) == 1, err
+    assert words in err and "__tyro" not in err and "Traceback" not in err, err
+
+
+def test_spec_train_into_a_file_is_one_line(tmp_path, capsys):
+    f = tmp_path / "a-file"
+    f.write_text("")
+    rc, err = _run(["spec-train", "--models-dir", str(f)], capsys)
+    assert rc == 2 and "models_dir" in err and "not a folder" in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without GPU")
+@pytest.mark.parametrize("command", ["decode-kernel", "gemv-kernel", "prefill-kernel"])
+def test_kernel_benchmarks_without_a_gpu_are_one_line(command, tmp_path, capsys):
+    rc, err = _run([command, "--reports-dir", str(tmp_path)], capsys)
+    assert rc == 1 and err.startswith(f"error: {command}: needs a CUDA GPU"), err
+    assert len(err.splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # no record
