@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from project04_llm_inference import PROJECT
+from shared.hardware import get_gpu
 from shared.repeat import DEFAULT_REPEATS, flat, interleave
 
 # (name, weight rows, K, fold): fold = "norm" (RMSNorm with the residual add in front),
@@ -319,7 +320,7 @@ def _run(cfg: GemvBenchConfig) -> dict:
     results = {
         "rows": rows,
         "chain": chain,
-        "copy_ceiling_gbps": 4294,
+        "copy_ceiling_gbps": get_gpu("h200-sxm").copy_bandwidth_gbs.value,
         "repeats": cfg.repeats,
         "mma_max_tokens": gemv.MMA_MAX_TOKENS if mma_on else 0,
     }
