@@ -488,7 +488,8 @@ def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> 
         or "_Not run yet._",
     }
     for marker, content in sections.items():
-        text = replace_between_markers(text, marker, fix_links(content))
+        if f"<!-- {marker} -->" in text:  # a README shows the blocks it has markers for
+            text = replace_between_markers(text, marker, fix_links(content))
     atomic_write_text(readme, text)
     return readme
 

@@ -84,10 +84,12 @@ CLAIMS = [
         "checkpoint_bench.json",
         _resume,
         "s after launch",
+        30.0,
+        higher_is_better=False,
         fmt=".1f",
     ),
     Claim(
-        "resharding 2 -> 1 -> 2 GPUs: first loss after the change",
+        "resharding 2 -> 1 and 1 -> 2 GPUs: first loss after",
         "reshard.json",
         _reshard_worst,
         "relative difference",
