@@ -142,12 +142,14 @@ def _apple_track(reports: Path, readme: Path | None) -> list[Path]:
         written.append(folder / "summary.md")
     if readme is not None:
         rel = os.path.relpath(folder.resolve(), readme.resolve().parent).replace(os.sep, "/")
-        text = report.render_readme(main, rel + "/", others)
+        text = report.render_readme(main, rel + "/", others, folder)
         old = readme.read_text()
         if FORK_SECTION_MARKER in old:  # the README is regenerated whole: keep the fork's part
             text = text.rstrip() + "\n\n" + old[old.index(FORK_SECTION_MARKER) :]
         _write(readme, text)
         written.append(readme)
+    _write(folder / "details.md", report.render_details(main, others))
+    written.append(folder / "details.md")
     return written
 
 
@@ -207,12 +209,14 @@ def publish(run: str | os.PathLike, root: Path = ROOT, log: Callable[[str], None
         written = refresh(reports, readme)
         log(f"refreshed from reports/: {', '.join(str(p.relative_to(root)) for p in written)}")
 
-    root_readme = root / "README.md"
-    if root_readme.is_file() and root_readme not in readmes.values():
-        from scripts.refresh_readme import refresh
+    from scripts.refresh_readme import refresh as refresh_tables
 
-        filled = refresh(root_readme, reports)
-        log(f"refreshed README.md results blocks: {', '.join(filled) or 'none'}")
+    # every README's results table (the project's own and the repository's), from the records
+    for readme in dict.fromkeys([*readmes.values(), root / "README.md"]):
+        if readme is not None and readme.is_file():
+            filled = refresh_tables(readme, reports)
+            rel = readme.relative_to(root)
+            log(f"refreshed {rel} results tables: {', '.join(filled) or 'none'}")
     log(f"published {run}: review with `git diff -- reports '*.md'`, then commit")
     return copied
 

@@ -28,8 +28,8 @@ def claims_of(project: str, root: Path = ROOT) -> list | None:
     """The project's headline claims, or None where it has no `headlines` module."""
     if not (root / project / "headlines.py").is_file():
         return None
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    if str(root) not in sys.path:  # last: a package already importable keeps its place
+        sys.path.append(str(root))
     return list(importlib.import_module(f"{project}.headlines").CLAIMS)
 
 
@@ -53,15 +53,22 @@ def render_block(project: str, readme: Path, reports: Path, *, root_only: bool =
     return front_page.render(claims, folder, prefix, note=not root_only)
 
 
-def refresh(readme: Path, reports: Path) -> list[str]:
-    """Rewrite `readme` in place; return the names of the blocks filled from records."""
-    text = readme.read_text()
+def refreshed(readme: Path, reports: Path, text: str | None = None) -> tuple[str, list[str]]:
+    """The text of `readme` (or `text`, as if it lay at `readme`) with every results block
+    regenerated, and the names of the blocks filled from records. Writes nothing."""
+    text = readme.read_text() if text is None else text
     filled = []
     for marker, name, root_only in dict.fromkeys(_MARKER.findall(text)):
         content = render_block(name, readme, reports, root_only=bool(root_only))
         if not content.startswith("_No results recorded yet"):
             filled.append(name)
         text = replace_between_markers(text, marker, content)
+    return text, filled
+
+
+def refresh(readme: Path, reports: Path) -> list[str]:
+    """Rewrite `readme` in place; return the names of the blocks filled from records."""
+    text, filled = refreshed(readme, reports)
     atomic_write_text(readme, text)
     return filled
 
