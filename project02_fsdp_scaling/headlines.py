@@ -11,7 +11,7 @@ from shared.front_page import Claim
 
 SCALING = "scaling_gpu.json"
 LEVERS = "sweep_gpu_levers.json"
-PRECISION = "precision_gpu_ab_unfused.json"  # 3 interleaved runs, the latest on an H200
+PRECISION = "precision_gpu_ab_unfused.json"  # 3 interleaved runs each, the latest of its GPU
 PRECISION_H100 = "precision_gpu_h100.json"
 
 
@@ -83,7 +83,7 @@ CLAIMS = [
         root=True,
     ),
     Claim(
-        "same, on an H100 (3 interleaved runs)",
+        "same job on a second GPU model (3 interleaved runs)",
         PRECISION_H100,
         _precision("fp8-tensorwise", "speedup_vs_bf16"),
         "x bf16 tokens/s",
@@ -91,7 +91,7 @@ CLAIMS = [
         fmt=".3f",
     ),
     Claim(
-        "bf16 MFU on an H100 (3 interleaved runs)",
+        "bf16 MFU on that second GPU model",
         PRECISION_H100,
         _precision("bf16", "mfu", 100),
         "% of dense bf16 peak",

@@ -108,7 +108,8 @@ class ScalingConfig:
     """runs of each world size's job, each a fresh torchrun job, world sizes interleaved (order
     reversed on alternate repetitions); figures are the medians with their min-max. 0: the
     tier's default, 5 on GPUs, 1 on CPU. The one-GPU sweep and the profiled steps run once (the
-    profile in the first repetition). A 1b job takes about a minute on an H200"""
+    profile in the first repetition); each repetition relaunches every job, so the time grows
+    with it"""
     readme: bool = True
     """regenerate project02_fsdp_scaling/README.md when writing to the repository's reports/"""
     train: Train = field(default_factory=lambda: replace(SCALING_TRAIN))

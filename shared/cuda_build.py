@@ -67,7 +67,7 @@ def default_build_root() -> Path:
 
 
 def target_arch_list() -> str:
-    """The value given to TORCH_CUDA_ARCH_LIST for this build, e.g. '9.0a' on an H100/H200."""
+    """The value given to TORCH_CUDA_ARCH_LIST for this build, e.g. '9.0a' on Hopper."""
     override = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if override:
         return override

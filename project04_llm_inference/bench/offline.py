@@ -90,8 +90,8 @@ class ThroughputConfig(BenchConfig):
     static_batch: int = 256
     """static CUDA-graph baseline batch size"""
     transformers_requests: int = 64
-    """requests run through transformers generate (~90 ms per step at any batch: all 2,000 would
-    take most of an hour); 0 skips it"""
+    """requests run through transformers generate (far slower than the engine: the whole
+    workload would take most of an hour); 0 skips it"""
     transformers_batch: int = 64
     """transformers generate batch size"""
     vllm: bool = True
@@ -110,8 +110,8 @@ class ThroughputConfig(BenchConfig):
     repeats: int = 1
     """runs of the workload per engine configuration, median and min-max recorded; runs after
     the first draw fresh token ids of the same lengths, so that no prefix of an earlier run is
-    cached. One run of 2,000 requests takes about a minute on an H200: the default is one run,
-    and the record says how many there were. Baselines run once."""
+    cached. The default is one run, and the record says how many there were. Baselines run
+    once."""
 
     def __post_init__(self) -> None:
         _check_repeats("ThroughputConfig.repeats", self.repeats)
