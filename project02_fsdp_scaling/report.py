@@ -546,7 +546,9 @@ def summary_markdown(out_dir: Path) -> str:
             parts += [markdown_table(cost_rows, floatfmt=".4f"), ""]
     if not parts:
         return "_No measurements yet: run `make project02`._\n"
-    parts.append("Details: [project02_fsdp_scaling/README.md](project02_fsdp_scaling/README.md).")
+    parts.append(
+        "Details: the Markdown beside each record in this folder, e.g. [scaling_gpu.md](scaling_gpu.md)."
+    )
     return "\n".join(parts) + "\n"
 
 

@@ -108,11 +108,13 @@ def _project01(reports: Path, readme: Path | None) -> list[Path]:
     report = _report("project01_cuda_kernel.report")
     summary = reports / report.PROJECT / "summary.md"
     _write(summary, report.render_summary(reports))
+    details = reports / report.PROJECT / "details.md"
+    _write(details, report.render_details(reports))
     if readme is None:
-        return [summary]
+        return [summary, details]
     sections = report.render_all(reports, report.image_prefix_for(readme, reports))
     _write(readme, report.update_readme(readme, sections))
-    return [summary, readme]
+    return [summary, details, readme]
 
 
 def _project02(reports: Path, readme: Path | None) -> list[Path]:

@@ -636,13 +636,12 @@ def render(reports_dir: str | Path) -> list[Path]:
 def _summary(recs: dict, tg: list[dict], folder: Path) -> str:
     """The README block: the targets, met or missed, and where the details are."""
     env = next(iter(recs.values()))["environment"]
-    rel = f"reports/{PROJECT}"
     return (
         f"**Inference engine, Llama-3.2-1B shape, dummy weights, bf16** ({environment_line(env)}):\n\n"
         + _ranges_note(tg)
         + _table(_target_rows(tg), ["target", "measured", "unit", "status"])
         + "\n\n"
-        + f"Details, baselines and charts: [{rel}/results.md]({rel}/results.md).\n"
+        + "Details, baselines and charts: [results.md](results.md).\n"
     )
 
 
