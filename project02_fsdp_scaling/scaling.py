@@ -59,7 +59,7 @@ DEFAULT_COST_CONFIGS = "h200-sxm:1,h200-sxm:4,h100-sxm:8"
 
 def assumed_efficiency(n: int) -> float:
     """Scaling efficiency assumed for a projection to n GPUs where none was measured: the
-    issue's targets (95% up to 4 GPUs, 90% up to 8), not a measurement."""
+    project's targets (95% up to 4 GPUs, 90% up to 8), not a measurement."""
     if n <= 1:
         return 1.0
     if n <= 4:

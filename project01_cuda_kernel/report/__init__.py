@@ -4,7 +4,7 @@ The README's generated blocks sit between `<!-- name -->` and `<!-- /name -->` m
 
 - gemm:ladder    the ladder at 4096^3 and 8192^3: TFLOP/s, % of cuBLAS, GB/s, roofline, error
 - gemm:shapes    best float32 and bfloat16 kernel against cuBLAS on every benchmarked shape
-- gemm:targets   the issue's targets, met or not, with the measured numbers
+- gemm:targets   the project's targets, met or not, with the measured numbers
 - gemm:compile   registers / shared memory / spills of each GEMM kernel (compile.json)
 - gemm:profile   Nsight Compute occupancy and throughput (profile_gemm.json)
 - attention      the FlashAttention section (report.attention.render_markdown)

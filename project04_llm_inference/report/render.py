@@ -126,7 +126,7 @@ def _best_ms(r: dict | None) -> tuple[float | None, str]:
 
 
 def targets(recs: dict[str, dict]) -> list[dict]:
-    """The issue's targets, each with its measured value and met / missed / not measured. The
+    """The project's targets, each with its measured value and met / missed / not measured. The
     decode targets take the engine's faster configuration (named in the unit column)."""
     out = []
     for ctx in (1024, 8192):
