@@ -156,7 +156,8 @@ def _apple_track(reports: Path, readme: Path | None) -> list[Path]:
 
 
 # project -> refresh(reports root, its README or None) -> files written. project04 renders its
-# tables in the run itself (`report`), which publishing copies; it has no README block yet.
+# tables in the run itself (`report`), which publishing copies; every README's results table is
+# refreshed afterwards from the headline claims (scripts/refresh_readme.py).
 REFRESHERS: dict[str, Callable[[Path, Path | None], list[Path]]] = {
     "project01_cuda_kernel": _project01,
     "project02_fsdp_scaling": _project02,
