@@ -202,20 +202,19 @@ def publish(run: str | os.PathLike, root: Path = ROOT, log: Callable[[str], None
         names = ", ".join(str(f.relative_to(run_dir / project)) for f in files)
         log(f"copied {len(files)} file(s) into {dest.relative_to(root)}/: {names}")
 
-    readmes = {}
     for project in contents:
         refresh = REFRESHERS.get(project)
         if refresh is None:
             continue
         readme = project_readme(root, project)
-        readmes[project] = readme
         written = refresh(reports, readme)
         log(f"refreshed from reports/: {', '.join(str(p.relative_to(root)) for p in written)}")
 
     from scripts.refresh_readme import refresh as refresh_tables
 
     # every README's results table (the project's own and the repository's), from the records
-    for readme in dict.fromkeys([*readmes.values(), root / "README.md"]):
+    own = [project_readme(root, project) for project in contents]
+    for readme in dict.fromkeys([*own, root / "README.md"]):
         if readme is not None and readme.is_file():
             filled = refresh_tables(readme, reports)
             rel = readme.relative_to(root)
