@@ -3,9 +3,10 @@
 Every `<!-- results:NAME -->` ... `<!-- /results:NAME -->` block is replaced by the table of
 project NAME's headline claims (`NAME/headlines.py`, rendered by `shared.front_page` from the
 records in `reports/NAME/`); `<!-- results:NAME:root -->` takes only the claims marked for the
-repository README. A project without a headlines module gets its `reports/NAME/summary.md`, or a
-line saying how to produce it. With no arguments, the repository README and every project's own
-README are refreshed (in a fork, its one README). Run it after `make publish` and commit both.
+repository README, and `<!-- results:all:root -->` those of every project in one table. A
+project without a headlines module gets its `reports/NAME/summary.md`, or a line saying how to
+produce it. With no arguments, the repository README and every project's own README are
+refreshed (in a fork, its one README). Run it after `make publish` and commit both.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from shared.results import atomic_write_text, replace_between_markers  # noqa: E402
 
 _MARKER = re.compile(r"<!-- (results:([A-Za-z0-9_]+)(:root)?) -->")
+ALL = "all"  # `<!-- results:all:root -->`: one table of every project's repository-README claims
 
 
 def claims_of(project: str, root: Path = ROOT) -> list | None:
@@ -33,11 +35,26 @@ def claims_of(project: str, root: Path = ROOT) -> list | None:
     return list(importlib.import_module(f"{project}.headlines").CLAIMS)
 
 
+def projects_with_claims(root: Path) -> list[str]:
+    """The projects with a headlines module: the numbered ones first, in order."""
+    names = [p.parent.name for p in root.glob("*/headlines.py")]
+    return sorted(names, key=lambda n: (not n.startswith("project"), n))
+
+
 def render_block(project: str, readme: Path, reports: Path, *, root_only: bool = False) -> str:
-    """The Markdown of one results block of `readme`, from the records in `reports/project/`."""
+    """The Markdown of one results block of `readme`, from the records in `reports/project/`
+    (project "all": every project's claims for the repository README in one table)."""
     from shared import front_page
 
-    claims = claims_of(project, reports.resolve().parent)
+    root = reports.resolve().parent
+    if project == ALL:
+        groups = []
+        for name in projects_with_claims(root):
+            claims = [c for c in claims_of(name, root) if c.root or not root_only]
+            folder = reports / name
+            groups.append((name, claims, folder, front_page.link_prefix(readme, folder)))
+        return front_page.render_projects(groups)
+    claims = claims_of(project, root)
     folder = reports / project
     if claims is None:
         summary = folder / "summary.md"

@@ -130,6 +130,20 @@ def render(claims: Sequence[Claim], folder: Path, link_prefix: str, *, note: boo
     return table + ("\n\n" + NOTE if note else "")
 
 
+def render_projects(groups: Sequence[tuple[str, Sequence[Claim], Path, str]]) -> str:
+    """One table over several projects (the repository README): `groups` holds, per project,
+    its name, its claims, its records' folder and that folder as seen from the page; each row
+    starts with the project's name."""
+    from shared.results import markdown_table
+
+    table = [
+        {"project": name, **row}
+        for name, claims, folder, prefix in groups
+        for row in rows(claims, folder, prefix)
+    ]
+    return markdown_table(table)
+
+
 def link_prefix(page: Path, folder: Path) -> str:
     """The records' folder relative to the folder of the page that links to them."""
     rel = posixpath.relpath(folder.resolve().as_posix(), page.resolve().parent.as_posix())

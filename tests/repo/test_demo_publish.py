@@ -167,7 +167,7 @@ def test_publish_copies_a_run_and_refreshes_every_readme_block(monorepo_copy):
     from shared.results import replace_between_markers
 
     top = root / "README.md"
-    marker = "results:project02_fsdp_scaling:root"
+    marker = "results:all:root"
     top.write_text(replace_between_markers(top.read_text(), marker, "stale"))
     run = _cpu_run(root, 987654)
     lines: list[str] = []
