@@ -250,8 +250,8 @@ def launch(
     env.setdefault("PYTHONUNBUFFERED", "1")
     if not on_gpu:
         # On CPU a "device" is one process with one thread (one core). Several threads per
-        # process on a small host spin against gloo's threads and the other ranks: measured 15x
-        # slower steps for the tiny model with 2 threads on a 2-core machine.
+        # process on a small host spin against gloo's threads and the other ranks, and the tiny
+        # model's steps slow down many times over.
         env["OMP_NUM_THREADS"] = "1"
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
