@@ -489,7 +489,7 @@ RERUNS: dict[str, Rerun] = {
             "project03_capstone_infra/checkpoint_bench.json",
             "sync and async checkpoints of the committed preset and batch on one GPU, as "
             "committed (interval, write threads, steady saves, stager), 3 interleaved repetitions "
-            "(a sync save holds training ~20 s on 1b), without the pre-staging and resume phases "
+            "(each holds training for a sync save), without the pre-staging and resume phases "
             "the figures do not read",
             "project03_capstone_infra",
             "bench-checkpoint",

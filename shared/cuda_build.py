@@ -113,7 +113,7 @@ def load_extension(
 
 
 # load_extension's arguments -> the loaded module: resolving paths and checking the sources
-# cost ~0.2 ms, which every eager kernel launch would otherwise pay
+# costs far more than a kernel launch, which every eager launch would otherwise pay
 _LOADED: dict[tuple, ModuleType] = {}
 
 
