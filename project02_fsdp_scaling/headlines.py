@@ -7,7 +7,7 @@ records hold the common one beside it.
 
 from __future__ import annotations
 
-from shared.front_page import Claim
+from shared.front_page import Claim, spread_of
 
 SCALING = "scaling_gpu.json"
 LEVERS = "sweep_gpu_levers.json"
@@ -30,9 +30,13 @@ def _scaling(world_size: int, key: str, scale: float = 1.0):
     return measure
 
 
+def _variant(rec: dict, name: str) -> dict | None:
+    return next((v for v in rec["results"]["variants"] if v["variant"] == name), None)
+
+
 def _lever(variant: str):
     def measure(rec: dict) -> float | None:
-        v = next((v for v in rec["results"]["variants"] if v["variant"] == variant), None)
+        v = _variant(rec, variant)
         return None if v is None or v.get("mfu") is None else v["mfu"] * 100
 
     return measure
@@ -55,6 +59,7 @@ CLAIMS = [
         "% of dense bf16 peak",
         55.0,
         fmt=".1f",
+        spread=lambda rec: spread_of(_variant(rec, "compile+cudnn+noreshard"), "mfu", 100),
         root=True,
     ),
     Claim(

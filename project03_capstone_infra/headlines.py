@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from shared.front_page import Claim
+from shared.front_page import Claim, spread_of
 
 
 def _state_differences(rec: dict) -> float | None:
@@ -70,6 +70,9 @@ CLAIMS = [
         1.0,
         higher_is_better=False,
         fmt=".2f",
+        spread=lambda rec: spread_of(
+            rec["results"]["derived"].get("steady_state"), "fraction", 100
+        ),
         root=True,
     ),
     Claim(
@@ -78,6 +81,7 @@ CLAIMS = [
         _derived("sync", "fraction", 100),
         "% of training time held",
         fmt=".1f",
+        spread=lambda rec: spread_of(rec["results"]["derived"].get("sync"), "fraction", 100),
     ),
     Claim(
         "resume after kill -9 to the first new step",

@@ -7,7 +7,7 @@ round trip; the record holds both).
 
 from __future__ import annotations
 
-from shared.front_page import Claim
+from shared.front_page import Claim, spread_of
 
 
 def _decode_ms(batch: int, context: int):
@@ -18,6 +18,21 @@ def _decode_ms(batch: int, context: int):
         return ms
 
     return measure
+
+
+def _decode_span(batch: int, context: int, per_second: bool = False):
+    """The repetitions' range of the faster configuration's step time (or its tokens/s)."""
+
+    def spread(rec: dict) -> tuple[float, float] | None:
+        from project04_llm_inference.report.render import _best, _latency_row, _span
+
+        row = _latency_row({"decode_latency": rec}, batch, context)
+        _, _, key = _best(row)
+        if not key:
+            return None
+        return _span(row, key, (lambda v: batch / v * 1e3) if per_second else (lambda v: v))
+
+    return spread
 
 
 def _decode_tok_s(batch: int, context: int):
@@ -32,6 +47,10 @@ def _decode_tok_s(batch: int, context: int):
 
 def _offline(rec: dict) -> float | None:
     return rec["results"].get("engine", {}).get("output_tok_s")
+
+
+def _offline_span(rec: dict) -> tuple[float, float] | None:
+    return spread_of(rec["results"].get("engine"), "output_tok_s")
 
 
 def _decode_kernel_share(rec: dict) -> float | None:
@@ -51,8 +70,29 @@ def _prefix_overhead(rec: dict) -> float | None:
     return rec["results"].get("unshared", {}).get("overhead_pct")
 
 
+def _prefix_span(rec: dict) -> tuple[float, float] | None:
+    return spread_of(rec["results"].get("unshared"), "overhead_pct")
+
+
 def _spec_speedup(rec: dict) -> float | None:
     return (rec["results"].get("best_batch1_draft") or {}).get("speedup")
+
+
+def _spec_span(rec: dict) -> tuple[float, float] | None:
+    """The best configuration's speed-up over its repetitions (its row of the record)."""
+    best = rec["results"].get("best_batch1_draft") or {}
+    row = next(
+        (
+            r
+            for r in rec["results"].get("rows", [])
+            if r.get("batch") == 1
+            and r.get("k") == best.get("k")
+            and r.get("method") == best.get("method")
+            and r.get("speedup") == best.get("speedup")
+        ),
+        None,
+    )
+    return spread_of(row, "speedup")
 
 
 def _serving_rate(rec: dict) -> float | None:
@@ -70,6 +110,7 @@ CLAIMS = [
         higher_is_better=False,
         fmt=".3g",
         root=True,
+        spread=_decode_span(1, 1024),
     ),
     Claim(
         "batch-1 decode, context 8,192",
@@ -79,6 +120,7 @@ CLAIMS = [
         0.80,
         higher_is_better=False,
         fmt=".3g",
+        spread=_decode_span(1, 8192),
     ),
     Claim(
         "decode throughput, batch 64, context 1,024",
@@ -87,6 +129,7 @@ CLAIMS = [
         "tok/s",
         40_000,
         fmt=",.0f",
+        spread=_decode_span(64, 1024, per_second=True),
     ),
     Claim(
         "decode throughput, batch 256, context 1,024",
@@ -95,6 +138,7 @@ CLAIMS = [
         "tok/s",
         65_000,
         fmt=",.0f",
+        spread=_decode_span(256, 1024, per_second=True),
     ),
     Claim(
         "offline throughput (2,000 requests)",
@@ -104,6 +148,7 @@ CLAIMS = [
         30_000,
         fmt=",.0f",
         root=True,
+        spread=_offline_span,
     ),
     Claim(
         "paged decode kernel, worst shape (batch 64/256, context >= 8k)",
@@ -122,6 +167,7 @@ CLAIMS = [
         2.0,
         higher_is_better=False,
         fmt=".2f",
+        spread=_prefix_span,
     ),
     Claim(
         "speculative decoding, batch 1, draft model, best k",
@@ -131,6 +177,7 @@ CLAIMS = [
         2.0,
         fmt=".2f",
         root=True,
+        spread=_spec_span,
     ),
     Claim(
         "serving: highest offered rate meeting the SLO",
