@@ -59,3 +59,14 @@ def test_the_copy_bandwidth_comes_from_the_table_with_its_source():
     assert h200.copy_bandwidth_gbs.source and h200.copy_bandwidth_gbs.date
     with pytest.raises(ValueError, match="no measured copy bandwidth"):
         get_gpu("a100-80gb-sxm").copy_bandwidth()
+
+
+def test_a_range_across_the_target_is_said_beside_the_verdict(tmp_path):
+    claim = _claim(target=2.0, unit="x", spread=lambda rec: front_page.spread_of(rec, "v"))
+    assert front_page.verdict(claim, 2.38, (1.85, 2.88)) == "met by 19% (range spans it)"
+    assert front_page.verdict(claim, 2.38, (2.1, 2.88)) == "met by 19%"
+    rec = {"results": {"v": 2.38}, "environment": {}, "v_min": 1.85, "v_max": 2.88}
+    (tmp_path / "r.json").write_text(json.dumps(rec))
+    claim = _claim(target=2.0, unit="x", fmt=".2f", spread=lambda r: front_page.spread_of(r, "v"))
+    (row,) = front_page.rows([claim], tmp_path, "")
+    assert row["measured"] == "2.38 (1.85–2.88)"
