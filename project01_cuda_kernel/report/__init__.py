@@ -1,6 +1,7 @@
 """Every table and chart of project01, rendered from its JSON records alone (no GPU needed).
 
-The README's generated blocks sit between `<!-- name -->` and `<!-- /name -->` markers:
+The sections, each under its heading in `details.md` beside the records (and between
+`<!-- name -->` and `<!-- /name -->` markers in any README that carries them):
 
 - gemm:ladder    the ladder at 4096^3 and 8192^3: TFLOP/s, % of cuBLAS, GB/s, roofline, error
 - gemm:shapes    best float32 and bfloat16 kernel against cuBLAS on every benchmarked shape
@@ -11,8 +12,8 @@ The README's generated blocks sit between `<!-- name -->` and `<!-- /name -->` m
 - attention:hd256  head dim 256 against SDPA FLASH and cuDNN (attention_hd256.json,
                  report.attention.render_record)
 
-`gemm.py` and `attention.py` here render each side; this module puts the README, summary.md (the
-repository README's block) and the charts together. A figure recorded over two or more
+`gemm.py` and `attention.py` here render each side; this module puts details.md, summary.md
+and the charts together (the README's results table comes from `headlines.py`, `make readme`). A figure recorded over two or more
 repetitions shows as "median (min–max)" (`shared.repeat.ranged`); a record of one run renders as
 it always did.
 
@@ -203,8 +204,8 @@ def update_readme(readme: Path, sections: dict[str, str]) -> str:
 
 @dataclass
 class ReportConfig:
-    """Regenerate the README's tables, summary.md and every chart of project01 from the JSON
-    records alone."""
+    """Regenerate summary.md, details.md (every table) and every chart of project01 from the
+    JSON records alone; the README's results table is `make readme`'s."""
 
     reports_dir: str | None = None
     """records are read from <reports-dir>/project01_cuda_kernel/ (None: the repository's
