@@ -4,8 +4,9 @@
     python -m apple_track report --record path/to/export.json --no-readme
 
 Writes next to the record: `tradeoff.png` (size vs error per variant, and CPU latency against
-PyTorch eager, same colours), `summary.md` (the short table the root README's refresh pastes,
-links relative to the repository root), and regenerates `apple_track/README.md`. Needs only
+PyTorch eager, same colours), `summary.md` (the main run's short table), `details.md` (every
+table of every recorded run), and regenerates `apple_track/README.md`, the front page whose
+results table comes from `apple_track/headlines.py`. Needs only
 matplotlib and the shared library, not coremltools, LiteRT or MLX, so the main test tier
 checks it.
 """

@@ -499,7 +499,8 @@ def _round(x: float | None) -> int | None:
 
 
 def summary_markdown(out_dir: Path) -> str:
-    """Headline figures for the repository README (reports/<project>/summary.md)."""
+    """The scaling records' tables in short (reports/<project>/summary.md), links relative to
+    that folder."""
     from shared.results import environment_line, markdown_table
 
     parts = []

@@ -634,7 +634,7 @@ def render(reports_dir: str | Path) -> list[Path]:
 
 
 def _summary(recs: dict, tg: list[dict], folder: Path) -> str:
-    """The README block: the targets, met or missed, and where the details are."""
+    """summary.md: the targets, met or missed, and where the details are."""
     env = next(iter(recs.values()))["environment"]
     return (
         f"**Inference engine, Llama-3.2-1B shape, dummy weights, bf16** ({environment_line(env)}):\n\n"
