@@ -45,7 +45,7 @@ VARIANTS = {"coreml": COREML_VARIANTS, "litert": LITERT_VARIANTS, "mlx": MLX_VAR
 # Stated parity tolerances against the PyTorch float32 logits, as the relative L2 error
 # ||out - ref|| / ||ref||, and the least share of positions whose arg-max token must agree.
 # float32 runtimes must match to rounding; float16 to half precision; compressed variants to
-# what their weight error allows (measured rel_l2 on the tiny preset is 3-10x below each bound).
+# what their weight error allows (the records show the measured rel_l2 well below each bound).
 TOLERANCES: dict[tuple[str, str], dict[str, float]] = {
     ("litert", "fp32"): {"rel_l2": 1e-5, "top1_agree": 1.0},
     ("litert", "int8"): {"rel_l2": 3e-2, "top1_agree": 0.95},
@@ -188,7 +188,7 @@ def train_briefly(model: Transformer, steps: int, *, seed: int, batch: int = 16)
     model.train()
     losses = []
     # One thread: at these sizes intra-op threads cost more in synchronisation than they save
-    # (10x slower on a busy 2-core machine), and one thread makes the run reproducible.
+    # (many times over on a busy machine), and one thread makes the run reproducible.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -4,8 +4,9 @@
     python -m apple_track report --record path/to/export.json --no-readme
 
 Writes next to the record: `tradeoff.png` (size vs error per variant, and CPU latency against
-PyTorch eager, same colours), `summary.md` (the short table the root README's refresh pastes,
-links relative to the repository root), and regenerates `apple_track/README.md`. Needs only
+PyTorch eager, same colours), `summary.md` (the main run's short table), `details.md` (every
+table of every recorded run), and regenerates `apple_track/README.md`, the front page whose
+results table comes from `apple_track/headlines.py`. Needs only
 matplotlib and the shared library, not coremltools, LiteRT or MLX, so the main test tier
 checks it.
 """
@@ -212,8 +213,8 @@ def summary_markdown(record: dict, chart_dir: str = "") -> str:
 
 
 def root_summary_markdown(record: dict) -> str:
-    """The short version for the repository's README (`make readme` pastes summary.md there):
-    links are relative to the repository root."""
+    """The short version of the main run (summary.md): links are relative to the records'
+    folder, where the file lies."""
     r, env = record["results"], record["environment"]
     m = r["model"]
     base_ms = ((record.get("baseline") or {}).get("latency") or {}).get("median_ms")
@@ -226,7 +227,7 @@ def root_summary_markdown(record: dict) -> str:
         f"PyTorch float32"
         + (f"; PyTorch eager {base_ms:.3f} ms per forward on the same CPU" if base_ms else "")
         + (". Core ML errors are emulated off macOS" if emulated else "")
-        + ". [Details](apple_track/README.md)"
+        + ". [Details](details.md)"
     )
     table = markdown_table(
         variant_rows(record),
@@ -242,7 +243,7 @@ def root_summary_markdown(record: dict) -> str:
             "speed-up vs PyTorch eager (x)",
         ],
     )
-    return f"{head}\n\n{table}\n\n![size vs error vs latency](reports/apple_track/tradeoff.png)\n"
+    return f"{head}\n\n{table}\n\n![size vs error vs latency](tradeoff.png)\n"
 
 
 def metal_markdown(record: dict) -> str:
@@ -425,30 +426,53 @@ def write_charts(record: dict, out_dir: Path) -> list[Path]:
 # --- README ----------------------------------------------------------------------------------
 
 
-def render_readme(record: dict | None, chart_dir: str, others: list[dict] = ()) -> str:
-    """The README around the main run's record; `others` (runs saved under other names, e.g.
-    a larger preset) get a section each."""
+def _details_parts(record: dict | None, chart_dir: str, others) -> dict[str, str]:
     if record is None:
-        results = "_No results recorded yet: run `make apple` (writes reports/apple_track/)._\n"
-        metal = ops = io = "_No results recorded yet._"
+        parts = {"results": "_No results recorded yet: run `make apple`._\n"}
+        parts |= dict.fromkeys(("metal", "ops", "io"), "_No results recorded yet._")
     else:
-        results = summary_markdown(record, chart_dir)
-        metal, ops, io = metal_markdown(record), ops_markdown(record), io_markdown(record)
+        parts = {
+            "results": summary_markdown(record, chart_dir),
+            "metal": metal_markdown(record),
+            "ops": ops_markdown(record),
+            "io": io_markdown(record),
+        }
     more = []
     for other in others:
         m = other["results"]["model"]
         more += [
-            f"#### Run `{other['name']}`: preset `{m['preset']}`, seq {m['seq_len']}",
+            f"### Run `{other['name']}`: preset `{m['preset']}`, seq {m['seq_len']}",
             "",
             summary_markdown(other, chart_dir),
         ]
-    other_runs = "\n".join(more) if more else "_None recorded._\n"
-    return (
-        README_TEMPLATE.format(
-            results=results, other_runs=other_runs, metal=metal, ops=ops, io=io
-        ).rstrip()
-        + "\n"
-    )
+    parts["other_runs"] = "\n".join(more) if more else "_None recorded._\n"
+    return parts
+
+
+def render_details(record: dict | None, others: list[dict] = ()) -> str:
+    """`details.md` beside the records: every table of the main run and the other runs
+    (runs saved under other names, e.g. a larger preset), charts linked from the same folder."""
+    return DETAILS_TEMPLATE.format(**_details_parts(record, "", others)).rstrip() + "\n"
+
+
+def render_readme(
+    record: dict | None, chart_dir: str, others: list[dict] = (), folder: Path | None = None
+) -> str:
+    """The front page: `chart_dir` is the records' folder as seen from the README; `folder`,
+    that folder on disk, from whose records the results table is generated
+    (`apple_track.headlines`, as `make readme` does). `others` is kept for the callers that
+    pass it: their tables are in details.md."""
+    if record is None or folder is None:
+        results = "_No results recorded yet: run `make apple` (writes reports/apple_track/)._"
+    else:
+        from apple_track.headlines import CLAIMS
+        from shared import front_page
+
+        results = front_page.render(CLAIMS, Path(folder), chart_dir)
+    notes = "NOTES.md" if chart_dir.startswith("../") else "apple_track/NOTES.md"
+    chart = f"{chart_dir}{chart_name(record)}" if record else f"{chart_dir}tradeoff.png"
+    text = README_TEMPLATE.format(results=results, chart=chart, chart_dir=chart_dir, notes=notes)
+    return text.rstrip() + "\n"
 
 
 def _records(out_dir: Path) -> tuple[dict | None, list[dict]]:
@@ -483,8 +507,11 @@ def write_report(record_path: str | os.PathLike, *, readme: bool | Path = True) 
         target = README if readme is True else Path(readme)
         rel = os.path.relpath(out_dir, target.parent).replace(os.sep, "/") + "/"
         main, others = _records(out_dir)
-        atomic_write_text(target, render_readme(main, rel, others))
+        atomic_write_text(target, render_readme(main, rel, others, out_dir))
         written.append(target)
+        details = out_dir / "details.md"
+        atomic_write_text(details, render_details(main, others))
+        written.append(details)
     return written
 
 
@@ -533,32 +560,28 @@ def main(argv: list[str] | None = None) -> int:
 README_TEMPLATE = """\
 # apple_track: the on-device path
 
-The shared transformer (`shared.model`, the model every project trains) taken to the runtimes
-that ship on phones and laptops: **Core ML** (an ML program in float16, plus palettized and
-int8 variants), **LiteRT** (TFLite, float32 and int8 dynamic-range), an **MLX** port that loads
-the PyTorch weights, and **Metal kernels** (a matmul ladder ending in simdgroup matrices, and a
-fused attention) that mirror project01's CUDA ones. Every variant is measured against the
-PyTorch float32 model in the same run: size on disk, op counts, input/output descriptions,
-parity, CPU latency.
+The shared transformer (`shared.model`, the model every project trains) exported to the
+runtimes that ship on phones and laptops: Core ML (float16, palettized and int8), LiteRT (float32
+and int8), an MLX port, and Metal kernels that mirror project01's CUDA ones. Every variant is
+measured against the PyTorch float32 model in the same run: size, op counts, parity, CPU latency.
+
+![size vs error vs latency per variant]({chart})
 
 This file is generated by `make apple` (`apple_track/report.py`): edit the template there.
 
-## Run it
+## Quick start
 
 ```bash
-make apple                                  # from the repo root: the whole track, this report
-make -f apple_track/Makefile setup          # just create .venv-apple (once: 3.6 min, 6.7 GB)
+make apple                                  # from the repo root: the whole track and this page
+make -f apple_track/Makefile setup          # just create .venv-apple (once; several GB)
 make -f apple_track/Makefile test           # the track's tests with every runtime installed
 make -f apple_track/Makefile report REPORT_ARGS="--preset 125m --seq-len 128 --train-steps 0"
 .venv-apple/bin/python -m apple_track export --help
 ```
 
-`litert-torch` pins its own torch release (2.14 at the time of writing) and pulls jax, so the
-track lives in its own virtual environment, `.venv-apple`, created by `apple_track/Makefile`;
-the main `.venv` and its torch stay untouched. Model files land in `.build/apple_track/` (not
-committed), one folder per run name (`.build/apple_track/export/` for `make apple`):
-`coreml_<variant>.mlpackage`, `litert_<variant>.tflite`, `mlx_<variant>.safetensors`,
-`pytorch_fp32.pt`.
+`litert-torch` pins its own torch release and pulls jax, so the track lives in its own virtual
+environment, `.venv-apple`; the main `.venv` stays untouched. Model files land in
+`.build/apple_track/<run name>/` (not committed).
 
 ## Results
 
@@ -566,151 +589,64 @@ committed), one folder per run name (`.build/apple_track/export/` for `make appl
 {results}
 <!-- /results:apple_track -->
 
+Every variant's size, error, latency, inputs, outputs and op counts, and the Metal kernels'
+checks: [details.md]({chart_dir}details.md). Off macOS, Core ML errors are emulated (the
+package's weights run in PyTorch) and have no latency. Why each choice was made, the
+profiling recipes for Instruments, and the limitations: [NOTES.md]({notes}).
+
+## How it works
+
+| path | what |
+| --- | --- |
+| `export.py` | the `export` command: trains briefly, exports every variant, measures each against PyTorch, writes one record |
+| `model.py` | the fixed-shape wrapper (int32 tokens), the tolerances per variant |
+| `coreml_export.py`, `litert_export.py` | conversion and compression for Core ML and LiteRT |
+| `mlx_model.py` | the MLX port, loading the PyTorch weights by name |
+| `metal/`, `metal_kernels.py` | Metal kernel bodies (matmul ladder, flash attention) and their launchers through MLX |
+| `profile.py` | a steady loop over one variant, for Instruments |
+| `report.py` | this page, `details.md`, `summary.md` and the chart, from the record alone |
+| `headlines.py` | the claims in the results table: record, figure, target |
+
+## Read more
+
+- [NOTES.md]({notes}): design choices, profiling on device, limitations.
+- [details.md]({chart_dir}details.md): the full tables of every recorded run.
+"""
+
+DETAILS_TEMPLATE = """\
+# apple_track: every recorded run
+
+Generated by `python -m apple_track report` from the records in this folder; the track's
+README is the front page, with the headline claims.
+
+## Main run
+
+{results}
+
 Reading the table: *size / PyTorch fp32* compares with the float32 state dict; *compressed
 weights* counts the weight tensors stored compressed (Core ML `constexpr_*` ops, LiteRT int8
 constants, MLX quantized layers); *parity* says whether the error was measured on the runtime
 itself or emulated (Core ML off macOS); *within* checks the stated tolerance
 (`apple_track.model.TOLERANCES`, relative L2 error and top-1 agreement).
 
-### Other recorded runs
+## Other recorded runs
 
 Written by `make -f apple_track/Makefile report REPORT_ARGS="--name NAME ..."`.
 
 {other_runs}
 
-### Inputs and outputs (main run)
+## Inputs and outputs (main run)
 
 {io}
 
-### Op counts (main run)
+## Op counts (main run)
 
 {ops}
 
-## What each variant is
-
-| runtime | variant | how |
-| --- | --- | --- |
-| Core ML | fp16 | `torch.jit.trace` of the fixed-shape wrapper, `ct.convert(..., convert_to="mlprogram", compute_precision=FLOAT16, minimum_deployment_target=iOS18)` |
-| Core ML | int8 | `coremltools.optimize.coreml.linear_quantize_weights`: int8, symmetric, per output channel |
-| Core ML | palettize6 / palettize4 | `palettize_weights`: k-means lookup table of 64 / 16 entries per tensor (needs scikit-learn) |
-| LiteRT | fp32 | `litert_torch.convert` (torch.export, then the LiteRT converter) |
-| LiteRT | int8 | the same with `quant_recipes.full_dynamic_recipe()`: int8 channel-wise weights, activations quantized on the fly |
-| MLX | fp32 / fp16 | `apple_track.mlx_model.MLXTransformer`, the same parameter names, `load_weights(strict=True)` |
-| MLX | q8 / q4 | `mlx.nn.quantize(model, group_size=32, bits=8 / 4)`: affine, group-wise |
-
-Design choices:
-- **Fixed shape, int32 tokens.** Runtimes compile one graph per input shape, so
-  `FixedShapeLM` pins (batch, seq_len); tokens are int32 because Core ML has no int64 tensors.
-- **A trained model.** The weights are trained for a few hundred steps on the synthetic stream
-  before export: an initialisation has no outliers, and compression error on it would flatter
-  every scheme. The loss column shows what compression does to next-token prediction.
-- **iOS 18 / macOS 15 target.** It has the fused `scaled_dot_product_attention` op and the
-  `constexpr_blockwise_shift_scale` / `constexpr_lut_to_dense` weight ops; older targets fall
-  back to decomposed attention.
-- **Core ML off macOS.** coremltools converts and compresses anywhere, but only the Core ML
-  framework predicts. Off macOS the parity column shows an *emulation*: the package's weights,
-  decompressed back out of the `.mlpackage`, loaded into the PyTorch model and run in float16 on
-  the CPU. It measures what compression did to the weights; the real prediction (and its
-  latency) is measured on macOS by the same command.
-
-## Metal kernels
-
-Sources in `apple_track/metal/`, one step a file, launched by `apple_track.metal_kernels`
-through `mx.fast.metal_kernel` (MLX writes the signature; the files hold kernel bodies):
-
-| file | what | project01 counterpart |
-| --- | --- | --- |
-| `matmul_01_naive.metal` | one thread per output element | `sgemm_01_naive` |
-| `matmul_02_threadgroup_tiled.metal` | 16 x 16 tiles in threadgroup memory | `sgemm_03_smem_tiling` |
-| `matmul_03_simdgroup.metal` | 8 x 8 `simdgroup_float8x8` fragments, 4 simdgroups per 32 x 32 tile, float32 accumulation | `hgemm_08_mma_sync` |
-| `attention_01_flash.metal` | online-softmax attention, K/V blocks in threadgroup memory, causal block skipping | `flash_fwd_kernel` |
-
-Each takes any size (edge tiles masked) and float32, float16 or bfloat16; bad arguments give a
-`ValueError`/`TypeError` naming the argument before anything launches. The attention kernel
-plugs into the MLX port: `MLXTransformer(args, attn_fn=metal_attention_fn)`.
-
-How they are checked: on macOS with Apple silicon, `tests/apple_track/test_metal_kernels.py`
-compares them with `mx.matmul` and `mx.fast.scaled_dot_product_attention` (marked `macos`; they
-skip elsewhere, saying why). Everywhere, `tests/apple_track/test_metal_kernels_on_cpu.py`
-compiles the same kernel bodies as C++ against a CPU stand-in for the Metal types (threads of a
-threadgroup as `std::thread`s, barriers as `std::barrier`, simdgroup matrices as 8 x 8 arrays)
-and runs them with their real launch grids against NumPy: that checks the indexing, tiling,
-masking and online softmax, not Metal compilation or speed.
+## Metal kernels (main run)
 
 {metal}
-
-## Profiling on device: energy and memory with Instruments
-
-`python -m apple_track profile RUNTIME VARIANT --seconds N` runs one exported variant (or a
-Metal kernel) in a loop, a steady target for Instruments. On a Mac with Xcode (these commands
-were not run for the numbers above, which come from the machine named in the results):
-
-```bash
-xcrun xctrace list templates                      # what this Xcode offers (names vary by version)
-
-# Core ML: load / prediction intervals, and which compute unit (CPU, GPU, Neural Engine) ran
-xcrun xctrace record --template 'Core ML' --output coreml_palettize4.trace \\
-    --launch -- .venv-apple/bin/python -m apple_track profile coreml palettize4 --seconds 20
-
-# memory: heap allocations and resident size (weights mapped in, activations)
-xcrun xctrace record --template 'Allocations' --output mem_palettize4.trace \\
-    --launch -- .venv-apple/bin/python -m apple_track profile coreml palettize4 --seconds 20
-
-# CPU and memory of the process over time, every variant one after another
-for v in fp16 int8 palettize6 palettize4; do
-  xcrun xctrace record --template 'Activity Monitor' --output activity_$v.trace \\
-      --launch -- .venv-apple/bin/python -m apple_track profile coreml $v --seconds 15
-done
-
-# Metal kernels: the GPU timeline (encoders, kernel durations, occupancy)
-xcrun xctrace record --template 'Metal System Trace' --output metal.trace \\
-    --launch -- .venv-apple/bin/python -m apple_track profile metal simdgroup --seconds 10
-
-# energy on an iPhone or iPad running the exported model in an app: the Power Profiler
-# template (Xcode 16 and later; check that `list templates` shows it)
-xcrun xctrace list devices
-xcrun xctrace record --template 'Power Profiler' --device <UDID> --all-processes \\
-    --time-limit 60s --output power.trace
-
-# energy on a Mac: sampled CPU, GPU and Neural Engine power while a variant runs
-sudo powermetrics --samplers cpu_power,gpu_power,ane_power -i 500 -n 40 > power.txt &
-.venv-apple/bin/python -m apple_track profile coreml palettize4 --seconds 20
-
-# read a trace without the GUI: its table of contents, then one table as XML
-xcrun xctrace export --input coreml_palettize4.trace --toc
-xcrun xctrace export --input coreml_palettize4.trace \\
-    --xpath '/trace-toc/run[@number="1"]/data/table[@schema="<a schema from the toc>"]'
-open coreml_palettize4.trace                      # or in the Instruments app
-```
-
-Energy per inference = (average package power during the loop - idle power) x loop time /
-inferences; measure idle with the same `powermetrics` command and no load. Xcode's Core ML
-performance report (open the `.mlpackage` in Xcode, Performance tab, on a connected device)
-gives per-op compute-unit placement and load/predict times without writing code.
-
-## Tests
-
-| where | what |
-| --- | --- |
-| main `.venv` (`make test`) | bad inputs (unknown preset, unsupported compression, bad shapes) give clear errors; the export wrapper; parity maths; the report and charts from a recorded JSON; the Metal kernel bodies on the CPU stand-in; the rest skips saying which package is missing |
-| `.venv-apple` (`make -f apple_track/Makefile test`) | every Core ML variant converts and its spec has the expected input, output and compressed weight ops; LiteRT float32 and int8 match PyTorch within their tolerances; MLX matches PyTorch; an end-to-end export into a temporary folder |
-| macOS | Core ML predictions against PyTorch; the Metal kernels against MLX's ops (`@pytest.mark.macos`) |
-
-## Limitations
-
-- Off macOS there is no Core ML latency and the Core ML error is emulated, as the table says.
-- CPU latency only, single-threaded: no GPU or Neural Engine figures unless the export runs on
-  a Mac (Core ML then uses its default compute units).
-- The tiny preset is dominated by per-call overhead: latency ratios at this size say more about
-  runtime overhead than about arithmetic. A larger preset (`--preset 125m --name export_125m`,
-  under "Other recorded runs" when present) gives the compute-bound comparison.
-- MLX here is its Linux CPU build (`mlx[cpu]`): on this preset it is several times slower than
-  PyTorch eager on the same CPU. MLX is made for Apple silicon, where the same port runs on the
-  GPU through Metal; that was not measured on this machine.
-- LiteRT int8 is dynamic-range: int8 weights, activations quantized on the fly per call;
-  full-integer static quantization needs a calibration set and is not done here.
 """
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -122,7 +122,7 @@ def collective_kind(name: str) -> str | None:
 # (attention before GEMM: cuDNN's attention kernels carry "wgmma" too; Inductor's GEMM templates
 # before its other kernels; copies before the optimizer: FSDP's all-gather copy-in is a foreach
 # copy, `multi_tensor_apply_kernel<..., CopyFunctor<...>>`). Names as CUDA 13 / torch 2.11 /
-# cuDNN 9 print them on an H200.
+# cuDNN 9 print them on Hopper.
 KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("sdpa", "fmha", "flash", "attention", "cudnn::fusion")),
     ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "triton_tem_", "scaled_mm")),

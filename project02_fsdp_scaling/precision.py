@@ -72,10 +72,9 @@ PRECISION_TRAIN = TrainConfig(
     attention="cudnn",
     reshard_after_forward=False,
 )
-# Micro-batch on GPUs when none is given: 16 sequences of the 1b preset fit an H200 without
-# activation checkpointing and halve the per-micro-batch casts and accumulation adds of 8 (with
-# the parameters kept gathered, this harness measured bf16 at 55.9% MFU on an H200, against
-# 52.6% at micro-batch 8 with ZeRO-3 resharding).
+# Micro-batch on GPUs when none is given: 16 sequences of the 1b preset fit a 141 GB GPU without
+# activation checkpointing and halve the per-micro-batch casts and accumulation adds of 8 (what
+# that bought is in the project's NOTES.md and precision_gpu.json).
 GPU_MICRO_BATCH = 16
 # The tail of a loss curve whose mean is the run's final loss.
 FINAL_FRACTION = 0.1

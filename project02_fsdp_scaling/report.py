@@ -488,7 +488,8 @@ def refresh_readme(out_dir: str | Path | None = None, readme: Path = README) -> 
         or "_Not run yet._",
     }
     for marker, content in sections.items():
-        text = replace_between_markers(text, marker, fix_links(content))
+        if f"<!-- {marker} -->" in text:  # a README shows the blocks it has markers for
+            text = replace_between_markers(text, marker, fix_links(content))
     atomic_write_text(readme, text)
     return readme
 
@@ -498,7 +499,8 @@ def _round(x: float | None) -> int | None:
 
 
 def summary_markdown(out_dir: Path) -> str:
-    """Headline figures for the repository README (reports/<project>/summary.md)."""
+    """The scaling records' tables in short (reports/<project>/summary.md), links relative to
+    that folder."""
     from shared.results import environment_line, markdown_table
 
     parts = []
@@ -545,7 +547,9 @@ def summary_markdown(out_dir: Path) -> str:
             parts += [markdown_table(cost_rows, floatfmt=".4f"), ""]
     if not parts:
         return "_No measurements yet: run `make project02`._\n"
-    parts.append("Details: [project02_fsdp_scaling/README.md](project02_fsdp_scaling/README.md).")
+    parts.append(
+        "Details: the Markdown beside each record in this folder, e.g. [scaling_gpu.md](scaling_gpu.md)."
+    )
     return "\n".join(parts) + "\n"
 
 

@@ -59,7 +59,7 @@ DEFAULT_COST_CONFIGS = "h200-sxm:1,h200-sxm:4,h100-sxm:8"
 
 def assumed_efficiency(n: int) -> float:
     """Scaling efficiency assumed for a projection to n GPUs where none was measured: the
-    issue's targets (95% up to 4 GPUs, 90% up to 8), not a measurement."""
+    project's targets (95% up to 4 GPUs, 90% up to 8), not a measurement."""
     if n <= 1:
         return 1.0
     if n <= 4:
@@ -108,7 +108,8 @@ class ScalingConfig:
     """runs of each world size's job, each a fresh torchrun job, world sizes interleaved (order
     reversed on alternate repetitions); figures are the medians with their min-max. 0: the
     tier's default, 5 on GPUs, 1 on CPU. The one-GPU sweep and the profiled steps run once (the
-    profile in the first repetition). A 1b job takes about a minute on an H200"""
+    profile in the first repetition); each repetition relaunches every job, so the time grows
+    with it"""
     readme: bool = True
     """regenerate project02_fsdp_scaling/README.md when writing to the repository's reports/"""
     train: Train = field(default_factory=lambda: replace(SCALING_TRAIN))
@@ -249,8 +250,8 @@ def launch(
     env.setdefault("PYTHONUNBUFFERED", "1")
     if not on_gpu:
         # On CPU a "device" is one process with one thread (one core). Several threads per
-        # process on a small host spin against gloo's threads and the other ranks: measured 15x
-        # slower steps for the tiny model with 2 threads on a 2-core machine.
+        # process on a small host spin against gloo's threads and the other ranks, and the tiny
+        # model's steps slow down many times over.
         env["OMP_NUM_THREADS"] = "1"
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

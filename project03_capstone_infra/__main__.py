@@ -1,6 +1,6 @@
 """`python -m project03_capstone_infra <command> --help`: train, break, check, tune, cost, report.
 
-python -m project03_capstone_infra chaos                         # CPU: 2 gloo ranks, tiny, ~1.5 min
+python -m project03_capstone_infra chaos                         # CPU: 2 gloo ranks, tiny
 python -m project03_capstone_infra chaos --nproc 2 --deterministic      # 2 GPUs: chaos_gpu.*
 python -m project03_capstone_infra reshard --deterministic       # 2 -> 1 and 1 -> 2 ranks
 python -m project03_capstone_infra determinism-cost --nproc 2    # tokens/s, both modes

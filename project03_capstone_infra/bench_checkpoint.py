@@ -99,9 +99,9 @@ class BenchConfig:
     """repetitions of the sync save and of the --steady-saves steady async saves, interleaved
     (sync, async, async, sync, ...) in one process; the headline figures are their medians with
     min-max. 0: 5 on GPUs, 1 on CPU. The cold first async save, the background build and the
-    resume run once. On the 1b preset (H200) a repetition is ~20 s of sync save (training
-    held) plus ~15 s of writing per steady async save (training runs on): 50-70 s with 2 (the
-    longest 70 s on 2026-12-02, so --budget-s 330 fits 4 of 5)"""
+    resume run once. A repetition is one sync save (training held) plus the writing of each
+    steady async save (training runs on), so its length grows with the model: the record's
+    per-repetition times tell what a --budget-s fits"""
     resume: bool = True
     """measure the resume in a second process"""
     from_json: str = ""

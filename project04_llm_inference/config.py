@@ -198,18 +198,17 @@ class EngineArgs:
     draft's catch-up and k - 1 steps, verification, acceptance; one CUDA graph per batch width
     on a GPU) with one read-back, instead of three read-backs and host work between them (the
     unfused step, which steps with a sampled sequence always take). None: on with 'draft'
-    (measured on an H200: 1.38-1.47x over no speculation at batch 1 where the unfused step gave
-    0.93-0.94x); False: always the unfused step; True: on, and an error without 'draft'."""
+    (one read-back a step is what makes speculation pay at batch 1); False: always the unfused
+    step; True: on, and an error without 'draft'."""
     spec_fused_rounds: int | None = None
     """With the fused step: rounds of draft, verification and acceptance per device program
     (one read-back for all of them, each round's inputs formed on the device from the last
     one's result), so the host's share of a step is paid once per this many verifications.
     Taken when every sequence of the step verifies all its drafts and holds the blocks for
     rounds x (num_speculative_tokens + 1) more tokens; tokens past a stop are computed and
-    dropped. 1: one round a program. None: DEFAULT_FUSED_ROUNDS with the fused step (measured
-    on H200s: ahead of one round a program in every cell of three runs, batch 1 and 8, both
-    workloads of the speculative benchmark; 2.38x over no speculation at batch 1, k = 4, where
-    one round gave 2.19x), else 1."""
+    dropped. 1: one round a program. None: DEFAULT_FUSED_ROUNDS with the fused step (it was
+    ahead of one round a program at batch 1 and 8 on both workloads of the speculative
+    benchmark: spec_decode.json), else 1."""
 
     @property
     def fused_greedy(self) -> bool:

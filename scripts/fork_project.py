@@ -68,9 +68,12 @@ COMMON_TARGETS = (
     "publish",
     "lint",
     "format",
+    "readme",
     "clean",
 )
 SCRIPTS = ("__init__.py", "demo.py", "publish.py", "refresh_readme.py")
+# Scripts a project's README tells its users to run, carried into that project's fork.
+PROJECT_SCRIPTS = {"project02_fsdp_scaling": ("build_deepspeed_wheel.sh",)}
 TOP_FILES = (".gitignore", "LICENSE", ".ci/run", ".github/actionlint.yaml")
 # The workflows of the monorepo a fork's own are made from, and the jobs of ci.yml that only
 # some projects keep (see _workflows_for).
@@ -253,7 +256,12 @@ def select(tree: Path, project: str) -> Selection:
         )
         if needed
     ]
-    scripts = [f"scripts/{n}" for n in (*SCRIPTS, *ci_scripts) if (tree / "scripts" / n).is_file()]
+    own_scripts = PROJECT_SCRIPTS.get(project, ())
+    scripts = [
+        f"scripts/{n}"
+        for n in (*SCRIPTS, *ci_scripts, *own_scripts)
+        if (tree / "scripts" / n).is_file()
+    ]
     tests_top = [
         f"tests/{n}" for n in ("__init__.py", "conftest.py") if (tree / "tests" / n).is_file()
     ]
@@ -358,20 +366,41 @@ def _title(readme: str, project: str) -> str:
     return project
 
 
-def _readme_for(sel: Selection, tree: Path, locate) -> str:
-    src = tree / sel.readme
-    body = src.read_text() if src.is_file() else f"# {sel.project}\n"
-    body = rewrite_links(body, sel.readme, "README.md", locate)
+_BULLET_LINK = re.compile(r"^- \[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _drop_uncarried_bullets(text: str, old_path: str, locate) -> str:
+    """List items that start with a relative link the fork does not carry (a page of the
+    monorepo, such as its CONTRIBUTING.md) are left out rather than kept as dead text."""
+    old_dir = posixpath.dirname(old_path)
+    out = []
+    for line in text.splitlines(keepends=True):
+        m = _BULLET_LINK.match(line)
+        if m and not _is_external(m.group(1)):
+            path = m.group(1).partition("#")[0]
+            resolved = posixpath.normpath(posixpath.join(old_dir, path))
+            if path and (resolved.startswith("..") or locate(resolved) is None):
+                continue
+        out.append(line)
+    return "".join(out)
+
+
+def _setup_block(sel: Selection) -> str:
+    """The fork's first commands: set-up and the CPU tier, the demo, publishing a run."""
+    return (
+        "```bash\nmake test   # creates .venv, installs, runs the CPU test tier\n"
+        "make demo   # runs this project at the size your hardware allows, into runs/<time>/\n"
+        "make publish RUN=runs/<time>   # that run becomes reports/ and the results table\n```\n"
+    )
+
+
+def _fork_section(sel: Selection, setup_shown: bool = False) -> str:
+    """What a fork has that the project's own README does not say: its Makefile, its shared/,
+    its CI. Kept after FORK_SECTION_MARKER, which a regenerated README keeps."""
     shared = ", ".join(
         f"`{Path(m).stem}`" for m in sel.shared_modules if not m.endswith("__init__.py")
     )
-    return (
-        f"{body.rstrip()}\n\n{FORK_SECTION_MARKER}\n\n---\n\n## Running this repository\n\n"
-        "```bash\nmake test   # creates .venv, installs, runs the CPU test tier\n"
-        "make demo   # runs this project at the size your hardware allows, into runs/<time>/\n"
-        "make publish RUN=runs/<time>   # that run becomes reports/ and the results above\n```\n\n"
-        f"`shared/` holds the parts of the library this project stands on ({shared or 'none'}). "
-        "`make help` lists the other commands.\n\n"
+    ci = (
         "`.github/workflows/` runs the CPU tier and lint on every push and pull request"
         + (" and compiles the CUDA sources with nvcc" if sel.cuda_sources else "")
         + (
@@ -386,8 +415,56 @@ def _readme_for(sel: Selection, tree: Path, locate) -> str:
             if sel.smoke_tests
             else ""
         )
-        + ".\n"
+        + "."
     )
+    setup = (
+        "`make test` sets up `.venv` and runs the CPU tier; `make demo` runs the project at the "
+        "size this machine allows; `make publish RUN=runs/<time>` makes a run the published "
+        "results.\n"
+        if setup_shown
+        else _setup_block(sel)
+    )
+    return (
+        f"{FORK_SECTION_MARKER}\n\n## Running this repository\n\n{setup}\n"
+        f"`shared/` holds the parts of the library this project stands on ({shared or 'none'}). "
+        "`make readme` regenerates the results table from `reports/`; `make help` lists the "
+        f"other commands.\n\n{ci}\n"
+    )
+
+
+def fork_readme(sel: Selection, tree: Path, locate) -> str:
+    """The fork's README: the project's front page written for a repository of its own. Its
+    set-up commands open the quick start, links point inside the fork (or become plain text),
+    list items that only pointed at monorepo pages are left out, and the fork's own section
+    (Makefile, shared/, CI) closes it."""
+    src = tree / sel.readme
+    body = src.read_text() if src.is_file() else f"# {sel.project}\n"
+    body = _drop_uncarried_bullets(body, sel.readme, locate)
+    body = rewrite_links(body, sel.readme, "README.md", locate)
+    if FORK_SECTION_MARKER in body:
+        body = body[: body.index(FORK_SECTION_MARKER)]
+    quick = re.search(r"(?m)^## Quick start\n\n", body)
+    if quick:  # the fork's set-up first, then the project's own commands
+        body = body[: quick.end()] + _setup_block(sel) + "\n" + body[quick.end() :]
+    return f"{body.rstrip()}\n\n{_fork_section(sel, setup_shown=bool(quick))}"
+
+
+def _readme_for(sel: Selection, tree: Path, locate) -> str:
+    return fork_readme(sel, tree, locate)
+
+
+def locator(sel: Selection):
+    """locate(path) -> where a file or folder of the monorepo is in the fork of `sel` (None:
+    not carried); the project's README moves to the root."""
+    carried = set(sel.files) | {"README.md", "Makefile", "pyproject.toml"}
+    dirs = {posixpath.dirname(f) for f in carried}
+    dirs |= {d for f in list(dirs) for d in _parents(f)}
+
+    def locate(path: str) -> str | None:
+        path = "README.md" if path == sel.readme else path.rstrip("/")
+        return path if path in carried or path in dirs or path == "." else None
+
+    return locate
 
 
 # --- pyproject and Makefile --------------------------------------------------------------------
@@ -687,14 +764,7 @@ def fork(
                 + "\n  ".join(problems)
             )
         sel = select(tree, project)
-        carried = set(sel.files) | {"README.md", "Makefile", "pyproject.toml"}
-        dirs = {posixpath.dirname(f) for f in carried}
-        dirs |= {d for f in list(dirs) for d in _parents(f)}
-
-        def locate(path: str) -> str | None:
-            """Where a file or folder of the monorepo is in the fork (None: not carried)."""
-            path = "README.md" if path == sel.readme else path.rstrip("/")
-            return path if path in carried or path in dirs or path == "." else None
+        locate = locator(sel)
 
         dest.mkdir(parents=True, exist_ok=True)
         for rel in sel.files:

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = Path("runs") / "gpu-smoke"  # relative to the repository root, ignored by git
 MARKER = "gpu and smoke"
-BUDGET_S = 300.0  # the smoke tier's target on one H200, builds included
+BUDGET_S = 300.0  # the smoke tier's time budget on one GPU, builds included
 OUTPUTS = ("junit.xml", "summary.json")
 # The CUDA extensions (module, loader): the loader builds on first use and caches in .build/.
 # tests/repo checks that every loader in the projects is listed here.

@@ -108,11 +108,13 @@ def _project01(reports: Path, readme: Path | None) -> list[Path]:
     report = _report("project01_cuda_kernel.report")
     summary = reports / report.PROJECT / "summary.md"
     _write(summary, report.render_summary(reports))
+    details = reports / report.PROJECT / "details.md"
+    _write(details, report.render_details(reports))
     if readme is None:
-        return [summary]
+        return [summary, details]
     sections = report.render_all(reports, report.image_prefix_for(readme, reports))
     _write(readme, report.update_readme(readme, sections))
-    return [summary, readme]
+    return [summary, details, readme]
 
 
 def _project02(reports: Path, readme: Path | None) -> list[Path]:
@@ -142,17 +144,20 @@ def _apple_track(reports: Path, readme: Path | None) -> list[Path]:
         written.append(folder / "summary.md")
     if readme is not None:
         rel = os.path.relpath(folder.resolve(), readme.resolve().parent).replace(os.sep, "/")
-        text = report.render_readme(main, rel + "/", others)
+        text = report.render_readme(main, rel + "/", others, folder)
         old = readme.read_text()
         if FORK_SECTION_MARKER in old:  # the README is regenerated whole: keep the fork's part
             text = text.rstrip() + "\n\n" + old[old.index(FORK_SECTION_MARKER) :]
         _write(readme, text)
         written.append(readme)
+    _write(folder / "details.md", report.render_details(main, others))
+    written.append(folder / "details.md")
     return written
 
 
 # project -> refresh(reports root, its README or None) -> files written. project04 renders its
-# tables in the run itself (`report`), which publishing copies; it has no README block yet.
+# tables in the run itself (`report`), which publishing copies; every README's results table is
+# refreshed afterwards from the headline claims (scripts/refresh_readme.py).
 REFRESHERS: dict[str, Callable[[Path, Path | None], list[Path]]] = {
     "project01_cuda_kernel": _project01,
     "project02_fsdp_scaling": _project02,
@@ -197,22 +202,23 @@ def publish(run: str | os.PathLike, root: Path = ROOT, log: Callable[[str], None
         names = ", ".join(str(f.relative_to(run_dir / project)) for f in files)
         log(f"copied {len(files)} file(s) into {dest.relative_to(root)}/: {names}")
 
-    readmes = {}
     for project in contents:
         refresh = REFRESHERS.get(project)
         if refresh is None:
             continue
         readme = project_readme(root, project)
-        readmes[project] = readme
         written = refresh(reports, readme)
         log(f"refreshed from reports/: {', '.join(str(p.relative_to(root)) for p in written)}")
 
-    root_readme = root / "README.md"
-    if root_readme.is_file() and root_readme not in readmes.values():
-        from scripts.refresh_readme import refresh
+    from scripts.refresh_readme import refresh as refresh_tables
 
-        filled = refresh(root_readme, reports)
-        log(f"refreshed README.md results blocks: {', '.join(filled) or 'none'}")
+    # every README's results table (the project's own and the repository's), from the records
+    own = [project_readme(root, project) for project in contents]
+    for readme in dict.fromkeys([*own, root / "README.md"]):
+        if readme is not None and readme.is_file():
+            filled = refresh_tables(readme, reports)
+            rel = readme.relative_to(root)
+            log(f"refreshed {rel} results tables: {', '.join(filled) or 'none'}")
     log(f"published {run}: review with `git diff -- reports '*.md'`, then commit")
     return copied
 

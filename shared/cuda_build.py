@@ -67,7 +67,7 @@ def default_build_root() -> Path:
 
 
 def target_arch_list() -> str:
-    """The value given to TORCH_CUDA_ARCH_LIST for this build, e.g. '9.0a' on an H100/H200."""
+    """The value given to TORCH_CUDA_ARCH_LIST for this build, e.g. '9.0a' on Hopper."""
     override = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if override:
         return override
@@ -113,7 +113,7 @@ def load_extension(
 
 
 # load_extension's arguments -> the loaded module: resolving paths and checking the sources
-# cost ~0.2 ms, which every eager kernel launch would otherwise pay
+# costs far more than a kernel launch, which every eager launch would otherwise pay
 _LOADED: dict[tuple, ModuleType] = {}
 
 

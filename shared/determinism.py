@@ -4,7 +4,7 @@ On CPU the kernels already are deterministic for a fixed thread count. On GPUs t
 default: attention's backward accumulates dQ with atomics, cuBLAS may pick a split-K reduction
 whose order depends on its workspace, and NCCL picks its algorithm and protocol per message size
 and topology. Two uninterrupted 2-GPU runs of the same job then end apart (by up to 0.05 in a
-weight after a few dozen steps of project03's trainer on two H200s). `enable_determinism` turns every such choice into
+weight after a few dozen steps of project03's trainer, determinism_cost.json). `enable_determinism` turns every such choice into
 a fixed one, at a cost in speed (measured by project03's `determinism_cost`):
 
 - `torch.use_deterministic_algorithms(True)`: a deterministic kernel wherever PyTorch has one,

@@ -6,8 +6,10 @@ weekly: the table holds indicative figures with where they came from; pass your 
 `load_price_overrides(path)` or the `SHARED_GPU_PRICES` environment variable (a JSON file
 `{"h100-sxm": {"on_demand": 2.5, "spot": 1.2}, ...}`, USD per GPU-hour).
 
-Measured ceilings (what cuBLAS or a copy reaches on a real card) belong in the reports, next to
-the results they bound: this table holds datasheet figures to compare against, never results.
+Measured ceilings (what cuBLAS reaches on a real card) belong in the reports, next to the
+results they bound. The one exception is the device-to-device copy bandwidth: a memory-bound
+kernel's target is stated as a share of it, so it is a reference figure like the datasheet's,
+kept here once with how and when it was measured (None where no card of the kind was measured).
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ class GPUSpec:
     price_on_demand: Figure  # USD per GPU-hour
     price_spot: Figure  # USD per GPU-hour
     match: tuple[str, ...] = field(default=())  # substrings of the CUDA device name
+    copy_bandwidth_gbs: Figure | None = None  # GB/s, read + write bytes of a device copy
+
+    def copy_bandwidth(self) -> float:
+        """Device-to-device copy bandwidth in bytes/s (read + write): the ceiling a streaming
+        kernel is judged against. Raises ValueError where the table has no measurement."""
+        if self.copy_bandwidth_gbs is None:
+            raise ValueError(f"{self.name} has no measured copy bandwidth in the table")
+        return self.copy_bandwidth_gbs.value * 1e9
 
     def peak_flops(self, dtype: torch.dtype | str) -> float:
         """Dense peak in FLOP/s for `dtype` (a torch.dtype or 'fp32'/'tf32'/'bf16'/'fp16'/'fp8')."""
@@ -107,7 +117,7 @@ def _prices(on_demand: float, source: str = _PRICE_SRC, date: str = "2026-05"):
     )
 
 
-def _spec(key, name, arch, cc, peaks, src, date, bw, mem, price, match) -> GPUSpec:
+def _spec(key, name, arch, cc, peaks, src, date, bw, mem, price, match, copy=None) -> GPUSpec:
     on_demand, spot = price
     return GPUSpec(
         key=key,
@@ -120,6 +130,7 @@ def _spec(key, name, arch, cc, peaks, src, date, bw, mem, price, match) -> GPUSp
         price_on_demand=on_demand,
         price_spot=spot,
         match=match,
+        copy_bandwidth_gbs=copy,
     )
 
 
@@ -151,6 +162,13 @@ GPUS: dict[str, GPUSpec] = {
             141,
             _prices(4.00),
             ("H200",),
+            copy=Figure(
+                4300,
+                "GB/s",
+                "device-to-device torch copy of a large bfloat16 tensor on one H200 SXM, "
+                "(read + write bytes) / median time, rounded to two significant figures",
+                "2026-11-30",
+            ),
         ),
         _spec(
             "a100-80gb-sxm",

@@ -153,8 +153,8 @@ def _nvidia_driver() -> str | None:
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     """The host CPU's model name (Linux: /proc/cpuinfo; elsewhere `platform.processor()`), or
     None. Host-bound figures (an engine's scheduling, a batch-1 step's launches) move with the
-    host: the same engine code on two H200 machines ran its offline workload 15% apart, with the
-    same device time a step and a host share that differed."""
+    host: the same engine code on two machines of one GPU model can run a workload well apart,
+    with the same device time a step and a host share that differs."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:

@@ -5,7 +5,7 @@ case: no dropout, no sliding window, no ALiBi, no softcap, q/k/v as separate ten
 softcap are accepted too, see below):
 
 - head dims 32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256 (upstream's list had 80 from
-  August to December 2023 and is these without 80 since; the issue keeps it);
+  August to December 2023 and is these without 80 since; this matrix keeps it);
 - (seqlen_q, seqlen_k) pairs (113, 203), (128, 217), (113, 211), (108, 256), (256, 512),
   (512, 256), (1024, 1024), (1023, 1024), (1024, 1023), (2048, 2048);
 - MHA, GQA and MQA: 6 query heads with 6, 2 and 1 k/v heads;
@@ -42,7 +42,7 @@ floor and dq/dk/dv at 3x (relaxed from 2x in 2024); `test_flash_attn_causal` (an
 twin) uses 2x + 1e-5 for the output and all three gradients; `test_flash_attn_splitkv` 2x +
 1e-5 for the output and 2x + 2e-4 for the gradients; the Hopper (FlashAttention-3) tests use 2x
 plus a floor of twice the float32 rounding of the reference's own values
-(`2 * |ref + 0.3 - 0.3 - ref|`, of order 1e-7 at these magnitudes). We apply the issue's
+(`2 * |ref + 0.3 - 0.3 - ref|`, of order 1e-7 at these magnitudes). We apply the project's
 stricter reading: 2x for the output and all three gradients, with the 1e-5 floor of the
 upstream causal tests (the one tests/project01_cuda_kernel/test_attention_gpu.py already uses).
 

@@ -449,7 +449,7 @@ def headline(record: dict) -> str:
     return (
         f"**FlashAttention at head dim {_dims_text(rows)} vs SDPA** ({dtype}; "
         f"{environment_line(record.get('environment', {}))}; the tables in "
-        "[project01_cuda_kernel/README.md](project01_cuda_kernel/README.md)): "
+        "[details.md](details.md)): "
         + (
             "over every shape and mode, medians of the per-repetition ratios, "
             + "; ".join(parts)

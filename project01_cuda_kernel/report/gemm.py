@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shared.repeat import ranged
 
-TARGET_PCT = 90.0  # % of cuBLAS, from the issue
+TARGET_PCT = 90.0  # % of cuBLAS, the project's target
 LADDER_SIZE = 4096  # the ladder chart's square size
 _G = ",.3g"  # the tables' number format, for "median (min–max)" cells
 
@@ -168,7 +168,7 @@ def best_row(gemm: dict, dtype: str, size: int) -> dict | None:
 
 
 def targets(gemm: dict) -> list[dict]:
-    """The issue's targets against the measurements: one dict per target (met or not by the
+    """The project's targets against the measurements: one dict per target (met or not by the
     median)."""
     out = []
     for dtype, size in TARGETS:

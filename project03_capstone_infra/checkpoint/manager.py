@@ -166,8 +166,8 @@ class CheckpointManager:
         self.async_staging = use_cuda if async_staging is None else async_staging
         # "persistent" (default): PersistentStager, host buffers kept across saves. "dcp": DCP's
         # DefaultStager, a fresh one per save unless reuse_staging_buffers (on torch 2.11 with
-        # CUDA a reused DefaultStager failed at its second save on an H200: KeyError: <class
-        # 'type'>, then RecursionError, inside DCP's StateDictStager).
+        # CUDA a reused DefaultStager failed at its second save: KeyError: <class 'type'>, then
+        # RecursionError, inside DCP's StateDictStager).
         self.stager_kind = stager
         self.reuse_staging_buffers = reuse_staging_buffers
         self.async_disabled = False  # set once an async save has failed: saves go synchronous

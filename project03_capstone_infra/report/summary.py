@@ -1,7 +1,6 @@
-"""reports/project03_capstone_infra/summary.md: the project's results in one place (the top-level
-README's results block is refreshed from it by `make readme`), from whatever result files exist
-(chaos, chaos_gpu, checkpoint_bench, reshard, determinism_cost, and a link to every other
-report); each part names its own context. Written by the chaos run, the resharding demo, the
+"""reports/project03_capstone_infra/summary.md: the project's results in one place, links
+relative to that folder, from whatever result files exist (chaos, chaos_gpu, checkpoint_bench,
+reshard, determinism_cost, and a link to every other report); each part names its own context. Written by the chaos run, the resharding demo, the
 determinism cost run, the checkpoint benchmark, `report` and `make publish`."""
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ def _chaos_summary(d: Path, stem: str) -> list[str]:
         f"{environment_line(rec['environment'])}): after {went}, the final model and optimizer "
         f"state is **{verdict}** to the uninterrupted run ({r['tensors_compared']} tensors), loss "
         f"curves {'equal' if r['loss_curves_equal'] else 'differ'}.{missed} "
-        f"[Details](reports/{PROJECT}/{stem}.md)",
+        f"[Details]({stem}.md)",
         "",
         markdown_table(rows, floatfmt=".1f"),
         "",
@@ -78,7 +77,7 @@ def _determinism_summary(d: Path) -> list[str]:
             f"{', deterministic mode' if r.get('deterministic') else ''}, "
             f"{environment_line(rec['environment'])}): steps 1-{r['switch_after']} and the state "
             f"at the change {before} to the uninterrupted run; {dirs}. "
-            f"[Chart](reports/{PROJECT}/reshard.png)",
+            "[Chart](reshard.png)",
             "",
         ]
     path = d / "determinism_cost.json"
@@ -136,12 +135,12 @@ def write_summary(reports_dir: str | Path | None = None) -> Path:
             f"; sync and steady state: median (min–max) of {reps} repetitions" if reps > 1 else ""
         )
         parts += [
-            "; ".join(line) + f"{tail}. [Details](reports/{PROJECT}/checkpoint_bench.md)",
+            "; ".join(line) + f"{tail}. [Details](checkpoint_bench.md)",
             "",
         ]
     parts += _determinism_summary(d)
     others = [
-        f"[{p.stem}](reports/{PROJECT}/{p.name})"
+        f"[{p.stem}]({p.name})"
         for p in sorted(d.glob("*.md"))
         if p.stem not in ("summary", "chaos", "chaos_gpu", "checkpoint_bench")
     ]

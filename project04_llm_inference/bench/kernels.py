@@ -9,11 +9,11 @@ Per (batch, context) shape, bf16, Llama-3.2-1B attention (32 query heads, 8 KV h
   expansion) over a contiguous (B, Hkv, S, D) copy of the same cache, q as (B, Hq, 1, D); the
   backend is SDPA's own choice.
 Both are captured in a CUDA graph and timed by replaying it, as the engine runs its decode
-steps: the time is the GPU's, not the host's (launched one Python call at a time, a batch-1
-shape measured the wrapper's host time: 119 us where the kernel needs a tenth of it).
+steps: the time is the GPU's, not the host's (launched one Python call at a time, a small
+shape would measure the wrapper's host time instead of the kernel).
 Bytes = K and V of every context token read once + q + out; GB/s = bytes / median time
-(`triton.testing.do_bench`, which flushes L2 between runs). The copy ceiling measured on the
-H200 is about 4,300 GB/s. Shapes whose two caches (paged + contiguous) would not fit are skipped.
+(`triton.testing.do_bench`, which flushes L2 between runs), against the copy bandwidth of
+`shared.hardware`. Shapes whose two caches (paged + contiguous) would not fit are skipped.
 
 Each shape is timed in `repeats` repetitions (default 5), ours and SDPA alternating
 (`shared.repeat.interleave`); every figure is the median over repetitions with `_min`, `_max`
@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from project04_llm_inference import PROJECT
+from shared.hardware import get_gpu
 from shared.repeat import DEFAULT_REPEATS, flat, interleave
 
 
@@ -162,7 +163,11 @@ def run(cfg: KernelBenchConfig) -> dict:
             torch.cuda.empty_cache()  # the shape's caches are gone: give their memory back
             print({k: round(v, 4) if isinstance(v, float) else v for k, v in rows[-1].items()})
     reports_dir = str(output_root(cfg.reports_dir))
-    results = {"rows": rows, "copy_ceiling_gbps": 4294, "repeats": cfg.repeats}
+    results = {
+        "rows": rows,
+        "copy_ceiling_gbps": get_gpu("h200-sxm").copy_bandwidth_gbs.value,
+        "repeats": cfg.repeats,
+    }
     path = save_result(
         PROJECT,
         "decode_attention",

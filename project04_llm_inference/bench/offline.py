@@ -38,9 +38,13 @@ from pathlib import Path
 import numpy as np
 
 from project04_llm_inference import PROJECT
+from shared.hardware import get_gpu
 from shared.repeat import Spread, flat, interleave
 
 from .baselines import Workload, free_cuda, not_measured
+
+# The decode floor moves bytes at the copy bandwidth of the H200 (the hardware table), TB/s.
+COPY_TB_S = get_gpu("h200-sxm").copy_bandwidth() / 1e12
 
 # Engine counters that accumulate over the engine's life: a run reports their increase.
 COUNTERS = (
@@ -86,8 +90,8 @@ class ThroughputConfig(BenchConfig):
     static_batch: int = 256
     """static CUDA-graph baseline batch size"""
     transformers_requests: int = 64
-    """requests run through transformers generate (~90 ms per step at any batch: all 2,000 would
-    take most of an hour); 0 skips it"""
+    """requests run through transformers generate (far slower than the engine: the whole
+    workload would take most of an hour); 0 skips it"""
     transformers_batch: int = 64
     """transformers generate batch size"""
     vllm: bool = True
@@ -106,8 +110,8 @@ class ThroughputConfig(BenchConfig):
     repeats: int = 1
     """runs of the workload per engine configuration, median and min-max recorded; runs after
     the first draw fresh token ids of the same lengths, so that no prefix of an earlier run is
-    cached. One run of 2,000 requests takes about a minute on an H200: the default is one run,
-    and the record says how many there were. Baselines run once."""
+    cached. The default is one run, and the record says how many there were. Baselines run
+    once."""
 
     def __post_init__(self) -> None:
         _check_repeats("ThroughputConfig.repeats", self.repeats)
@@ -127,8 +131,8 @@ class LatencyConfig(BenchConfig):
     """pure decode steps wanted per shape (after every sequence has finished its prefill)"""
     max_num_batched_tokens: int = 32768
     """engine token budget per step: larger budgets finish the batch's prefill in fewer steps"""
-    bandwidth_tb_s: float = 4.3
-    """memory bandwidth of the floor, TB/s (H200 measured copy bandwidth, shared/GPU.md)"""
+    bandwidth_tb_s: float = COPY_TB_S
+    """memory bandwidth of the floor, TB/s (default: the H200's copy bandwidth in shared.hardware)"""
     baseline: bool = True
     """also time the static CUDA-graph baseline at the same shapes"""
     num_scheduler_steps: int = 8
@@ -285,7 +289,7 @@ def kv_bytes_per_token(c: dict, dtype_bytes: int = 2) -> int:
     return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * _head_dim(c) * dtype_bytes
 
 
-def decode_floor_ms(c: dict, batch: int, context: int, bandwidth_tb_s: float = 4.3) -> float:
+def decode_floor_ms(c: dict, batch: int, context: int, bandwidth_tb_s: float = COPY_TB_S) -> float:
     """Least time of one decode step if it only moved its bytes: weights once plus every
     sequence's KV cache, over the bandwidth (TB/s)."""
     nbytes = weight_bytes(c) + batch * context * kv_bytes_per_token(c)

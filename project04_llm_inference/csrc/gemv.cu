@@ -4,7 +4,7 @@
 // At batch 1 a decode step is a chain of weight reads: every projection reads its whole weight
 // matrix to produce a handful of outputs, so its floor is bytes / HBM bandwidth. cuBLAS runs
 // these shapes as GEMMs of M = 1..8 and, for the small ones, stays well under that floor; each
-// RMSNorm and each silu-and-mul between them is one more launch of a ~2 us kernel that moves a
+// RMSNorm and each silu-and-mul between them is one more launch of a short kernel that moves a
 // few kilobytes. This kernel does the three in one pass:
 //
 //   preload   each warp issues the loads of its first weight chunk before anything that depends
@@ -612,12 +612,11 @@ cudaError_t launch_mode(const GemvArgs& a, cudaStream_t stream) {
                     : launch_variant<T, NT, true, true, kPlain>(a, stream);
 }
 
-// One and two rows. Measured on an H200 (bench gemv-kernel), the kernel beats cuBLAS and the
-// separate norm and activation kernels there or matches it (the LM head: 1.00x and 0.98x); from
-// four rows on, converting the staged rows for every weight chunk makes it compute-bound and
-// cuBLAS's GEMMs catch up or win.
-// Three to eight: the tensor-core kernel (measured on an H200: gemv_kernel_mma.json; the Python
-// wrapper dispatches here up to kernels/gemv.py's MMA_MAX_TOKENS).
+// One and two rows: the kernel beats cuBLAS and the separate norm and activation kernels there
+// or matches it; from four rows on, converting the staged rows for every weight chunk makes it
+// compute-bound and cuBLAS's GEMMs catch up or win (gemv_kernel.json).
+// Three to eight: the tensor-core kernel (gemv_kernel_mma.json; the Python wrapper dispatches
+// here up to kernels/gemv.py's MMA_MAX_TOKENS).
 template <typename T>
 cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
   if (a.tokens <= 1) return launch_mode<T, 1>(a, stream);

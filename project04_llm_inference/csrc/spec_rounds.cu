@@ -5,8 +5,8 @@
 // target's verification and the greedy acceptance. Between two rounds the state moves on by what
 // the last round accepted, and the next round's token ids, positions, cache slots (through the
 // block tables) and context lengths follow from it. Written as torch operations that was about 50
-// launches of tiny kernels a round, 0.18 ms of device time on an H200 against 0.5-0.6 ms for the
-// round's forwards: more than the host time the rounds were meant to save. Here it is one launch,
+// launches of tiny kernels a round, a large share of the round's device time next to its
+// forwards: more than the host time the rounds were meant to save. Here it is one launch,
 // one thread per batch row; integer arithmetic only, so it equals the torch version bit for bit
 // (`kernels/spec_rounds.py` keeps that version as the reference and the CPU path).
 //

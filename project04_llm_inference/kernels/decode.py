@@ -38,9 +38,9 @@ def split_plan(batch: int, n_kv_heads: int, max_context_len: int, num_sms: int) 
     CTAs = batch * n_kv_heads * splits. The context is split into as many partitions as keep
     the CTAs at most WAVES per SM (rounded down: a batch that brings WAVES CTAs per SM or more by
     itself runs one split and no combine pass), each of at least MIN_PARTITION tokens, rounded
-    to the 64 tokens a CTA's 4 warps take per step. Rounding down is measured: at batch 256 and
-    context 1k (2,048 CTAs, 15.5 per SM) one split ran the Llama-3.2-1B decode step 4.7% faster
-    than two (3.91 vs 4.10 ms, H200; decode_latency.json before and after).
+    to the 64 tokens a CTA's 4 warps take per step. Rounding down: at batch 256 and context 1k
+    (2,048 CTAs, 15.5 per SM) one split, with no combine pass, beats two (the project's NOTES.md
+    and decode_attention.json).
     """
     max_context_len = max(int(max_context_len), 1)
     ctas = max(batch * n_kv_heads, 1)

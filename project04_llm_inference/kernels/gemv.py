@@ -24,20 +24,16 @@ from .rope_cache import check_rope_inputs, rope_and_cache
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
-# The most tokens the kernel takes. Measured on an H200 (`gemv-kernel`: gemv_kernel.json) against
-# cuBLAS plus the separate norm and activation kernels: 1.0-1.66x at one token and
-# 0.98-1.42x at two (the LM head 1.00x and 0.98x); with a build for up to 8 rows
-# (gemv_kernel_rows_1_to_8.json, before the weight preload) 0.75-1.14x at four and 0.44-0.83x at
-# eight, so larger steps go to cuBLAS.
+# The most tokens the kernel takes: against cuBLAS plus the separate norm and activation kernels
+# it wins or ties at one and two tokens (`gemv-kernel`: gemv_kernel.json), and a build for up to 8
+# rows lost from four on (gemv_kernel_rows_1_to_8.json), so larger steps go elsewhere.
 GEMV_MAX_TOKENS = 2
 # The tensor-core variant (gemv_mma_kernel: mma.sync with the weight as the A operand and up to
 # eight staged rows as B, so a weight chunk costs a few mma instead of converting every row) takes
-# 3..MMA_MAX_TOKENS tokens on sm_80 and newer (0: off, steps of 3-8 tokens go to cuBLAS). Measured
-# on an H200 (gemv_kernel_mma.json: gemv-kernel --mma-max-tokens 8 --tokens 3 4 5 6 7 8
-# --chain-tokens 4 8): against cuBLAS plus the separate norm/activation/RoPE kernels, 1.10-1.31x on
-# the QKV projection, 0.97-1.06x on the output one, 1.00-1.13x on gate/up, 0.87-0.92x on the plain
-# down projection and 0.93x on the LM head; a chain of 16 layers (with PDL) 1.18x at 4 tokens and
-# 1.10x at 8.
+# 3..MMA_MAX_TOKENS tokens on sm_80 and newer (0: off, steps of 3-8 tokens go to cuBLAS). A chain
+# of 16 layers with it beats the cuBLAS path at 4 and 8 tokens, though single plain projections
+# can trail it (gemv_kernel_mma.json: gemv-kernel --mma-max-tokens 8 --tokens 3 4 5 6 7 8
+# --chain-tokens 4 8).
 MMA_MAX_TOKENS = 8
 MMA_KERNEL_MAX_TOKENS = 8  # the most rows the tensor-core kernel stages (B's eight columns)
 CTAS_PER_SM = 4  # the grid's bound; warps loop over the remaining rows

@@ -238,8 +238,7 @@ class FusedGreedySpec:
             # The verification's k + 1 tokens per sequence as w * q decode rows (row j at
             # context L + j + 1: causal, as a chunk aligned bottom-right): the decode kernel
             # splits the context over the GPU, where the chunked-prefill kernel gave a handful
-            # of CTAs per sequence the whole context each (measured on an H200 at batch 1: about
-            # 15 us a layer for 5 query tokens of a 300-400-token context).
+            # of CTAs per sequence the whole context each (slow at batch 1).
             s.t_meta = AttnMetadata(
                 num_decodes=w * s.q,
                 positions=d["t_pos"],

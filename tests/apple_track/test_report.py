@@ -137,23 +137,27 @@ def test_report_files_and_readme(record_path, tmp_path):
     readme.parent.mkdir()
     written = report.write_report(record_path, readme=readme)
     out = record_path.parent
-    assert {p.name for p in written} == {"tradeoff.png", "summary.md", "README.md"}
+    assert {p.name for p in written} == {"tradeoff.png", "summary.md", "README.md", "details.md"}
     png = (out / "tradeoff.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    text = readme.read_text()
+    text = readme.read_text()  # the front page: its generated table links the record
     assert "<!-- results:apple_track -->" in text and "<!-- /results:apple_track -->" in text
-    assert "| Core ML | palettize4 | 112 KiB |" in text  # 115,000 bytes
-    assert "Core ML prediction: skipped: Core ML predicts only on macOS" in text
-    assert "Metal kernels: not run: no Metal device (Linux)" in text
+    assert "](../reports/apple_track/export.json)" in text and "2026-11-29" in text
     assert "](../reports/apple_track/tradeoff.png)" in text  # relative to the README
-    assert "constexpr_lut_to_dense +12" in text  # what palettization adds to the op counts
-    assert "xcrun xctrace record --template 'Core ML'" in text
-    assert "0123456789" in text and "2026-11-29" in text  # the environment it was measured in
-    assert "1.000 ms per forward" in text and "Timed again at the end of the run: 1.250 ms" in text
-    assert "Load average" not in text  # a quiet machine (load 1.0 on 2 cores) gets no warning
-    summary = (out / "summary.md").read_text()  # pasted into the root README: root-relative
-    assert "(reports/apple_track/tradeoff.png)" in summary and "| LiteRT | int8 |" in summary
-    assert "[Details](apple_track/README.md)" in summary and "4 within their stated" in summary
+    assert "](../reports/apple_track/details.md)" in text
+    details = (out / "details.md").read_text()  # every table, beside the records
+    assert "| Core ML | palettize4 | 112 KiB |" in details  # 115,000 bytes
+    assert "Core ML prediction: skipped: Core ML predicts only on macOS" in details
+    assert "Metal kernels: not run: no Metal device (Linux)" in details
+    assert "](tradeoff.png)" in details
+    assert "constexpr_lut_to_dense +12" in details  # what palettization adds to the op counts
+    assert "0123456789" in details and "2026-11-29" in details  # where it was measured
+    assert "1.000 ms per forward" in details
+    assert "Timed again at the end of the run: 1.250 ms" in details
+    assert "Load average" not in details  # a quiet machine (load 1.0 on 2 cores): no warning
+    summary = (out / "summary.md").read_text()  # links relative to its own folder
+    assert "](tradeoff.png)" in summary and "| LiteRT | int8 |" in summary
+    assert "[Details](details.md)" in summary and "4 within their stated" in summary
 
 
 def test_other_runs_get_their_own_chart_and_section(record_path, tmp_path):
@@ -165,10 +169,11 @@ def test_other_runs_get_their_own_chart_and_section(record_path, tmp_path):
     (record_path.parent / "notes.json").write_text('{"not": "a record"}')  # ignored
     readme = tmp_path / "README.md"
     written = report.write_report(other_path, readme=readme)
-    assert {p.name for p in written} == {"export_125m_tradeoff.png", "README.md"}  # no summary
-    text = readme.read_text()
-    assert "#### Run `export_125m`: preset `125m`, seq 128" in text
-    assert "(reports/apple_track/export_125m_tradeoff.png)" in text
+    names = {p.name for p in written}
+    assert names == {"export_125m_tradeoff.png", "README.md", "details.md"}  # no summary
+    text = (record_path.parent / "details.md").read_text()
+    assert "### Run `export_125m`: preset `125m`, seq 128" in text
+    assert "(export_125m_tradeoff.png)" in text
     assert "134,105,856 parameters" in text and "139,584 parameters" in text  # both runs
 
 
@@ -205,5 +210,5 @@ def test_export_without_exporters_reports_each_runtime_as_skipped(tmp_path):
     assert record["results"]["metal"]["ran"] is False
     assert record["environment"]["torch"]
     written = report.write_report(path, readme=tmp_path / "README.md")
-    assert "skipped" in (tmp_path / "README.md").read_text()
-    assert len(written) == 3
+    assert "skipped" in (path.parent / "details.md").read_text()
+    assert len(written) == 4

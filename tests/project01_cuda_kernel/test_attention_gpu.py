@@ -28,7 +28,7 @@ DTYPES = [torch.bfloat16, torch.float16]
 # outputs once), and with the default scale 1 / sqrt(D) the scores of N(0, 1) inputs have the
 # same spread at every D.
 HEAD_DIMS = [64, 128, 256]
-# (batch, heads, seq_q, seq_k): the lengths 1, 17, 100, 1000, 4096, plus unequal ones.
+# (batch, heads, seq_q, seq_k): the contract's lengths 1, 17, 100, 1000, 4096, plus unequal ones.
 EQUAL = [(2, 3, 1, 1), (2, 3, 17, 17), (3, 2, 100, 100), (2, 2, 1000, 1000), (1, 2, 4096, 4096)]
 UNEQUAL = [(2, 3, 1, 100), (2, 3, 100, 1000), (1, 2, 1000, 17), (1, 1, 17, 4096)]
 

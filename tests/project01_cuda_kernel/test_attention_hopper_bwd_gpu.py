@@ -141,7 +141,7 @@ def test_dq_by_tma_reduce_equals_dq_by_atomics(monkeypatch, dtype, d, causal, sq
     assert (dq_tma - dq_atomic).abs().max().item() <= bound
 
 
-# Longer sequences too (the target shapes are seq >= 4k): B = 1, 4 heads.
+# Longer sequences too (the target shapes are seq >= 4k): B = 1, 4 heads.
 AGREE_SHAPES = [(1041, 1041, 8, 2), (4096, 4096, 4, 4), (4096, 4096, 8, 1), (2000, 4096, 4, 2)]
 
 

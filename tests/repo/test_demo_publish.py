@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import demo, publish
+from scripts import demo, publish, refresh_readme
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = demo.Hardware(gpus=0, gpu_name=None, nvcc=True, cuda_torch=False)
@@ -142,8 +142,9 @@ def monorepo_copy(tmp_path):
     for project in publish.REFRESHERS:
         (root / project).mkdir()
         (root / project / "__init__.py").write_text("")
-        if (ROOT / project / "README.md").is_file():
-            shutil.copy2(ROOT / project / "README.md", root / project / "README.md")
+        for name in ("README.md", "headlines.py"):  # the page and the claims it shows
+            if (ROOT / project / name).is_file():
+                shutil.copy2(ROOT / project / name, root / project / name)
     return root
 
 
@@ -163,6 +164,11 @@ def _cpu_run(root: Path, tokens: int) -> Path:
 def test_publish_copies_a_run_and_refreshes_every_readme_block(monorepo_copy):
     root = monorepo_copy
     readme_before = (ROOT / "README.md").read_bytes()
+    from shared.results import replace_between_markers
+
+    top = root / "README.md"
+    marker = "results:all:root"
+    top.write_text(replace_between_markers(top.read_text(), marker, "stale"))
     run = _cpu_run(root, 987654)
     lines: list[str] = []
     assert publish.publish(run, root=root, log=lines.append) == 2
@@ -172,12 +178,14 @@ def test_publish_copies_a_run_and_refreshes_every_readme_block(monorepo_copy):
     assert published["results"]["runs"][0]["tokens_per_s"] == 987654
     summary = (root / "reports/project02_fsdp_scaling/summary.md").read_text()
     assert "987654" in summary and "on GPUs" in summary  # the GPU records stay published
-    top = (root / "README.md").read_text()
-    block = top.split("<!-- results:project02_fsdp_scaling -->")[1].split("<!-- /results")[0]
-    assert "987654" in block and "on GPUs" in block
-    own = (root / "project02_fsdp_scaling/README.md").read_text()
-    cpu = own.split("<!-- cpu-scaling -->")[1].split("<!-- /cpu-scaling -->")[0]
-    assert "](../reports/project02_fsdp_scaling/scaling_cpu_throughput.png)" in cpu
+    # every README's results table is regenerated from the records: a stale one is replaced
+    assert "stale" not in top.read_text()
+    for readme in (root / "README.md", root / "project02_fsdp_scaling/README.md"):
+        text = readme.read_text()
+        assert refresh_readme.refreshed(readme, root / "reports")[0] == text
+        assert "](reports/project02_fsdp_scaling/scaling_gpu.json)" in text or (
+            "](../reports/project02_fsdp_scaling/scaling_gpu.json)" in text
+        )
     assert (ROOT / "README.md").read_bytes() == readme_before  # the real repository untouched
 
 

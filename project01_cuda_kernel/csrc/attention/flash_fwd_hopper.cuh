@@ -500,13 +500,11 @@ cudaError_t launch_fwd_hopper(const FwdParams& p, cudaStream_t stream) {
   const int64_t tiles =
       static_cast<int64_t>((p.seqlen_q + C::kBM - 1) / C::kBM) * p.heads * p.batch;
   if (tiles > INT32_MAX) return cudaErrorInvalidValue;
-  // Persistent (one CTA per SM walking the tiles) or one CTA per tile. Measured on an H200
-  // (reports/project01_cuda_kernel/attention_hopper_ab.json; bf16, 16k tokens a batch, ours /
-  // SDPA cuDNN in one process): persistence pays where tiles are short or uniform: non-causal at
-  // head dim 64 (0.87-0.99 vs 0.63-0.98) and non-causal seq <= 1k at head dim 128 (0.85 vs 0.71
-  // at seq 512). It loses with causal masks, whose uneven tiles a static round-robin balances
-  // badly (head dim 64, seq 2k: 0.56 vs 0.80), and at head dim 128 with long sequences (seq 8k:
-  // 0.85 vs 0.95).
+  // Persistent (one CTA per SM walking the tiles) or one CTA per tile. Persistence pays where
+  // tiles are short or uniform (non-causal at head dim 64, non-causal seq <= 1k at head dim 128);
+  // it loses with causal masks, whose uneven tiles a static round-robin balances badly, and at
+  // head dim 128 with long sequences. The A/B behind this rule:
+  // reports/project01_cuda_kernel/attention_hopper_ab.json.
   const bool persistent = !p.causal && (D == 64 || p.seqlen_k <= 1024);
   const int grid = (!persistent || tiles < sms) ? static_cast<int>(tiles) : sms;
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(mq, mk, mv, p);
