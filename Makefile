@@ -60,12 +60,12 @@ $(STAMP): pyproject.toml
 # commit: every test not marked `slow` or `gpu`, spread over the machine's cores by pytest-xdist
 # (minutes on two cores). `make test-all` is everything that needs no GPU: the fast tier plus
 # the `slow` tests (real torchrun jobs, kill -9 trials, nvcc builds, Ray Tune, forks running their
-# own suites) and the on-device track's exporters in .venv-apple; CI (`.ci/run`) runs it.
+# own suites, the exporters); CI (`.ci/run`) runs it.
 # PYTEST_WORKERS=0 runs in one process; files stay whole on one worker (--dist loadfile), so a
 # module's fixtures are built once.
 PYTEST_WORKERS ?= auto
 # (expanded when the recipe runs, after set-up; without pytest-xdist the tests run in one process)
-XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,$(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo -n $(PYTEST_WORKERS) --dist loadfile))
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,$(shell $(PYTHON) -c 'import xdist' 2>/dev/null && echo --numprocesses=$(PYTEST_WORKERS) --dist=loadfile))
 
 test: $(SETUP)  ## the fast CPU tier: every test not marked slow or gpu (minutes)
 	$(PYTHON) -m pytest -m "not gpu and not slow" $(XDIST) $(PYTEST_ARGS)
