@@ -365,8 +365,10 @@ def run_training(
         if on_resume is not None:
             on_resume(par, opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    for _ in range(first_step):  # the learning-rate schedule where the checkpoint left it
-        sched.step()
+    if first_step:  # the learning-rate schedule where the checkpoint left it
+        sched.last_epoch = first_step
+        for group, base in zip(opt.param_groups, sched.base_lrs):
+            group["lr"] = base * lr_lambda(cfg)(first_step)
     loss_fn = torch.compile(cross_entropy) if cfg.compile else cross_entropy
     log.info(
         "model %s: %s parameters; world %d (%s), %s %s; global batch %d x %d tokens, "
