@@ -4,6 +4,7 @@ costs less), each with its own `--parallel` layout.
 
     python -m tests.project02_fsdp_scaling._layouts_worker OUT.pt JOBS_JSON
 
+P02_LAYOUTS_DEVICE=cuda runs the world on GPUs (NCCL), one per rank; the default is the CPU.
 JOBS_JSON: a list of {"name": str, "flags": [train flags], "bug": optional planted bug}. Rank 0
 writes OUT.pt: {name: {"losses", "grad_norms", "params" (full, canonical names), "state_end"
 (model and optimizer state in full), "state_resumed" (the same right after --resume loaded, or
@@ -18,6 +19,7 @@ Planted bugs, to show that the layout comparison catches one:
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -55,7 +57,7 @@ def main(argv: list[str]) -> int:
     from project02_fsdp_scaling.train import run_training
 
     out, jobs = argv[0], json.loads(argv[1])
-    info = init_distributed(device="cpu")
+    info = init_distributed(device=os.environ.get("P02_LAYOUTS_DEVICE", "cpu"))
     results = {}
     try:
         for job in jobs:

@@ -35,10 +35,10 @@ def torchrun():
     return run_torchrun
 
 
-def run_ranks(nproc: int, module: str, *args: str, timeout: float = 300) -> None:
+def run_ranks(nproc: int, module: str, *args: str, timeout: float = 300, gpu: bool = False) -> None:
     """Start `nproc` CPU processes of `python -m module args` as one gloo world, the variables
     torchrun would set given directly (no launcher process: a second saved per import of
-    torch); fail the test with their output when one fails or the world outlives `timeout`."""
+    torch); `gpu`: one GPU per rank, else the CPU; fail the test with their output when one fails or the world outlives `timeout`."""
     import socket
 
     with socket.socket() as s:
@@ -48,9 +48,10 @@ def run_ranks(nproc: int, module: str, *args: str, timeout: float = 300) -> None
     env["PYTHONPATH"] = str(REPO) + (
         os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
     )
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU tier: gloo, even on a GPU machine
     env.update(
         OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
         WORLD_SIZE=str(nproc),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

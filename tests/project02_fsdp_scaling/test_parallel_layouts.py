@@ -71,9 +71,15 @@ def _one_process(flags: list[str]) -> dict:
     return {"losses": losses, "grad_norms": norms, "params": params}
 
 
-def _launch(tmp_path, nproc: int, jobs: list[dict]) -> dict:
+def _launch(tmp_path, nproc: int, jobs: list[dict], *, gpu: bool = False) -> dict:
+    import os
+
     out = tmp_path / f"layouts_{nproc}.pt"
-    run_ranks(nproc, WORKER, str(out), json.dumps(jobs), timeout=600)
+    os.environ["P02_LAYOUTS_DEVICE"] = "cuda" if gpu else "cpu"
+    try:
+        run_ranks(nproc, WORKER, str(out), json.dumps(jobs), timeout=600, gpu=gpu)
+    finally:
+        del os.environ["P02_LAYOUTS_DEVICE"]
     return torch.load(out)
 
 
