@@ -1,7 +1,17 @@
-"""FSDP2 training of the shared transformer: the torchrun entry point.
+"""Training of the shared transformer under any parallel layout: the torchrun entry point.
 
     torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --global-batch 64 \
         --micro-batch 8 --compile --out runs/train_1b.json
+    torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --parallel fsdp-tp --tp 2
+    torchrun --nproc-per-node 4 -m project02_fsdp_scaling train --preset 1b --parallel pp \
+        --pp-schedule interleaved-1f1b --pp-microbatches 8
+
+One loop for every layout (`--parallel`, `parallel/apply.py`): FSDP2 (the default, and the
+tuned path below), DDP, tensor parallel, a pipeline, or a 2-D mesh of them. The layout decides
+which ranks share a batch (the data-parallel ones split it), how gradients are synchronised
+across micro-batches, and who computes the loss; data, AdamW, clipping, timing and the record
+are the same for all. `--save-checkpoint` / `--resume` write and read a DCP checkpoint that
+loads under any layout and world size.
 
 One process per GPU (NCCL) or per CPU worker (gloo); a plain `python -m` is a world of one.
 Parallelism is applied from outside the model with `shared.parallelize` (torchao float8 linears
@@ -10,7 +20,7 @@ parameter dtype, bf16 by default, and fp32 gradient reduction); fp16 adds dynami
 A world of one is still wrapped by FSDP, so the one-GPU baseline trains in exactly the precision
 of the multi-GPU runs.
 
-The global batch is fixed: each rank takes global_batch / world_size sequences a step, in
+The global batch is fixed: each data-parallel rank takes global_batch / dp sequences a step, in
 micro-batches with gradient accumulation. Step time is wall time between device synchronisations
 (median over the timed steps, after warm-up); MFU uses the dense peak of `shared.hardware` for
 the precision the matmuls run in (`mfu_bf16_peak`: against the bf16 peak, whatever the recipe).

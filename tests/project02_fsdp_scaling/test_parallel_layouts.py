@@ -221,3 +221,27 @@ def test_a_checkpoint_moves_from_tp_to_fsdp_to_one_process_bitwise(tmp_path):
     # and training went on from there: the resumed runs' losses keep falling
     losses = two["tp"]["losses"] + two["fsdp"]["losses"] + one["one"]["losses"]
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_moves_between_the_2d_layouts_bitwise(tmp_path):
+    """FSDP2 x TP (its qkv weight TP-ordered inside 2-D shards) -> PP x FSDP2 (a rank holds half
+    the stages) -> FSDP2 x TP again, on 4 ranks."""
+    a, b = tmp_path / "fsdp_tp", tmp_path / "pp_fsdp"
+    flags = [*CKPT, "--n-layers", "4", "--steps", "1"]
+    runs = _launch(
+        tmp_path,
+        4,
+        [
+            _job("fsdp-tp", "--parallel", "fsdp-tp", "--save-checkpoint", str(a), common=flags),
+            _job(
+                "pp-fsdp",
+                *("--parallel", "pp-fsdp", "--pp-microbatches", "2"),
+                *("--resume", str(a), "--save-checkpoint", str(b)),
+                common=flags,
+            ),
+            _job("again", "--parallel", "fsdp-tp", "--resume", str(b), common=flags),
+        ],
+    )
+    _same(runs["fsdp-tp"]["state_end"], runs["pp-fsdp"]["state_resumed"])
+    _same(runs["pp-fsdp"]["state_end"], runs["again"]["state_resumed"])
