@@ -205,7 +205,9 @@ class ParallelLayout:
     parameters, gradients and optimizer state). ddp: plain data parallel (every rank holds
     everything; gradients all-reduced). tp: tensor parallel over every rank (Megatron column/row
     split of attention and MLP, sequence parallel norms). fsdp-tp: a 2-D mesh, FSDP2 across
-    groups of --tp tensor-parallel ranks. pp: pipeline parallel over every rank
+    groups of --tp tensor-parallel ranks (TP always with sequence parallel: the norms and the
+    residual stream split along the sequence, an all-gather before each column-parallel linear
+    and a reduce-scatter after each row-parallel one). pp: pipeline parallel over every rank
     (torch.distributed.pipelining). pp-fsdp: a 2-D mesh, --pp pipeline stages, FSDP2 within
     each stage's data-parallel group."""
 
@@ -223,9 +225,6 @@ class ParallelLayout:
     """micro-batches one pipeline step splits its batch into (more: a smaller bubble)"""
     stages_per_rank: int = 0
     """pipeline stages held by each rank; 0: 2 for interleaved-1f1b, else 1"""
-    sequence_parallel: bool = True
-    """tp, fsdp-tp: the norms and residual stream split along the sequence (all-gather before
-    each column-parallel linear, reduce-scatter after each row-parallel one)"""
     loss_parallel: bool = True
     """tp, fsdp-tp: the output head's logits stay split along the vocabulary into the
     cross-entropy (no all-gather of the (tokens, vocab) logits)"""
