@@ -228,6 +228,11 @@ def _jobs(cfg: StrategiesConfig, train: TrainConfig, ws: int, trace_dir: str) ->
         if name in TWO_D and ws < 4:
             continue
         flags = cli_flags(train) + STRATEGIES[name]
+        if name.startswith("pp-") and name != "pp-fsdp":
+            # every rank a stage: at least one micro-batch per rank, a multiple of the ranks
+            # (what interleaving needs), so the bubble formula compares like with like
+            m = train.layout.pp_microbatches
+            flags += ["--pp-microbatches", str(-(-m // ws) * ws)]
         if cfg.measure_comm and not name.startswith("pp"):
             flags += ["--profile", "--trace-dir", trace_dir]
         jobs.append({"name": name, "flags": flags})
