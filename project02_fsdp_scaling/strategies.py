@@ -51,7 +51,7 @@ STRATEGIES_TRAIN = TrainConfig(preset="auto", global_batch=0, steps=6, warmup_st
 class StrategiesConfig:
     """DDP, FSDP2, TP, the pipeline schedules and the 2-D layouts on one model and global batch:
     throughput, memory against each strategy's formula, exposed communication and the pipeline
-    bubble. Preset auto: tiny (4 blocks) on CPU, 1b on GPUs; global batch 0: 8 on CPU, 16 on
+    bubble. Preset auto: tiny (8 blocks) on CPU, 1b on GPUs; global batch 0: 8 on CPU, 16 on
     GPUs; precision bf16 on GPUs, fp32 on CPU."""
 
     world_sizes: tuple[int, ...] = ()
@@ -210,7 +210,8 @@ def _plan(cfg: StrategiesConfig, on_gpu: bool) -> tuple[TrainConfig, list[int]]:
     train = replace(
         given,
         preset=given.preset if given.preset != "auto" else ("1b" if on_gpu else "tiny"),
-        n_layers=given.n_layers or (0 if on_gpu or given.preset != "auto" else 4),
+        # tiny's 2 blocks cannot make 4 ranks x 2 interleaved stages: 8 blocks on the CPU
+        n_layers=given.n_layers or (0 if on_gpu or given.preset != "auto" else 8),
         global_batch=given.global_batch or (16 if on_gpu else 8),
         precision=given.precision if given.precision != "bf16" or on_gpu else "fp32",
         device="cuda" if on_gpu else "cpu",
