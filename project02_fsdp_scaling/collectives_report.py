@@ -71,7 +71,9 @@ def collectives_markdown(rec: dict, heading: str = "#") -> str:
 
 
 def collectives_chart(rec: dict, out_dir: Path, stem: str) -> Path:
-    from shared.charts import footer, line_chart
+    from matplotlib.ticker import FuncFormatter
+
+    from shared.charts import footer, line_figure, save_figure
 
     res = rec["results"]
     sysinfo = res["system"]
@@ -80,8 +82,7 @@ def collectives_chart(rec: dict, out_dir: Path, stem: str) -> Path:
         for op, rows in res["ops"].items()
     }
     peak = sysinfo.get("link_peak_gbs")
-    return line_chart(
-        out_dir / f"{stem}_busbw.png",
+    fig = line_figure(
         series,
         title=f"Bus bandwidth vs message size, {sysinfo['world_size']} ranks, {sysinfo['backend']}",
         xlabel="message size (bytes, nccl-tests' size)",
@@ -91,6 +92,22 @@ def collectives_chart(rec: dict, out_dir: Path, stem: str) -> Path:
         hlines=[(peak, f"link peak {peak:g} GB/s")] if peak else (),
         footnote=footer(rec["environment"]),
     )
+    fig.axes[0].xaxis.set_major_formatter(FuncFormatter(lambda v, _: _size(int(v))))
+    return save_figure(rotate_xlabels(fig), out_dir / f"{stem}_busbw.png")
+
+
+def rotate_xlabels(fig):
+    """Tilt a finished chart's x tick labels and lay it out again above its footer (the
+    shared builders lay out once, for level labels)."""
+    ax = fig.axes[0]
+    for label in ax.get_xticklabels():
+        label.set_rotation(30)
+        label.set_ha("right")
+    footer = fig.texts[-1].get_text() if fig.texts else ""
+    lines = footer.count("\n") + 1 if footer else 0
+    bottom = (0.12 * lines + 0.06) / fig.get_figheight() if lines else 0.0
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    return fig
 
 
 def render(rec: dict, out_dir: Path, stem: str) -> list[Path]:

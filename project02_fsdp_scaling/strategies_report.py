@@ -69,10 +69,22 @@ def strategies_markdown(rec: dict, heading: str = "#") -> str:
 
 
 def strategies_charts(rec: dict, out_dir: Path, stem: str) -> list[Path]:
-    from shared.charts import bar_chart, footer, grouped_bar_chart
+    from project02_fsdp_scaling.collectives_report import rotate_xlabels
+    from shared.charts import bar_chart, footer, grouped_bar_figure, save_figure
 
     runs = rec["results"]["runs"]
     labels = [_label(r) for r in runs]
+    memory = grouped_bar_figure(
+        labels,
+        {
+            "measured": [r["state_bytes_measured"] / 2**20 for r in runs],
+            "formula": [r["state_bytes_formula"] / 2**20 for r in runs],
+        },
+        title="Training state per rank (parameters, gradients, AdamW moments): measured vs formula",
+        ylabel="MiB per rank",
+        footnote=footer(rec["environment"]),
+    )
+    rotate_xlabels(memory)  # long strategy names
     return [
         bar_chart(
             out_dir / f"{stem}_throughput.png",
@@ -80,20 +92,11 @@ def strategies_charts(rec: dict, out_dir: Path, stem: str) -> list[Path]:
             [r["tokens_per_s"] for r in runs],
             title="Throughput by parallel strategy",
             ylabel="tokens/s",
+            bar_labels=[f"{r['tokens_per_s']:,.0f}" for r in runs],
             groups=[str(r["world_size"]) + " ranks" for r in runs],
             footnote=footer(rec["environment"]),
         ),
-        grouped_bar_chart(
-            out_dir / f"{stem}_memory.png",
-            labels,
-            {
-                "measured": [r["state_bytes_measured"] / 2**20 for r in runs],
-                "formula": [r["state_bytes_formula"] / 2**20 for r in runs],
-            },
-            title="Training state per rank: measured vs formula",
-            ylabel="MiB per rank",
-            footnote=footer(rec["environment"]),
-        ),
+        save_figure(memory, out_dir / f"{stem}_memory.png"),
     ]
 
 
