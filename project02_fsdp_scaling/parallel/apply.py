@@ -172,8 +172,9 @@ def apply_layout(
     applied before any wrapping (the torchtitan order)."""
     world = dist.get_world_size()
     degrees = layout.degrees(world)
-    mesh = build_mesh(device.type, degrees)
     name = layout.parallel
+    keep = ("tp",) if layout.uses_tp() else ("pp",) if layout.uses_pipeline() else ()
+    mesh = build_mesh(device.type, degrees, keep)
     autocast = torch.bfloat16 if param_dtype == "bfloat16" and name in ("ddp", "tp", "pp") else None
     if checkpoint_blocks is not None:
         checkpoint_blocks(model)

@@ -6,7 +6,8 @@
 
 The innermost dimension varies fastest across ranks, so on one node the tensor-parallel group,
 which talks at every layer, gets adjacent GPUs (one NVLink switch hop), as in torchtitan. Only dimensions larger than 1 are
-in the mesh, and `dp` always is: plain FSDP2 keeps its 1-D mesh over every rank.
+in the mesh, with `dp` and the strategy's own dimensions always: plain FSDP2 keeps its 1-D mesh
+over every rank.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class MeshInfo:
         return self.mesh[dim] if dim in (self.mesh.mesh_dim_names or ()) else None
 
 
-def build_mesh(device: str, degrees: dict[str, int]) -> MeshInfo:
-    """The mesh of `degrees` ({pp, dp, tp}) over every rank of the default process group."""
-    names = tuple(d for d in MESH_DIMS if degrees[d] > 1 or d == "dp")
+def build_mesh(device: str, degrees: dict[str, int], keep: tuple[str, ...] = ()) -> MeshInfo:
+    """The mesh of `degrees` ({pp, dp, tp}) over every rank of the default process group;
+    `keep`: dimensions kept even at size 1 (the strategy's own: TP on one rank is still TP)."""
+    names = tuple(d for d in MESH_DIMS if degrees[d] > 1 or d == "dp" or d in keep)
     shape = tuple(degrees[d] for d in names)
     return MeshInfo(init_device_mesh(device, shape, mesh_dim_names=names), dict(degrees))

@@ -245,3 +245,23 @@ def test_a_checkpoint_moves_between_the_2d_layouts_bitwise(tmp_path):
     )
     _same(runs["fsdp-tp"]["state_end"], runs["pp-fsdp"]["state_resumed"])
     _same(runs["pp-fsdp"]["state_end"], runs["again"]["state_resumed"])
+
+
+@pytest.mark.slow
+def test_a_checkpoint_moves_between_ddp_and_an_interleaved_pipeline_bitwise(tmp_path):
+    """DDP (every rank the whole model, names under DDP's `module.`) -> interleaved 1F1B (a
+    rank holds stages 0 and 2, or 1 and 3; its optimizer only their parameters) -> DDP."""
+    a, b = tmp_path / "ddp", tmp_path / "pp"
+    flags = [*CKPT, "--n-layers", "4", "--steps", "1"]
+    pp = ("--parallel", "pp", "--pp-schedule", "interleaved-1f1b")
+    runs = _launch(
+        tmp_path,
+        2,
+        [
+            _job("ddp", "--parallel", "ddp", "--save-checkpoint", str(a), common=flags),
+            _job("pp", *pp, "--resume", str(a), "--save-checkpoint", str(b), common=flags),
+            _job("again", "--parallel", "ddp", "--resume", str(b), common=flags),
+        ],
+    )
+    _same(runs["ddp"]["state_end"], runs["pp"]["state_resumed"])
+    _same(runs["pp"]["state_end"], runs["again"]["state_resumed"])
