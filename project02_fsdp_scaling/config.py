@@ -204,10 +204,10 @@ class ParallelLayout:
     """How the ranks split the work. fsdp: FSDP2 over every rank (data parallel, sharded
     parameters, gradients and optimizer state). ddp: plain data parallel (every rank holds
     everything; gradients all-reduced). tp: tensor parallel over every rank (Megatron column/row
-    split of attention and MLP, sequence parallel norms). fsdp-tp: a 2-D mesh, FSDP2 across
-    groups of --tp tensor-parallel ranks (TP always with sequence parallel: the norms and the
-    residual stream split along the sequence, an all-gather before each column-parallel linear
-    and a reduce-scatter after each row-parallel one). pp: pipeline parallel over every rank
+    split of attention and MLP, always with sequence parallel: the norms and the residual stream
+    split along the sequence, an all-gather before each column-parallel linear and a
+    reduce-scatter after each row-parallel one). fsdp-tp: a 2-D mesh, FSDP2 across groups of
+    --tp tensor-parallel ranks. pp: pipeline parallel over every rank
     (torch.distributed.pipelining). pp-fsdp: a 2-D mesh, --pp pipeline stages, FSDP2 within
     each stage's data-parallel group."""
 
