@@ -43,12 +43,12 @@ def qkv_permutation(split: tuple[int, int, int], tp: int) -> torch.Tensor:
 
 def canonical_qkv(weight: torch.Tensor, split: tuple[int, int, int], tp: int) -> torch.Tensor:
     """The full TP-ordered qkv weight (or an optimizer moment of it) back in [q | k | v] order."""
-    return weight[torch.argsort(qkv_permutation(split, tp))]
+    return weight[torch.argsort(qkv_permutation(split, tp)).to(weight.device)]
 
 
 def tp_qkv(weight: torch.Tensor, split: tuple[int, int, int], tp: int) -> torch.Tensor:
     """A [q | k | v] ordered weight in the TP order (the inverse of `canonical_qkv`)."""
-    return weight[qkv_permutation(split, tp)]
+    return weight[qkv_permutation(split, tp).to(weight.device)]
 
 
 def check_tp_degree(args, tp: int) -> None:
