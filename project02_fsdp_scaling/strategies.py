@@ -195,7 +195,11 @@ def _rank_main(spec: dict) -> int:
                     "compute_dtype": result["compute_dtype"],
                 }
             )
-            if info.device.type == "cuda":
+            del result
+            if info.device.type == "cuda":  # the next strategy's peak starts from nothing
+                import gc
+
+                gc.collect()
                 torch.cuda.empty_cache()
         if info.is_main:
             Path(spec["out"]).write_text(json.dumps(runs))
