@@ -9,6 +9,9 @@ python -m project02_fsdp_scaling report --reports-dir runs/<time> --no-readme
 torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --compile
 torchrun --nproc-per-node 2 -m project02_fsdp_scaling deepspeed --preset tiny
 python -m project02_fsdp_scaling comm-analysis trace.json.gz
+python -m project02_fsdp_scaling collectives --world-size 8  # nccl-tests-style bus bandwidth
+python -m project02_fsdp_scaling strategies                  # DDP, FSDP2, TP, PP, 2-D side by side
+torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --parallel fsdp-tp --tp 2
 """
 
 from __future__ import annotations
@@ -27,7 +30,18 @@ DESCRIPTION = (
 
 def commands() -> dict[str, tuple[type, Callable]]:
     """Command name -> (its config class, the function that runs it)."""
-    from . import comm_analysis, compare, deepspeed_zero3, precision, report, scaling, sweep, train
+    from . import (
+        collectives,
+        comm_analysis,
+        compare,
+        deepspeed_zero3,
+        precision,
+        report,
+        scaling,
+        strategies,
+        sweep,
+        train,
+    )
     from .config import DeepSpeedConfig, TrainConfig
 
     return {
@@ -39,6 +53,8 @@ def commands() -> dict[str, tuple[type, Callable]]:
         "deepspeed": (DeepSpeedConfig, deepspeed_zero3.run),
         "report": (report.ReportConfig, report.run),
         "comm-analysis": (comm_analysis.CommAnalysisConfig, comm_analysis.run),
+        "collectives": (collectives.CollectivesConfig, collectives.run),
+        "strategies": (strategies.StrategiesConfig, strategies.run),
     }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -65,6 +65,8 @@ class JobConfig:
 
     preset: str = "tiny"
     """model preset: tiny (CPU tests), 125m, 1b (~1.1 B parameters)"""
+    n_layers: int = 0
+    """transformer blocks; 0 takes the preset's (more blocks give a pipeline more stages)"""
     seq_len: int = 0
     """tokens per sequence; 0 takes the preset's max_seq_len"""
     global_batch: int = 8
@@ -110,7 +112,10 @@ class JobConfig:
     def model_args(self) -> ModelArgs:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; expected one of {sorted(PRESETS)}")
-        return ModelArgs.from_preset(self.preset)
+        if self.n_layers < 0:
+            raise ValueError(f"n_layers must be >= 0 (0 = the preset's), got {self.n_layers}")
+        extra = {"n_layers": self.n_layers} if self.n_layers else {}
+        return ModelArgs.from_preset(self.preset, **extra)
 
     def resolved_seq_len(self) -> int:
         return self.seq_len or self.model_args().max_seq_len
@@ -188,6 +193,99 @@ class JobConfig:
         return portable(dataclasses.asdict(self))
 
 
+StrategyName = Literal["fsdp", "ddp", "tp", "fsdp-tp", "pp", "pp-fsdp"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+# Strategies whose parameters FSDP2 shards (its mixed precision, resharding and sync flags apply).
+FSDP_STRATEGIES = ("fsdp", "fsdp-tp", "pp-fsdp")
+
+
+@dataclass
+class ParallelLayout:
+    """How the ranks split the work. fsdp: FSDP2 over every rank (data parallel, sharded
+    parameters, gradients and optimizer state). ddp: plain data parallel (every rank holds
+    everything; gradients all-reduced). tp: tensor parallel over every rank (Megatron column/row
+    split of attention and MLP, always with sequence parallel: the norms and the residual stream
+    split along the sequence, an all-gather before each column-parallel linear and a
+    reduce-scatter after each row-parallel one). fsdp-tp: a 2-D mesh, FSDP2 across groups of
+    --tp tensor-parallel ranks. pp: pipeline parallel over every rank
+    (torch.distributed.pipelining). pp-fsdp: a 2-D mesh, --pp pipeline stages, FSDP2 within
+    each stage's data-parallel group."""
+
+    parallel: StrategyName = "fsdp"
+    """the strategy: fsdp, ddp, tp, fsdp-tp, pp or pp-fsdp"""
+    tp: int = 2
+    """tensor-parallel degree of fsdp-tp (tp uses every rank)"""
+    pp: int = 2
+    """pipeline stages' rank count of pp-fsdp (pp uses every rank)"""
+    pp_schedule: ScheduleName = "1f1b"
+    """pipeline schedule: gpipe (all forwards, then all backwards), 1f1b (one forward, one
+    backward in the steady state: fewer activations held), interleaved-1f1b (several stages per
+    rank: a smaller bubble for more point-to-point messages)"""
+    pp_microbatches: int = 4
+    """micro-batches one pipeline step splits its batch into (more: a smaller bubble)"""
+    stages_per_rank: int = 0
+    """pipeline stages held by each rank; 0: 2 for interleaved-1f1b, else 1"""
+    loss_parallel: bool = True
+    """tp, fsdp-tp: the output head's logits stay split along the vocabulary into the
+    cross-entropy (no all-gather of the (tokens, vocab) logits)"""
+
+    def degrees(self, world_size: int) -> dict[str, int]:
+        """Mesh sizes {pp, dp, tp} of the strategy on `world_size` ranks; ValueError names the
+        flag that does not divide it."""
+        name = self.parallel
+        if name not in get_args(StrategyName):
+            raise ValueError(f"parallel must be one of {get_args(StrategyName)}, got {name!r}")
+        pp = world_size if name == "pp" else self.pp if name == "pp-fsdp" else 1
+        tp = world_size if name == "tp" else self.tp if name == "fsdp-tp" else 1
+        for flag, n in (("--tp", tp), ("--pp", pp)):
+            if n < 1 or world_size % n:
+                raise ValueError(
+                    f"{flag} ({n}) must be a positive divisor of the world size ({world_size})"
+                )
+        return {"pp": pp, "dp": world_size // (pp * tp), "tp": tp}
+
+    def resolved_stages_per_rank(self) -> int:
+        if self.stages_per_rank:
+            return self.stages_per_rank
+        return 2 if self.pp_schedule == "interleaved-1f1b" else 1
+
+    def uses_fsdp(self) -> bool:
+        return self.parallel in FSDP_STRATEGIES
+
+    def uses_pipeline(self) -> bool:
+        return self.parallel in ("pp", "pp-fsdp")
+
+    def uses_tp(self) -> bool:
+        return self.parallel in ("tp", "fsdp-tp")
+
+    def validate(self, world_size: int, n_layers: int) -> ParallelLayout:
+        degrees = self.degrees(world_size)
+        _check_choice(self, "pp_schedule", ScheduleName)
+        if self.pp_microbatches < 1 or self.stages_per_rank < 0:
+            raise ValueError(
+                f"pp_microbatches must be >= 1 and stages_per_rank >= 0, got "
+                f"{self.pp_microbatches} and {self.stages_per_rank}"
+            )
+        v = self.resolved_stages_per_rank()
+        if self.uses_pipeline():
+            if self.pp_schedule != "interleaved-1f1b" and v != 1:
+                raise ValueError(
+                    f"--stages-per-rank {v}: {self.pp_schedule} runs one stage per rank; "
+                    "several are for interleaved-1f1b"
+                )
+            if degrees["pp"] * v > n_layers:
+                raise ValueError(
+                    f"{degrees['pp']} ranks x {v} stages need at least {degrees['pp'] * v} "
+                    f"transformer blocks, the model has {n_layers}: raise --n-layers"
+                )
+            if self.pp_schedule == "interleaved-1f1b" and self.pp_microbatches % degrees["pp"]:
+                raise ValueError(
+                    f"--pp-microbatches ({self.pp_microbatches}) must be a multiple of the "
+                    f"pipeline's ranks ({degrees['pp']}) for interleaved-1f1b"
+                )
+        return self
+
+
 @dataclass
 class TrainConfig(JobConfig):
     """FSDP2 training of the shared Llama-style transformer: one process per GPU under torchrun
@@ -232,13 +330,30 @@ class TrainConfig(JobConfig):
     """optimizer steps recorded by the profiler (one warm-up step is run before them)"""
     trace_dir: str = ""
     """where the profiler trace goes (default: next to --out)"""
+    save_checkpoint: str = ""
+    """write a torch.distributed.checkpoint (model, optimizer, step) to this folder after the
+    last step; it loads under any other --parallel layout and world size"""
+    resume: str = ""
+    """start from the checkpoint in this folder (written by --save-checkpoint under any
+    layout): weights, optimizer state and the step count, the data stream continuing there"""
+    layout: Annotated[ParallelLayout, Nested] = field(default_factory=ParallelLayout)
 
     def total_steps(self) -> int:
         extra = self.profile_steps + 1 if self.profile else 0
         return super().total_steps() + extra
 
+    def dp_size(self, world_size: int) -> int:
+        """The data-parallel degree: the ranks that split the global batch."""
+        return self.layout.degrees(world_size)["dp"]
+
     def validate(self, world_size: int = 1) -> TrainConfig:
-        super().validate(world_size)
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        self.layout.validate(world_size, self.model_args().n_layers)
+        # The global batch splits over the data-parallel ranks only: tensor- and pipeline-
+        # parallel ranks of one group read the same sequences.
+        super().validate(self.dp_size(world_size))
+        self._validate_strategy(world_size)
         if self.profile_steps < 1:
             raise ValueError(f"profile_steps must be >= 1, got {self.profile_steps}")
         for name, allowed in (
@@ -270,6 +385,41 @@ class TrainConfig(JobConfig):
             )
         return self
 
+    def _validate_strategy(self, world_size: int) -> None:
+        """What each strategy supports here: the FSDP-only levers are refused elsewhere."""
+        layout, name = self.layout, self.layout.parallel
+        if name == "fsdp":
+            return
+        if self.precision not in ("bf16", "fp32", "fp64"):
+            raise ValueError(
+                f"--parallel {name} trains in bf16, fp32 or fp64; precision "
+                f"{self.precision!r} is for --parallel fsdp"
+            )
+        if self.fused_loss:
+            raise ValueError(f"--fused-loss is for --parallel fsdp, not {name}")
+        if self.compile and name != "ddp":
+            raise ValueError(f"--compile is for --parallel fsdp or ddp, not {name}")
+        if not layout.uses_fsdp() and (
+            not self.reshard_after_forward or self.sync_every_microbatch
+        ):
+            raise ValueError(
+                "--no-reshard-after-forward and --sync-every-microbatch are FSDP2 levers: "
+                f"--parallel {name} has no FSDP"
+            )
+        if layout.uses_pipeline():
+            if self.micro_batch:
+                raise ValueError(
+                    "--micro-batch: a pipeline splits its batch by --pp-microbatches; leave it 0"
+                )
+            local = self.local_batch(self.dp_size(world_size))
+            if local % layout.pp_microbatches:
+                raise ValueError(
+                    f"--pp-microbatches ({layout.pp_microbatches}) must divide the local batch "
+                    f"({local} sequences per data-parallel rank)"
+                )
+            if self.profile:
+                raise ValueError("--profile is for the non-pipeline strategies")
+
     def param_dtype(self) -> str | None:
         """The FSDP2 MixedPrecisionPolicy parameter dtype of the recipe (None: fp64, none)."""
         return PARAM_DTYPE[self.precision]
@@ -284,6 +434,12 @@ class TrainConfig(JobConfig):
         super().check_outputs()
         if self.profile and self.trace_dir:
             writable_dir("--trace-dir", self.trace_dir)
+        if self.save_checkpoint:
+            writable_dir("--save-checkpoint", self.save_checkpoint)
+        if self.resume:
+            from shared.cli import input_dir
+
+            input_dir("--resume", self.resume)
         return self
 
 
@@ -345,7 +501,7 @@ def set_by_harness(train: TrainConfig, owner: str, names: tuple[str, ...], why: 
             raise ValueError(f"{flag}: {owner} sets it for every job ({why}); leave it out")
 
 
-_PATH_FIELDS = ("reports_dir", "trace_dir", "out", "save_params")
+_PATH_FIELDS = ("reports_dir", "trace_dir", "out", "save_params", "save_checkpoint", "resume")
 
 
 def portable(config: dict) -> dict:

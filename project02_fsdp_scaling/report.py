@@ -555,7 +555,7 @@ def summary_markdown(out_dir: Path) -> str:
 
 def render_all(out_dir: Path) -> None:
     """Every chart and Markdown file of the records in out_dir: scaling_* (not the per-world-size
-    records beside them), sweep_*, compare_* and precision_*."""
+    records beside them), sweep_*, compare_*, precision_*, collectives_* and parallel_*."""
     import re
 
     for path in sorted(out_dir.glob("scaling_*.json")):
@@ -570,6 +570,11 @@ def render_all(out_dir: Path) -> None:
                 compare_charts(rec, out_dir, path.stem)
             if kind == "precision":
                 precision_charts(rec, out_dir, path.stem)
+    from project02_fsdp_scaling import collectives_report, strategies_report
+
+    for kind, module in (("collectives", collectives_report), ("parallel", strategies_report)):
+        for path in sorted(out_dir.glob(f"{kind}_*.json")):
+            module.render(load_result(path), out_dir, path.stem)
 
 
 @dataclass

@@ -1,7 +1,17 @@
-"""FSDP2 training of the shared transformer: the torchrun entry point.
+"""Training of the shared transformer under any parallel layout: the torchrun entry point.
 
     torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --global-batch 64 \
         --micro-batch 8 --compile --out runs/train_1b.json
+    torchrun --nproc-per-node 8 -m project02_fsdp_scaling train --preset 1b --parallel fsdp-tp --tp 2
+    torchrun --nproc-per-node 4 -m project02_fsdp_scaling train --preset 1b --parallel pp \
+        --pp-schedule interleaved-1f1b --pp-microbatches 8
+
+One loop for every layout (`--parallel`, `parallel/apply.py`): FSDP2 (the default, and the
+tuned path below), DDP, tensor parallel, a pipeline, or a 2-D mesh of them. The layout decides
+which ranks share a batch (the data-parallel ones split it), how gradients are synchronised
+across micro-batches, and who computes the loss; data, AdamW, clipping, timing and the record
+are the same for all. `--save-checkpoint` / `--resume` write and read a DCP checkpoint that
+loads under any layout and world size.
 
 One process per GPU (NCCL) or per CPU worker (gloo); a plain `python -m` is a world of one.
 Parallelism is applied from outside the model with `shared.parallelize` (torchao float8 linears
@@ -10,7 +20,7 @@ parameter dtype, bf16 by default, and fp32 gradient reduction); fp16 adds dynami
 A world of one is still wrapped by FSDP, so the one-GPU baseline trains in exactly the precision
 of the multi-GPU runs.
 
-The global batch is fixed: each rank takes global_batch / world_size sequences a step, in
+The global batch is fixed: each data-parallel rank takes global_batch / dp sequences a step, in
 micro-batches with gradient accumulation. Step time is wall time between device synchronisations
 (median over the timed steps, after warm-up); MFU uses the dense peak of `shared.hardware` for
 the precision the matmuls run in (`mfu_bf16_peak`: against the bf16 peak, whatever the recipe).
@@ -22,6 +32,7 @@ import contextlib
 import math
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,6 +47,9 @@ from shared.flops import transformer_train_flops_per_token
 from shared.model import ModelArgs, Transformer
 from shared.parallelize import (
     ParallelConfig,
+    apply_activation_checkpointing,
+    apply_compile,
+    apply_fsdp,
     float8_all_gather,
     parallelize,
     precompute_float8_scales,
@@ -247,6 +261,13 @@ def summarize_times(times: list[float]) -> dict:
     }
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (a loss-parallel loss is one), or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def _reduce_max(x: float, device: str) -> float:
     t = torch.tensor([x], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -261,24 +282,37 @@ def _reduce_mean(x: float, device: str) -> float:
 
 # ---- the run ------------------------------------------------------------------------------------
 def run_training(
-    cfg: TrainConfig, info: DistInfo, *, template: Transformer | None = None
+    cfg: TrainConfig,
+    info: DistInfo,
+    *,
+    template: Transformer | None = None,
+    on_resume: Callable | None = None,
+    on_end: Callable | None = None,
 ) -> tuple[dict, dict[str, torch.Tensor] | None]:
-    """Train `cfg.total_steps()` steps on this rank; return (result, full params or None).
+    """Train `cfg.total_steps()` steps on this rank under `cfg.layout`; return (result, full
+    params or None).
 
     template: an already initialised CPU model to copy (saves the init when one process runs
-    several configurations); default builds one from cfg.seed.
+    several configurations); default builds one from cfg.seed. on_resume(par, optimizer), after
+    --resume has loaded, and on_end(par, optimizer), after the last step: called on every rank
+    with the `Parallelized` model (tests compare layouts' states through them).
     """
-    from torch.distributed.device_mesh import init_device_mesh
+    from project02_fsdp_scaling.parallel import checkpoint
+    from project02_fsdp_scaling.parallel.apply import apply_layout
+    from project02_fsdp_scaling.parallel.pipeline import bubble_formula
 
     cfg.validate(info.world_size)
     device = info.device.type
     if cfg.attention != "sdpa" and device != "cuda":
         raise ValueError(f"attention={cfg.attention!r} needs a CUDA GPU; use 'sdpa' on CPU")
+    layout = cfg.layout
+    degrees = layout.degrees(info.world_size)
+    dp = degrees["dp"]  # the ranks that split the global batch
     args = cfg.model_args()
     seq_len = cfg.resolved_seq_len()
-    micro = cfg.resolved_micro_batch(info.world_size)
-    accum = cfg.grad_accum_steps(info.world_size)
-    local = cfg.local_batch(info.world_size)
+    micro = cfg.resolved_micro_batch(dp)
+    accum = cfg.grad_accum_steps(dp)
+    local = cfg.local_batch(dp)
     seed_everything(cfg.seed)
 
     t0 = time.perf_counter()
@@ -289,36 +323,72 @@ def run_training(
     fp64 = cfg.precision == "fp64"  # no mixed precision: FSDP keeps and reduces float64
     if fp64:
         model.to(torch.float64)
-    mesh = init_device_mesh(device, (info.world_size,))
     float8 = cfg.float8_recipe()
-    parallelize(
-        model,
-        ParallelConfig(
-            param_dtype=cfg.param_dtype(),
-            reduce_dtype=None if fp64 else cfg.reduce_dtype,
-            reshard_after_forward=cfg.reshard_after_forward,
-            activation_checkpointing=cfg.activation_checkpointing,
-            compile=cfg.compile,
-            compile_mode=cfg.compile_mode,
-            float8=float8,
-        ),
-        mesh=mesh,
+    fsdp_config = ParallelConfig(
+        param_dtype=cfg.param_dtype(),
+        reduce_dtype=None if fp64 else cfg.reduce_dtype,
+        reshard_after_forward=cfg.reshard_after_forward,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compile=cfg.compile,
+        compile_mode=cfg.compile_mode,
+        float8=float8,
     )
-    params = list(model.parameters())
-    opt = build_optimizer(model, cfg, device)
+
+    def fsdp(module: nn.Module, dp_mesh) -> nn.Module:
+        if layout.parallel == "fsdp":  # the whole recipe: float8, checkpointing, compile, FSDP2
+            return parallelize(module, fsdp_config, mesh=dp_mesh)
+        return apply_fsdp(  # a 2-D layout's data-parallel dimension
+            module,
+            mesh=dp_mesh,
+            param_dtype=fsdp_config.param_dtype,
+            reduce_dtype=fsdp_config.reduce_dtype,
+            reshard_after_forward=fsdp_config.reshard_after_forward,
+        )
+
+    outside_fsdp = layout.parallel != "fsdp"  # parallelize() applies them for fsdp itself
+    par = apply_layout(
+        model,
+        layout,
+        info.device,
+        param_dtype=cfg.param_dtype(),
+        fsdp=fsdp,
+        loss_fn=cross_entropy,
+        compile_blocks=(
+            (lambda m: apply_compile(m, cfg.compile_mode)) if cfg.compile and outside_fsdp else None
+        ),
+        checkpoint_blocks=(
+            apply_activation_checkpointing
+            if cfg.activation_checkpointing and outside_fsdp
+            else None
+        ),
+    )
+    model = par.model
+    params = [p for _, p in par.named_parameters()]
+    opt = build_optimizer(par.param_container(), cfg, device)
     # fp16: dynamic loss scaling. With FSDP2 the gradients are DTensor shards and the inf/NaN
     # check of `unscale_` is all-reduced over the mesh, so every rank skips the same steps.
     scaler = torch.amp.GradScaler(device) if cfg.precision == "fp16" and cfg.loss_scaling else None
     skipped_steps: list[int] = []
+    first_step = 0
+    if cfg.resume:
+        first_step = checkpoint.load(cfg.resume, par, opt)
+        if on_resume is not None:
+            on_resume(par, opt)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    if first_step:  # the learning-rate schedule where the checkpoint left it
+        sched.last_epoch = first_step
+        for group, base in zip(opt.param_groups, sched.base_lrs):
+            group["lr"] = base * lr_lambda(cfg)(first_step)
     loss_fn = torch.compile(cross_entropy) if cfg.compile else cross_entropy
     log.info(
-        "model %s: %s parameters; world %d (%s); global batch %d x %d tokens, "
+        "model %s: %s parameters; world %d (%s), %s %s; global batch %d x %d tokens, "
         "micro-batch %d, %d accumulation steps; build %.1f s",
         cfg.preset,
         human_count(n_params),
         info.world_size,
         info.backend,
+        layout.parallel,
+        "x".join(f"{k}{v}" for k, v in degrees.items() if v > 1) or "one rank",
         cfg.global_batch,
         seq_len,
         micro,
@@ -327,10 +397,11 @@ def run_training(
     )
 
     # The whole stream up front (this rank's slice): data generation never lands in step time.
+    # Ranks of one tensor- or pipeline-parallel group read the same sequences.
     data = SyntheticTokens(
-        args.vocab_size, seq_len, cfg.global_batch, cfg.data_seed, info.rank, info.world_size
+        args.vocab_size, seq_len, cfg.global_batch, cfg.data_seed, par.mesh.local_rank("dp"), dp
     )
-    batches = [data.batch_at(s) for s in range(cfg.total_steps())]
+    batches = [data.batch_at(first_step + s) for s in range(cfg.total_steps())]
     if device == "cuda":
         batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
 
@@ -339,31 +410,49 @@ def run_training(
             torch.cuda.synchronize()
 
     compute_dtype: list[str] = []
+    if layout.uses_pipeline():  # the last stage's logits are the schedule's
+        compute_dtype.append(str(cfg.param_dtype() or "float64"))
+    busy: list[float] = []  # pipeline: seconds inside stage compute, per step
 
-    def train_step(step: int) -> tuple[float, float]:
-        x_all, y_all = batches[step]
+    def forward_backward(x_all: torch.Tensor, y_all: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the step's forward and backward; returns its loss (float64),
+        zero on ranks that compute none (pipeline stages before the last)."""
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
+        if layout.uses_pipeline():
+            par.timer.busy = 0.0
+            loss = par.pipeline_step(x_all.to(info.device), y_all.to(info.device))
+            busy.append(par.timer.busy)
+            return loss_sum if loss is None else loss_sum + loss
         for m in range(accum):
             x = x_all[m * micro : (m + 1) * micro].to(info.device, non_blocking=True)
             y = y_all[m * micro : (m + 1) * micro].to(info.device, non_blocking=True)
             if accum > 1 and not cfg.sync_every_microbatch:
-                model.set_requires_gradient_sync(m == accum - 1)  # reduce-scatter once a step
+                par.set_grad_sync(m == accum - 1)  # reduce gradients once a step
             if accum > 1 and not cfg.reshard_after_forward:
                 model.set_reshard_after_backward(m == accum - 1)  # gathered until the last one
-            if cfg.fused_loss:  # projection + loss in chunks: no (micro, S, V) logits
-                loss = model(x, targets=y) / accum
-                dtype = model.compute_dtype
-            else:
-                logits = model(x)  # (micro, S, V) in the FSDP compute dtype
-                dtype = logits.dtype
-                loss = loss_fn(logits, y) / accum
-            if not compute_dtype:
-                compute_dtype.append(str(dtype).removeprefix("torch."))
-            (loss if scaler is None else scaler.scale(loss)).backward()
-            loss_sum += loss.detach()
+            with par.compute_context(), par.loss_context():
+                if cfg.fused_loss:  # projection + loss in chunks: no (micro, S, V) logits
+                    loss = model(x, targets=y) / accum
+                    dtype = model.compute_dtype
+                else:
+                    logits = model(x)  # (micro, S, V) in the compute dtype
+                    dtype = logits.dtype
+                    loss = loss_fn(logits, y) / accum
+                if not compute_dtype:
+                    compute_dtype.append(str(dtype).removeprefix("torch."))
+                (loss if scaler is None else scaler.scale(loss)).backward()
+            loss_sum += _plain(loss.detach())
+        return loss_sum
+
+    def train_step(step: int) -> tuple[float, float]:
+        x_all, y_all = batches[step]
+        loss_sum = forward_backward(x_all, y_all)
         if scaler is not None:
             scaler.unscale_(opt)  # the norm and the clipping see true gradients
-        norm = clip_grad_norm(params, cfg.grad_clip)
+        if layout.parallel == "fsdp":
+            norm = clip_grad_norm(params, cfg.grad_clip)
+        else:
+            norm = par.clip_grad_norm_(cfg.grad_clip)
         if scaler is None:
             opt.step()
         else:
@@ -376,8 +465,11 @@ def run_training(
             precompute_float8_scales(model)
         sched.step()
         opt.zero_grad(set_to_none=True)
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)  # mean over ranks: the global batch loss
-        return float(loss_sum.item()) / info.world_size, float(norm.item())
+        # The mean over the ranks that computed a loss (all but a pipeline's earlier stages):
+        # the global batch's loss.
+        owned = torch.stack([loss_sum, loss_sum.new_tensor(float(par.has_last))])
+        dist.all_reduce(owned, op=dist.ReduceOp.SUM)
+        return float(owned[0].item() / owned[1].item()), float(norm.item())
 
     losses, norms, times = [], [], []
     n_timed_end = cfg.warmup_steps + cfg.steps
@@ -421,6 +513,25 @@ def run_training(
             scale = scaler.get_scale() if scaler is not None else UNDERFLOW_PROBE_SCALE
             underflow = gradient_underflow(model, params, loss_fn, x, y, scale)
 
+    if cfg.save_checkpoint:
+        checkpoint.save(cfg.save_checkpoint, par, opt, first_step + n_timed_end)
+    if on_end is not None:
+        on_end(par, opt)
+    bubble = None
+    if layout.uses_pipeline():
+        # Idle share of each rank's timed steps: the bubble plus point-to-point waits.
+        timed = slice(cfg.warmup_steps, n_timed_end)
+        share = 1.0 - sum(busy[timed]) / sum(times)
+        v = layout.resolved_stages_per_rank()
+        bubble = {
+            "schedule": layout.pp_schedule,
+            "microbatches": layout.pp_microbatches,
+            "stages_per_rank": v,
+            "measured_idle_share": _reduce_mean(share, device),
+            "measured_idle_share_max": _reduce_max(share, device),
+            "formula_share": bubble_formula(degrees["pp"], layout.pp_microbatches, v),
+            "formula": "(p - 1) / (v m + p - 1)",
+        }
     mem_gib, mem_kind = peak_memory_gib(device)
     mem_gib = _reduce_max(mem_gib, device)
     stats = summarize_times(times)
@@ -478,8 +589,10 @@ def run_training(
         "grad_norms": norms,
         "profile": profile,
         "fp16_underflow": underflow,
+        "parallel": {"strategy": layout.parallel, "degrees": degrees, "bubble": bubble},
+        "first_step": first_step,
     }
-    final = full_params(model) if cfg.save_params else None
+    final = par.full_params() if cfg.save_params else None
     return result, final
 
 

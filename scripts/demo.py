@@ -155,6 +155,22 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
         ),
         Step(
             "project02",
+            "collective bus bandwidth, nccl-tests style"
+            + (f" ({hw.gpus} GPUs)" if gpu else " (CPU, 2 gloo processes)"),
+            _py("-m", "project02_fsdp_scaling", "collectives", "--reports-dir", out)
+            + (["--world-size", str(hw.gpus)] if gpu else []),
+            module="project02_fsdp_scaling.collectives",
+            skip_reason=None if hw.gpus != 1 else "needs 2 GPUs (or none: CPU)",
+        ),
+        Step(
+            "project02",
+            "DDP, FSDP2, TP, pipeline schedules and 2-D layouts side by side",
+            _py("-m", "project02_fsdp_scaling", "strategies", "--reports-dir", out),
+            module="project02_fsdp_scaling.strategies",
+            skip_reason=None if hw.gpus != 1 else "needs 2 GPUs (or none: CPU)",
+        ),
+        Step(
+            "project02",
             "report: charts and Markdown",
             _py("-m", "project02_fsdp_scaling", "report", "--reports-dir", out, "--no-readme"),
             module="project02_fsdp_scaling.report",

@@ -44,6 +44,15 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def _block_list(model: nn.Module) -> list[nn.Module]:
+    """The blocks of `.layers`, a ModuleList or a ModuleDict (a pipeline stage keeps the
+    model's block indices as its keys)."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        return list(layers.values())
+    return list(_blocks(model))
+
+
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 
 
@@ -130,7 +139,8 @@ def apply_fsdp(
     reduce_dtype: torch.dtype | str | None = torch.float32,
     reshard_after_forward: bool = True,
 ) -> nn.Module:
-    """FSDP2: one unit per block plus the root (embedding, final norm, output head).
+    """FSDP2: one unit per block plus the root (embedding, final norm, output head). `.layers`
+    may be a ModuleList or a ModuleDict (a pipeline stage's blocks).
 
     Needs an initialised process group (`shared.distributed.init_distributed`). With
     param_dtype=None the parameters stay in their own dtype (pure fp32 training).
@@ -140,7 +150,7 @@ def apply_fsdp(
     mp = MixedPrecisionPolicy(
         param_dtype=parse_dtype(param_dtype), reduce_dtype=parse_dtype(reduce_dtype)
     )
-    layers = _blocks(model)
+    layers = _block_list(model)
     for i, block in enumerate(layers):
         # The last block is needed again at the start of backward: keeping it gathered saves an
         # all-gather per step.
