@@ -4,11 +4,13 @@ description; an unknown command is one `error:` line and exit code 2."""
 
 from __future__ import annotations
 
-import os
+import contextlib
+import io
 import re
+import runpy
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,21 +29,36 @@ ARGS = {"help": ["--help"], "unknown": ["no-such-command"]}
 
 
 def _run(package: str, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", package, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """`python -m <package> <args>` run in this process as `-m` runs it (runpy, `__main__`), its
+    output and exit code captured: the ten runs pay for importing torch and the packages once,
+    not ten times. Each package's `test_cli_errors.py` checks the real entry point in a process
+    of its own."""
+    # UTF-8 text streams, as a pipe to a child process is: tyro draws its boxes only there
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8") for _ in range(2))
+    code = 0
+    argv = sys.argv
+    sys.argv = [f"-m {package}", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with warnings.catch_warnings():
+                # runpy warns when <package>.__main__ was imported before (by another test)
+                warnings.simplefilter("ignore", RuntimeWarning)
+                runpy.run_module(package, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv = argv
+    text = []
+    for stream in (out, err):
+        stream.flush()
+        text.append(stream.buffer.getvalue().decode())
+    return subprocess.CompletedProcess([sys.executable, "-m", package, *args], code, *text)
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict[tuple[str, str], subprocess.CompletedProcess]:
-    """(package, "help" or "unknown") -> its run; side by side, since each one imports torch."""
-    jobs = [(package, kind) for package in PACKAGES for kind in ARGS]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        return dict(zip(jobs, pool.map(lambda job: _run(job[0], ARGS[job[1]]), jobs)))
+    """(package, "help" or "unknown") -> its run."""
+    return {(p, kind): _run(p, ARGS[kind]) for p in PACKAGES for kind in ARGS}
 
 
 def subcommand_entries(help_text: str) -> dict[str, str]:
