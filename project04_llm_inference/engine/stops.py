@@ -80,7 +80,7 @@ class StopChecker:
         keep = max(len(s) for s in stops) - 1  # old characters a match may start in
         window = tail.tail + new
         start = tail.num_chars - len(window)  # the window's offset in the whole text
-        tail.tail = window[len(window) - keep :] if keep else ""
+        tail.tail = window[max(0, len(window) - keep) :] if keep else ""
         hits = [i for i in (window.find(s) for s in stops) if i >= 0]
         if not hits:
             return None
