@@ -131,6 +131,9 @@ class LatencyConfig(BenchConfig):
     """memory bandwidth of the floor, TB/s (H200 measured copy bandwidth, shared/GPU.md)"""
     baseline: bool = True
     """also time the static CUDA-graph baseline at the same shapes"""
+    gpt_fast: bool = False
+    """also time the gpt-fast recipe at the same shapes: the static decode step under
+    torch.compile(mode="reduce-overhead", fullgraph=True) (compiles once per shape)"""
     num_scheduler_steps: int = 8
     """also time the engine with this many decode steps per host round trip (1: only single)"""
     repeats: int = 5
@@ -384,7 +387,7 @@ def generate(llm, wl: Workload, *, use_tqdm: bool = True) -> dict:
         "output_tok_s": produced / wall,  # tokens/s
         "total_tok_s": (wl.prompt_tokens + produced) / wall,  # tokens/s
         "stats": stats,
-        "steps": list(llm.engine.step_log)[n_steps:],  # not saved: callers summarise
+        "steps": llm.engine.step_log[n_steps:],  # not saved: callers summarise
     }
 
 
@@ -707,6 +710,17 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
                 row.update(flat("static_cuda_graph_ms", Spread.of(times)))
             except Exception as e:  # an OOM at one shape must not lose the others
                 row["static_cuda_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+                free_cuda()
+        if cfg.gpt_fast:
+            print(f"gpt-fast baseline: batch {row['batch']}, context {row['context']}")
+            try:
+                times = baselines.decode_step_times_compiled(
+                    c, row["batch"], row["context"], cfg.repeats
+                )
+                row.update(flat("gpt_fast_ms", Spread.of(times)))
+                row["gpt_fast_tok_s"] = row["batch"] / row["gpt_fast_ms"] * 1e3
+            except Exception as e:  # a compile failure at one shape must not lose the others
+                row["gpt_fast_error"] = f"{type(e).__name__}: {e}"[:300]
                 free_cuda()
         s = row["static_cuda_graph_ms"]
         row["static_cuda_graph_tok_s"] = row["batch"] / s * 1e3 if s else None
