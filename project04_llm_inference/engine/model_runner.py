@@ -5,13 +5,9 @@ and the CUDA graphs. Decode-only batches up to `cuda_graph_max_batch` replay a g
 the next larger captured size (padding rows have context length 0 and slot -1: they read and
 write nothing); everything else runs eagerly.
 
-Multi-step decoding (`run_multi`, `EngineArgs.num_scheduler_steps`): a greedy decode-only batch
-runs k steps back to back on the device. The host computes every step's positions, slots and
-context lengths at once (the blocks for k tokens are allocated beforehand), copies them in one
-transfer, and each step's input ids are the previous step's argmax, copied on the device; the
-host reads the k x batch tokens back once. The GPU then never waits for the host's per-step
-bookkeeping, which at batch 1 is as long as the step itself. `launch_multi` queues a run and
-returns; `collect_multi` reads its tokens.
+Multi-step decoding runs (`engine/decode_runs.py`) and padded multi-token steps
+(`engine/multi_token.py`) are the runner's other two ways to run the model; they are mixed into
+`ModelRunner` from their own modules and share its inputs, staging buffers and graphs.
 
 Asynchronous scheduling: the engine may queue a step before reading the tokens of the one before
 it. A sequence whose newest token is still on the device (`Sequence.num_pending`) then gets it as
@@ -30,8 +26,19 @@ import torch
 
 from ..config import EngineArgs
 from ..model.llama import AttnMetadata, LlamaForCausalLM
-from .sampler import argmax_rows
+from .decode_runs import DecodeRuns, MultiRun
+from .multi_token import MultiTokenSteps
+from .paged import capture_cuda_graphs, graph_batch_sizes, kv_slots
 from .sequence import Sequence
+
+__all__ = [
+    "DeviceTokens",
+    "ModelRunner",
+    "MultiRun",
+    "capture_cuda_graphs",
+    "graph_batch_sizes",
+    "kv_slots",
+]
 
 
 @dataclass
@@ -42,59 +49,7 @@ class DeviceTokens:
     rows: dict[int, int]  # id(sequence) -> its row in `last`
 
 
-@dataclass
-class MultiRun:
-    """A multi-step run queued on the device (`ModelRunner.launch_multi`)."""
-
-    seqs: list[Sequence]
-    rooms: list[int]
-    k: int
-    b: int
-    out: torch.Tensor  # (k, b) int64 on the device: step j's token of sequence i
-    last: torch.Tensor  # (b,) int64 on the device: each sequence's last token, out[room - 1]
-    host: torch.Tensor  # its copy on the host (pinned on a GPU), valid once `done` has passed
-    host_lps: torch.Tensor | None
-    done: torch.cuda.Event | None  # None on the CPU (the run finished when launch returned)
-
-
-def graph_batch_sizes(max_batch: int) -> list[int]:
-    sizes = [b for b in (1, 2, 4, 8) if b <= max_batch]
-    return sizes + list(range(16, max_batch + 1, 16))
-
-
-def kv_slots(tables: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
-    """Cache slots of `positions` through block tables: the one place the paged address is
-    formed on the host. tables (..., max_blocks) int, positions broadcastable against the
-    tables' leading dims plus one trailing dim of positions; a position past the table reads
-    its last entry (callers mask those)."""
-    idx = np.minimum(positions // block_size, tables.shape[-1] - 1)
-    blocks = np.take_along_axis(tables, idx, axis=-1).astype(np.int64)
-    return blocks * block_size + positions % block_size
-
-
-def capture_cuda_graphs(sizes: list[int], setup, pool=None):
-    """Capture one CUDA graph per batch width, largest first so the smaller ones reuse its
-    memory pool. setup(w) prepares width w's static buffers and returns the function to
-    capture (device work only, returning its output tensor). Each is run twice outside the
-    graph first, so lazy initialisation stays out of it. Returns ({w: graph}, {w: output},
-    the pool)."""
-    graphs, outputs = {}, {}
-    with torch.inference_mode():
-        for w in sorted(sizes, reverse=True):
-            fn = setup(w)
-            for _ in range(2):
-                fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                outputs[w] = fn()
-            pool = g.pool()
-            graphs[w] = g
-    torch.cuda.synchronize()
-    return graphs, outputs, pool
-
-
-class ModelRunner:
+class ModelRunner(DecodeRuns, MultiTokenSteps):
     def __init__(self, model: LlamaForCausalLM, args: EngineArgs, *, max_model_len: int):
         self.model, self.args = model, args
         self.cfg = model.cfg
@@ -429,196 +384,3 @@ class ModelRunner:
         done = torch.cuda.Event()
         done.record()
         return done
-
-    def run_multi(self, seqs: list[Sequence], rooms: list[int], k: int, logprobs: bool = False):
-        """k greedy decode steps of seqs without reading back in between. Each sequence must
-        hold blocks for rooms[i] <= k more tokens; steps past its room are discarded.
-
-        Returns (tokens (b, k) list of lists, logprobs (b, k) list of lists or None)."""
-        return self.collect_multi(self.launch_multi(seqs, rooms, k, logprobs=logprobs))
-
-    @torch.inference_mode()
-    def launch_multi(
-        self,
-        seqs: list[Sequence],
-        rooms: list[int],
-        k: int,
-        *,
-        logprobs: bool = False,
-        prev: DeviceTokens | None = None,
-    ) -> MultiRun:
-        """Queue k greedy decode steps of seqs on the device and return without waiting.
-
-        prev: queued work whose newest token of a sequence is this run's first input (it need
-        not have been read). `collect_multi` waits for the result."""
-        b = len(seqs)
-        use_graph = self.device.type == "cuda" and self.graphs and b <= max(self.graphs)
-        width = min(s for s in self.graphs if s >= b) if use_graph else b
-        slot = self._next_slot()
-        plan, tables, dst, src = self._decode_plan(seqs, rooms, k, width, slot, prev)
-        max_ctx = int(plan[1 + 2 * k :, :b].max())
-        dev_plan = plan.to(self.device, non_blocking=True)
-        dev_tables = tables.to(self.device, non_blocking=True)
-        lens32 = dev_plan[1 + 2 * k :].to(torch.int32)
-        out = torch.empty(k, b, dtype=torch.int64, device=self.device)
-        lps = torch.empty(k, b, dtype=torch.float32, device=self.device) if logprobs else None
-        if use_graph:
-            self.g_tables[:width].copy_(dev_tables)
-        ids = dev_plan[0].clone()
-        self._gather_pending(ids, dst, src, prev)
-        for j in range(k):
-            if use_graph:
-                self.g_ids[:width].copy_(ids[:width])
-                self.g_pos[:width].copy_(dev_plan[1 + j])
-                self.g_slots[:width].copy_(dev_plan[1 + k + j])
-                self.g_lens[:width].copy_(lens32[j])
-                self.graphs[width].replay()
-                logits = self.g_logits[width][:b]
-            else:
-                meta = AttnMetadata(
-                    num_decodes=b,
-                    positions=dev_plan[1 + j],
-                    slot_mapping=dev_plan[1 + k + j],
-                    decode_block_tables=dev_tables,
-                    decode_context_lens=lens32[j],
-                    max_context_len=max_ctx,
-                )
-                logits = self.model.compute_logits(self.model(ids[:b], meta, self.kv_caches))
-            out[j] = argmax_rows(logits)
-            if lps is not None:
-                lps[j] = logits.log_softmax(-1).gather(-1, out[j][:, None])[:, 0]
-            if j + 1 < k:
-                nxt = torch.zeros(width, dtype=torch.int64, device=self.device)
-                nxt[:b] = out[j]
-                ids = nxt
-        # each sequence's last token, out[rooms[i] - 1, i]: the next queued step's input
-        flat = self._pinned(f"last{slot}", (b,), torch.int64)
-        flat.numpy()[:] = (np.asarray(rooms) - 1) * b + np.arange(b)
-        last = out.view(-1).index_select(0, flat.to(self.device, non_blocking=True))
-        host = self.to_host("out", out)
-        host_lps = self.to_host("lps", lps) if lps is not None else None
-        return MultiRun(list(seqs), list(rooms), k, b, out, last, host, host_lps, self.done_event())
-
-    def collect_multi(self, run: MultiRun):
-        """Wait for a run queued by `launch_multi`: (tokens (b, k), logprobs (b, k) or None)."""
-        if run.done is not None:
-            run.done.synchronize()
-        tokens = run.host.t().tolist()
-        return tokens, (run.host_lps.t().tolist() if run.host_lps is not None else None)
-
-    # --- multi-token steps in CUDA graphs ------------------------------------------------------
-
-    def enable_multi_token(
-        self, q_len: int, max_batch: int, *, capture: bool = True, pad_batch: bool = False
-    ) -> None:
-        """Run steps whose items each have 1..q_len new tokens (speculative verification: the
-        last token and up to q_len - 1 drafts; a draft model's catch-up) with every item padded
-        to q_len tokens, so the step has a fixed shape: on a GPU (unless `capture` is False) it
-        replays a CUDA graph captured per batch size, up to `max_batch` sequences. Padding
-        tokens write no cache slot (slot -1) and their rows are never returned; causality keeps
-        them out of the real rows' attention. Without graphs the padded step runs eagerly (the
-        CPU tier tests the padding that way); `pad_batch` then also pads the batch to the graph
-        sizes with padding sequences, as graph replay does."""
-        if q_len < 2 or max_batch < 1:
-            raise ValueError(
-                f"multi-token steps need q_len >= 2 and max_batch >= 1, got {q_len}, {max_batch}"
-            )
-        self.mt_q, self.mt_max_batch = q_len, max_batch
-        sizes = graph_batch_sizes(max_batch)
-        self.mt_sizes = sizes if pad_batch else ()
-        dev, mb, t = self.device, self.max_blocks_per_seq, max(sizes) * q_len
-        self.mt_ids = torch.zeros(t, dtype=torch.int64, device=dev)
-        self.mt_pos = torch.zeros(t, dtype=torch.int64, device=dev)
-        self.mt_slots = torch.full((t,), -1, dtype=torch.int64, device=dev)
-        self.mt_tables = torch.zeros(max(sizes), mb, dtype=torch.int32, device=dev)
-        self.mt_ctx = torch.full((max(sizes),), q_len, dtype=torch.int32, device=dev)
-        self.mt_cu = (torch.arange(max(sizes) + 1, dtype=torch.int32) * q_len).to(dev)
-        if not capture or dev.type != "cuda" or self.args.enforce_eager:
-            return
-
-        def setup(b: int):
-            meta, ids = self._mt_meta(b), self.mt_ids[: b * q_len]
-            return lambda: self.model.compute_logits(self.model(ids, meta, self.kv_caches))
-
-        self.mt_graphs, self.mt_logits, self._pool = capture_cuda_graphs(sizes, setup, self._pool)
-
-    def _mt_meta(self, b: int) -> AttnMetadata:
-        q = self.mt_q
-        return AttnMetadata(
-            num_decodes=0,
-            positions=self.mt_pos[: b * q],
-            slot_mapping=self.mt_slots[: b * q],
-            decode_block_tables=self.mt_tables[:0],
-            decode_context_lens=self.mt_ctx[:0],
-            max_context_len=0,
-            prefill_block_tables=self.mt_tables[:b],
-            cu_seqlens_q=self.mt_cu[: b + 1],
-            prefill_context_lens=self.mt_ctx[:b],
-            max_seqlen_q=q,
-        )
-
-    def _multi_token_fits(self, items: list[tuple[Sequence, int]]) -> bool:
-        q = self.mt_q
-        if not q or len(items) > self.mt_max_batch:
-            return False
-        for seq, n in items:
-            c = seq.num_computed_tokens
-            # every item continues a sequence whose tokens up to c are cached (a decode, a
-            # verification, a short catch-up): not a prompt's chunk; padded positions must stay
-            # inside the RoPE table and the block table
-            if n > q or c + q > self.max_model_len or c + n < seq.num_tokens:
-                return False
-        return True
-
-    def _mt_plan(self, items: list[tuple[Sequence, int]], width: int):
-        """Host inputs of a padded multi-token step: rows ids, positions, slots, (first
-        `width` entries) context lengths and (first `n_rows` entries) the logits rows to return
-        in item order, (5, width * q) int64 (one copy to the device); block tables
-        (width, max_blocks) int32; and n_rows."""
-        q, bs = self.mt_q, self.block_size
-        plan_t = self._pinned("mt_plan", (5, width * q), torch.int64)
-        tables_t = self._pinned("mt_tables", (width, self.max_blocks_per_seq), torch.int32)
-        plan, t = plan_t.numpy(), tables_t.numpy()
-        t.fill(0)
-        plan[0] = 0
-        plan[1].reshape(width, q)[:] = np.arange(q)  # padding sequences: positions 0..q-1
-        plan[2] = -1
-        plan[3] = q
-        rows: list[int] = []
-        for i, (seq, n) in enumerate(items):
-            c, base = seq.num_computed_tokens, i * q
-            toks = seq.all_token_ids[c : c + n]
-            if len(toks) < n:  # a speculative item: the last sampled token, then the drafts
-                toks = toks + seq.spec_token_ids[: n - len(toks)]
-            t[i, : len(seq.block_ids)] = seq.block_ids
-            plan[0, base : base + n] = toks
-            plan[1, base : base + q] = np.arange(c, c + q)
-            real = np.arange(c, c + n)
-            plan[2, base : base + n] = kv_slots(t[i], real, bs)
-            plan[3, i] = c + q  # bottom-right causal: real query j sees positions <= c + j
-            first = max(c, seq.num_tokens - 1) - c  # rows from the last known token on
-            rows.extend(range(base + first, base + n))
-        plan[4, : len(rows)] = rows
-        plan[4, len(rows) :] = 0
-        return plan_t, tables_t, len(rows)
-
-    def _run_multi_token(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
-        b, q = len(items), self.mt_q
-        sizes = self.mt_graphs or self.mt_sizes
-        width = min(s for s in sizes if s >= b) if sizes else b
-        plan, tables, n_rows = self._mt_plan(items, width)
-        dev = plan.to(self.device, non_blocking=True)
-        t = width * q
-        self.mt_ids[:t].copy_(dev[0], non_blocking=True)
-        self.mt_pos[:t].copy_(dev[1], non_blocking=True)
-        self.mt_slots[:t].copy_(dev[2], non_blocking=True)
-        self.mt_ctx[:width].copy_(dev[3, :width], non_blocking=True)
-        self.mt_tables[:width].copy_(tables, non_blocking=True)
-        if self.mt_graphs:
-            self.mt_graphs[width].replay()
-            logits = self.mt_logits[width]
-        else:
-            hidden = self.model(self.mt_ids[:t], self._mt_meta(width), self.kv_caches)
-            logits = self.model.compute_logits(hidden)
-        # the rows came with the plan: no tensor built from a list, no pinned allocation per step
-        return logits.index_select(0, dev[4, :n_rows])

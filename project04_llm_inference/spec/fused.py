@@ -49,7 +49,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.model_runner import ModelRunner, capture_cuda_graphs, graph_batch_sizes, kv_slots
+from ..engine.model_runner import ModelRunner
+from ..engine.paged import capture_cuda_graphs, graph_batch_sizes, kv_slots
 from ..engine.sampler import argmax_rows
 from ..engine.sequence import Sequence
 from ..kernels.spec_rounds import CATCH_UP, accept, round_inputs, slab_layout
