@@ -131,6 +131,9 @@ class LatencyConfig(BenchConfig):
     """memory bandwidth of the floor, TB/s (H200 measured copy bandwidth, shared/GPU.md)"""
     baseline: bool = True
     """also time the static CUDA-graph baseline at the same shapes"""
+    sync_single_step: bool = False
+    """also time one step at a time with asynchronous scheduling off (EngineArgs.async_scheduling
+    False), alternating with the default engine: the same-run baseline of the overlap"""
     gpt_fast: bool = False
     """also time the gpt-fast recipe at the same shapes: the static decode step under
     torch.compile(mode="reduce-overhead", fullgraph=True) (compiles once per shape)"""
@@ -651,9 +654,10 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         def engine_run(k: int, queue_ahead: bool = True, llm=llm, wl=wl, b=b, counts=counts):
             def measure() -> float | None:
                 # the same engine (weights, pool, graphs); k decode steps per host round trip,
-                # the next run queued before the last one's tokens are read (or not)
+                # the next step or run queued before the last one's tokens are read (or not)
                 llm.engine.args.num_scheduler_steps = k
                 llm.engine.args.async_multi_step = queue_ahead
+                llm.engine.args.async_scheduling = queue_ahead
                 r = generate(llm, wl, use_tqdm=False)
                 ms, n = decode_ms_from_step_log(r["steps"], b)
                 counts[k if queue_ahead else -k].append((n, r["stats"].get("num_preemptions")))
@@ -662,6 +666,9 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
             return measure
 
         fns = {"engine": engine_run(1)}
+        if cfg.sync_single_step:
+            counts[-1] = []
+            fns["engine_sync"] = engine_run(1, queue_ahead=False)
         if k_multi > 1:
             fns["engine_multi"] = engine_run(k_multi)
             fns["engine_multi_sync"] = engine_run(k_multi, queue_ahead=False)
@@ -694,6 +701,14 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
                         "engine_multi_sync_tok_s",
                         lambda ms, b=b: b / ms * 1e3,
                     ),
+                }
+            )
+        if cfg.sync_single_step:
+            sync = reps.spread("engine_sync")
+            row.update(
+                {
+                    **flat("engine_sync_ms", sync),
+                    **_per_rep(sync, "engine_sync_tok_s", lambda ms, b=b: b / ms * 1e3),
                 }
             )
         if reps.errors:
