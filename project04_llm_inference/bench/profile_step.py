@@ -32,6 +32,9 @@ class ProfileConfig:
     """Dummy-weight shape."""
     num_scheduler_steps: int = 1
     """Decode steps per host round trip (8: multi-step, as the benchmarks' headline runs)."""
+    async_scheduling: bool = True
+    """Queue each step before reading the last one's tokens (the engine's default); off: the
+    GPU's idle gaps while the host bookkeeps show up between steps."""
     model: str | None = None
     """A model folder to profile instead of dummy weights of `shape` (e.g. spec.train_corpus's
     target, to profile speculative steps with a draft that shares its vocabulary)."""
@@ -50,6 +53,7 @@ def engine_kwargs(cfg: ProfileConfig) -> dict:
         max_num_batched_tokens=32768,
         max_num_seqs=max(cfg.batch, 1),
         num_scheduler_steps=cfg.num_scheduler_steps,
+        async_scheduling=cfg.async_scheduling,
     )
     if cfg.model is None:
         kw |= dict(load_format="dummy", dummy_shape=cfg.shape)
