@@ -107,14 +107,37 @@ def _both(prompts, params, **kw):
     return llm
 
 
+def _count_dropped(llm: LLM) -> list[int]:
+    """Wrap update_from_output: results for sequences that had already stopped (or were
+    aborted) when read, i.e. tokens computed by a step queued before the stop was known."""
+    eng, dropped = llm.engine, [0]
+    update = eng.update_from_output
+
+    def counted(out, launched=None):
+        dropped[0] += sum(r.seq.finish_reason is not None for r in out.results)
+        return update(out, launched)
+
+    eng.update_from_output = counted
+    return dropped
+
+
 def test_async_equals_sync_with_stops_found_late():
     """More requests than max_num_seqs (admission while a step is in flight), ragged
-    max_tokens, stop tokens, seeded sampling and logprobs."""
-    prompts, params = _workload(16, seed=1)
-    llm = _both(prompts, params, max_num_seqs=6, max_num_batched_tokens=64)
-    # sequences that stopped with a step already queued for them: their extra token dropped
-    s = llm.engine.stats()
-    assert s["finished"] == 16 and s["running"] == 0 and s["waiting"] == 0
+    max_tokens, seeded sampling and logprobs, and stop tokens taken from each request's own
+    output (so they hit mid-stream): those sequences stop on a token read after the next step
+    was queued for them, whose extra token must be dropped."""
+    prompts, params = _workload(16, seed=1, stop_prob=0.0)
+    free = _generate(_tiny(async_scheduling=False, max_num_seqs=6), prompts, params)
+    rng = random.Random(11)
+    for p, out in zip(params, free):
+        if len(out.token_ids) > 3:
+            p.stop_token_ids = [out.token_ids[rng.randrange(1, len(out.token_ids) - 1)]]
+    ref = _generate(_tiny(async_scheduling=False, max_num_seqs=6), prompts, params)
+    llm = _tiny(max_num_seqs=6)
+    dropped = _count_dropped(llm)
+    _assert_same(ref, _generate(llm, prompts, params))
+    assert dropped[0] > 0, "no stop was found late: the test would prove nothing"
+    assert sum(o.finish_reason == "stop" for o in ref) >= 4
 
 
 def test_async_equals_sync_under_preemption_and_prefix_hits():
