@@ -28,7 +28,7 @@ from ..config import EngineArgs
 from ..model.llama import AttnMetadata, LlamaForCausalLM
 from .decode_runs import DecodeRuns, MultiRun
 from .multi_token import MultiTokenSteps
-from .paged import capture_cuda_graphs, graph_batch_sizes, kv_slots
+from .paged import capture_cuda_graphs, graph_batch_sizes, kv_slots, padded_rows
 from .sequence import Sequence
 
 __all__ = [
@@ -196,9 +196,10 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
                 src.append(row)
                 toks.append(tok)
             ids.extend(toks)
-            pos.extend(range(c, c + n))
             table = seq.block_ids
-            slots.extend(kv_slots(np.asarray(table), np.arange(c, c + n), bs).tolist())
+            p, sl = padded_rows(np.asarray(table), c, n, n, bs)
+            pos.extend(p.tolist())
+            slots.extend(sl.tolist())
             padded = table + [0] * (self.max_blocks_per_seq - len(table))
             if n == 1 and not pre_lens:  # a one-token step is a decode, whatever the phase
                 num_decodes += 1

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..model.llama import AttnMetadata
-from .paged import capture_cuda_graphs, graph_batch_sizes, kv_slots
+from .paged import capture_cuda_graphs, graph_batch_sizes, padded_rows
 from .sequence import Sequence
 
 
@@ -99,9 +99,7 @@ class MultiTokenSteps:
                 toks = toks + seq.spec_token_ids[: n - len(toks)]
             t[i, : len(seq.block_ids)] = seq.block_ids
             plan[0, base : base + n] = toks
-            plan[1, base : base + q] = np.arange(c, c + q)
-            real = np.arange(c, c + n)
-            plan[2, base : base + n] = kv_slots(t[i], real, bs)
+            plan[1, base : base + q], plan[2, base : base + q] = padded_rows(t[i], c, n, q, bs)
             plan[3, i] = c + q  # bottom-right causal: real query j sees positions <= c + j
             first = max(c, seq.num_tokens - 1) - c  # rows from the last known token on
             rows.extend(range(base + first, base + n))

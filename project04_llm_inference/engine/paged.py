@@ -28,6 +28,18 @@ def kv_slots(tables: np.ndarray, positions: np.ndarray, block_size: int) -> np.n
     return blocks * block_size + positions % block_size
 
 
+def padded_rows(
+    table: np.ndarray, start: int, n: int, width: int, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One sequence's next `width` input rows from position `start`, the first n real:
+    (positions (width,), cache slots (width,), -1 past the real rows: padding writes nothing).
+    The packed, padded multi-token and fused builders all lay out rows this way."""
+    pos = start + np.arange(width)
+    slots = np.full(width, -1, dtype=np.int64)
+    slots[:n] = kv_slots(table, pos[:n], block_size)
+    return pos, slots
+
+
 def capture_cuda_graphs(sizes: list[int], setup, pool=None):
     """Capture one CUDA graph per batch width, largest first so the smaller ones reuse its
     memory pool. setup(w) prepares width w's static buffers and returns the function to

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from ..engine.model_runner import ModelRunner
-from ..engine.paged import capture_cuda_graphs, graph_batch_sizes, kv_slots
+from ..engine.paged import capture_cuda_graphs, graph_batch_sizes, kv_slots, padded_rows
 from ..engine.sampler import argmax_rows
 from ..engine.sequence import Sequence
 from ..kernels.spec_rounds import CATCH_UP, accept, round_inputs, slab_layout
@@ -345,11 +345,8 @@ class FusedGreedySpec:
                 table[: len(d.block_ids)] = d.block_ids
                 h["d_ids"][base : base + CATCH_UP] = 0
                 h["d_ids"][base : base + n] = d.tokens[c : c + n]
-                pos = np.arange(c, c + CATCH_UP)
-                h["d_pos"][base : base + CATCH_UP] = pos
-                h["d_slots"][base : base + CATCH_UP] = -1
-                real = pos[:n]
-                h["d_slots"][base : base + n] = kv_slots(table, real, dbs)
+                rows = slice(base, base + CATCH_UP)
+                h["d_pos"][rows], h["d_slots"][rows] = padded_rows(table, c, n, CATCH_UP, dbs)
                 h["d_rows"][i] = base + n - 1
                 h["d_ctx"][i] = c + CATCH_UP  # bottom-right causal: the padding stays unseen
                 steps = j[j + 1 < it.k]  # draft step j feeds draft j + 1 at position L + j
@@ -364,11 +361,8 @@ class FusedGreedySpec:
             ttable[: len(seq.block_ids)] = seq.block_ids
             h["t_ids"][base : base + q] = 0
             h["t_ids"][base] = seq.all_token_ids[c]
-            pos = np.arange(c, c + q)
+            pos, h["t_slots"][base : base + q] = padded_rows(ttable, c, 1 + it.n_drafts, q, tbs)
             h["t_pos"][base : base + q] = pos
-            h["t_slots"][base : base + q] = -1
-            real = pos[: 1 + it.n_drafts]
-            h["t_slots"][base : base + len(real)] = kv_slots(ttable, real, tbs)
             h["t_rtables"][base : base + q] = ttable
             h["t_lens"][base : base + q] = pos + 1  # decode row j sees keys 0..c + j
             h["nd"][i] = it.n_drafts
