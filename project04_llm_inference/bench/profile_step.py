@@ -7,7 +7,7 @@
 
 Prints the GPU kernels by total time and the host/GPU split of a step (a GPU that idles while
 the host prepares the next step shows up as step wall time above the kernels' sum), and writes
-one record (`profile_step.json`: wall time, kernels launched, busy and idle device time per
+one record (`profile_step_b<batch>_c<context>[_k<steps>][_sync].json`: wall time, kernels launched, busy and idle device time per
 decode step, the host's CPU model in the environment) so a host difference is measured. With
 programmatic dependent launch a kernel starts before the one ahead of it ends and waits, so its
 own duration overstates it: the critical-path table charges each kernel only for the time from
@@ -134,9 +134,12 @@ def run(cfg: ProfileConfig) -> dict:
     from shared.results import output_root, save_result
 
     cfg.reports_dir = str(output_root(cfg.reports_dir))
+    name = f"profile_step_b{cfg.batch}_c{cfg.context}"
+    name += f"_k{cfg.num_scheduler_steps}" if cfg.num_scheduler_steps > 1 else ""
+    name += "" if cfg.async_scheduling else "_sync"
     out = save_result(
         "project04_llm_inference",
-        "profile_step",
+        name,
         res,
         config=asdict(cfg),
         reports_dir=cfg.reports_dir,
