@@ -177,6 +177,12 @@ class EngineArgs:
     """Decode steps run back to back on the device per host round trip when every running
     sequence decodes greedily and no waiting request could join: tokens then arrive k at a time
     and the GPU does not wait for the host between steps. 1: one step at a time."""
+    async_scheduling: bool = True
+    """Queue each step on the device before reading the last one's tokens (its inputs taken
+    from the last step's output on the device), so the host's scheduling and bookkeeping
+    overlap the device's work; tokens still stream one step at a time. A sequence found to have
+    stopped discards the extra token computed for it. Steps with speculative decoding run
+    synchronously whatever this says (their drafts need the tokens)."""
     async_multi_step: bool = True
     """With num_scheduler_steps > 1: queue the next multi-step run before reading the last
     one's tokens when it does not depend on them (same batch, nobody waiting to join), so the

@@ -135,6 +135,12 @@ class LatencyConfig(BenchConfig):
     """memory bandwidth of the floor, TB/s (default: the H200's copy bandwidth in shared.hardware)"""
     baseline: bool = True
     """also time the static CUDA-graph baseline at the same shapes"""
+    sync_single_step: bool = False
+    """also time one step at a time with asynchronous scheduling off (EngineArgs.async_scheduling
+    False), alternating with the default engine: the same-run baseline of the overlap"""
+    gpt_fast: bool = False
+    """also time the gpt-fast recipe at the same shapes: the static decode step under
+    torch.compile(mode="reduce-overhead", fullgraph=True) (compiles once per shape)"""
     num_scheduler_steps: int = 8
     """also time the engine with this many decode steps per host round trip (1: only single)"""
     repeats: int = 5
@@ -388,7 +394,7 @@ def generate(llm, wl: Workload, *, use_tqdm: bool = True) -> dict:
         "output_tok_s": produced / wall,  # tokens/s
         "total_tok_s": (wl.prompt_tokens + produced) / wall,  # tokens/s
         "stats": stats,
-        "steps": list(llm.engine.step_log)[n_steps:],  # not saved: callers summarise
+        "steps": llm.engine.step_log[n_steps:],  # not saved: callers summarise
     }
 
 
@@ -652,9 +658,10 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         def engine_run(k: int, queue_ahead: bool = True, llm=llm, wl=wl, b=b, counts=counts):
             def measure() -> float | None:
                 # the same engine (weights, pool, graphs); k decode steps per host round trip,
-                # the next run queued before the last one's tokens are read (or not)
+                # the next step or run queued before the last one's tokens are read (or not)
                 llm.engine.args.num_scheduler_steps = k
                 llm.engine.args.async_multi_step = queue_ahead
+                llm.engine.args.async_scheduling = queue_ahead
                 r = generate(llm, wl, use_tqdm=False)
                 ms, n = decode_ms_from_step_log(r["steps"], b)
                 counts[k if queue_ahead else -k].append((n, r["stats"].get("num_preemptions")))
@@ -663,6 +670,9 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
             return measure
 
         fns = {"engine": engine_run(1)}
+        if cfg.sync_single_step:
+            counts[-1] = []
+            fns["engine_sync"] = engine_run(1, queue_ahead=False)
         if k_multi > 1:
             fns["engine_multi"] = engine_run(k_multi)
             fns["engine_multi_sync"] = engine_run(k_multi, queue_ahead=False)
@@ -697,6 +707,14 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
                     ),
                 }
             )
+        if cfg.sync_single_step:
+            sync = reps.spread("engine_sync")
+            row.update(
+                {
+                    **flat("engine_sync_ms", sync),
+                    **_per_rep(sync, "engine_sync_tok_s", lambda ms, b=b: b / ms * 1e3),
+                }
+            )
         if reps.errors:
             row["engine_errors"] = reps.errors
         rows.append(row)
@@ -711,6 +729,17 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
                 row.update(flat("static_cuda_graph_ms", Spread.of(times)))
             except Exception as e:  # an OOM at one shape must not lose the others
                 row["static_cuda_graph_error"] = f"{type(e).__name__}: {e}"[:300]
+                free_cuda()
+        if cfg.gpt_fast:
+            print(f"gpt-fast baseline: batch {row['batch']}, context {row['context']}")
+            try:
+                times = baselines.decode_step_times_compiled(
+                    c, row["batch"], row["context"], cfg.repeats
+                )
+                row.update(flat("gpt_fast_ms", Spread.of(times)))
+                row["gpt_fast_tok_s"] = row["batch"] / row["gpt_fast_ms"] * 1e3
+            except Exception as e:  # a compile failure at one shape must not lose the others
+                row["gpt_fast_error"] = f"{type(e).__name__}: {e}"[:300]
                 free_cuda()
         s = row["static_cuda_graph_ms"]
         row["static_cuda_graph_tok_s"] = row["batch"] / s * 1e3 if s else None

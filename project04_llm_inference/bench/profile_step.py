@@ -6,7 +6,9 @@
         --speculative-model runs/spec-models/draft --num-speculative-tokens 2
 
 Prints the GPU kernels by total time and the host/GPU split of a step (a GPU that idles while
-the host prepares the next step shows up as step wall time above the kernels' sum). With
+the host prepares the next step shows up as step wall time above the kernels' sum), and writes
+one record (`profile_step_b<batch>_c<context>[_k<steps>][_sync].json`: wall time, kernels launched, busy and idle device time per
+decode step, the host's CPU model in the environment) so a host difference is measured. With
 programmatic dependent launch a kernel starts before the one ahead of it ends and waits, so its
 own duration overstates it: the critical-path table charges each kernel only for the time from
 the end of everything before it to its own end, and counts the GPU's idle gaps.
@@ -32,6 +34,9 @@ class ProfileConfig:
     """Dummy-weight shape."""
     num_scheduler_steps: int = 1
     """Decode steps per host round trip (8: multi-step, as the benchmarks' headline runs)."""
+    async_scheduling: bool = True
+    """Queue each step before reading the last one's tokens (the engine's default); off: the
+    GPU's idle gaps while the host bookkeeps show up between steps."""
     model: str | None = None
     """A model folder to profile instead of dummy weights of `shape` (e.g. spec.train_corpus's
     target, to profile speculative steps with a draft that shares its vocabulary)."""
@@ -41,6 +46,9 @@ class ProfileConfig:
     """The draft model's folder (speculative_method 'draft')."""
     num_speculative_tokens: int = 4
     """Tokens proposed per step when speculating."""
+    reports_dir: str = ""
+    """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty:
+    runs/<UTC time>/"""
 
 
 def engine_kwargs(cfg: ProfileConfig) -> dict:
@@ -50,6 +58,7 @@ def engine_kwargs(cfg: ProfileConfig) -> dict:
         max_num_batched_tokens=32768,
         max_num_seqs=max(cfg.batch, 1),
         num_scheduler_steps=cfg.num_scheduler_steps,
+        async_scheduling=cfg.async_scheduling,
     )
     if cfg.model is None:
         kw |= dict(load_format="dummy", dummy_shape=cfg.shape)
@@ -64,7 +73,7 @@ def engine_kwargs(cfg: ProfileConfig) -> dict:
     return kw
 
 
-def run(cfg: ProfileConfig) -> None:
+def run(cfg: ProfileConfig) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from project04_llm_inference import LLM, SamplingParams
@@ -110,11 +119,38 @@ def run(cfg: ProfileConfig) -> None:
     print(
         f"batch {cfg.batch}, context {cfg.context}: step wall {wall:.2f} ms, GPU kernels {gpu_total:.2f} ms/step"
     )
-    print_critical_path(prof, cfg.steps * cfg.num_scheduler_steps)
+    decode_steps = cfg.steps * cfg.num_scheduler_steps
+    path = print_critical_path(prof, decode_steps)
+    res = {
+        "batch": cfg.batch,
+        "context": cfg.context,
+        "wall_ms_per_call": wall,  # one engine step() (num_scheduler_steps decode steps)
+        "wall_ms_per_decode_step": wall / cfg.num_scheduler_steps,
+        "kernel_ms_per_decode_step": gpu_total / cfg.num_scheduler_steps,
+        **path,
+    }
+    from dataclasses import asdict
+
+    from shared.results import output_root, save_result
+
+    cfg.reports_dir = str(output_root(cfg.reports_dir))
+    name = f"profile_step_b{cfg.batch}_c{cfg.context}"
+    name += f"_k{cfg.num_scheduler_steps}" if cfg.num_scheduler_steps > 1 else ""
+    name += "" if cfg.async_scheduling else "_sync"
+    out = save_result(
+        "project04_llm_inference",
+        name,
+        res,
+        config=asdict(cfg),
+        reports_dir=cfg.reports_dir,
+    )
+    print(f"wrote {out}")
+    return res
 
 
-def print_critical_path(prof, steps: int, top: int = 16) -> None:
-    """Each kernel charged for end - max(start, end of every kernel before it); gaps as idle."""
+def print_critical_path(prof, steps: int, top: int = 16) -> dict:
+    """Each kernel charged for end - max(start, end of every kernel before it); gaps as idle.
+    Returns per decode step: kernels launched, busy and idle ms, idle share, top kernels."""
     kernels = sorted(
         (e for e in prof.events() if e.device_type.name == "CUDA"),
         key=lambda e: e.time_range.start,
@@ -133,8 +169,16 @@ def print_critical_path(prof, steps: int, top: int = 16) -> None:
     print(
         f"critical path per decode step: busy {busy / steps / 1e3:.3f} ms, idle {idle / steps / 1e3:.3f} ms"
     )
-    for name, us in sorted(charged.items(), key=lambda kv: -kv[1])[:top]:
+    ranked = sorted(charged.items(), key=lambda kv: -kv[1])
+    for name, us in ranked[:top]:
         print(f"  {us / steps:8.1f} us  {100 * us / max(busy, 1e-9):5.1f}%  {name[:90]}")
+    return {
+        "kernels_per_decode_step": len(kernels) / steps,
+        "busy_ms_per_decode_step": busy / steps / 1e3,
+        "idle_ms_per_decode_step": idle / steps / 1e3,
+        "idle_share": idle / max(busy + idle, 1e-9),
+        "top_kernels_us_per_step": {name[:120]: us / steps for name, us in ranked[:top]},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -386,8 +386,8 @@ def measure(
     cfg: SpecProfileConfig, name: str, over: dict, target: Path, draft: Path, out_dir: Path
 ):
     from ..config import SamplingParams
-    from ..engine import llm_engine
     from ..engine.llm import LLM
+    from ..spec import speculator
 
     k = over.get("num_speculative_tokens", 0)
     per_step = max(over.get("spec_fused_rounds", 1) * (k + 1), over.get("num_scheduler_steps", 1))
@@ -434,7 +434,7 @@ def measure(
     ph.wrap(eng, "step", "step")
     ph.wrap(eng.scheduler, "schedule", "schedule")
     ph.wrap(eng.runner, "run", "target_run")
-    ph.wrap(llm_engine, "verify_groups", "accept")
+    ph.wrap(speculator, "verify_groups", "accept")
     if eng.proposer is not None:
         ph.wrap(eng.proposer, "propose", "draft_propose")
     if eng.fused is not None:

@@ -26,7 +26,11 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     status: Status = Status.WAITING
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_computed_tokens: int = 0  # positions whose K/V are in the cache or queued to be
+    # tokens sampled by work queued on the device whose values the host has not read yet
+    # (asynchronous scheduling): they count as the sequence's next positions, so the next step
+    # can be scheduled and queued behind them
+    num_pending: int = 0
     block_ids: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading full blocks registered in the prefix cache
     block_hashes: list[int] = field(default_factory=list)
@@ -39,6 +43,8 @@ class Sequence:
     # speculative decoding: this step's draft tokens, scheduled after the last sampled token
     # (they are not part of the sequence until the verifier accepts them)
     spec_token_ids: list[int] = field(default_factory=list)
+    # incremental detokenization for stop strings (`engine.stops`), created on first use
+    text_tail: object | None = field(default=None, repr=False)
 
     _all: list[int] = field(default_factory=list, repr=False)
 
@@ -57,6 +63,12 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Positions, known or pending, whose K/V are not computed yet: what a step may
+        schedule (1 for a decoding sequence, whether its last token is known or pending)."""
+        return self.num_tokens + self.num_pending - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -29,31 +29,58 @@ CSRC = Path(__file__).resolve().parent.parent / "csrc"
 EXTENSION = "p04_spec_rounds"
 CATCH_UP = 2  # draft tokens per sequence in the catch-up forward (spec/fused.py)
 
-# name -> (dtype, shape as a function of (w, k, q)); the tables' widths are free
-_INT64 = {
-    "L": lambda w, k, q: (w,),
-    "last": lambda w, k, q: (w,),
-    "cd": lambda w, k, q: (w,),
-    "dn": lambda w, k, q: (w,),
-    "dtok": lambda w, k, q: (w, CATCH_UP),
-    "real": lambda w, k, q: (w,),
-    "nd": lambda w, k, q: (w,),
-    "d_ids": lambda w, k, q: (w * CATCH_UP,),
-    "d_pos": lambda w, k, q: (w * CATCH_UP,),
-    "d_slots": lambda w, k, q: (w * CATCH_UP,),
-    "d_rows": lambda w, k, q: (w,),
-    "s_pos": lambda w, k, q: (k - 1, w),
-    "s_slots": lambda w, k, q: (k - 1, w),
-    "t_ids": lambda w, k, q: (w * q,),
-    "t_pos": lambda w, k, q: (w * q,),
-    "t_slots": lambda w, k, q: (w * q,),
+# The fused program's buffers (`spec/fused.py`'s slab), defined here once: name -> shape as a
+# function of (w, k, q, mbd, mbt) (batch width, drafts, k + 1, block-table widths of the draft
+# and the target), in slab order. `_Slab` lays them out from these tables, `check_round_inputs`
+# checks against them, and a test checks ROUND_ARGS against csrc/spec_rounds.cu's signature and
+# struct (the kernel's order and C types).
+SLAB_INT64 = {
+    "d_ids": lambda w, k, q, mbd, mbt: (w * CATCH_UP,),  # the draft's catch-up: ids
+    "d_pos": lambda w, k, q, mbd, mbt: (w * CATCH_UP,),  # positions
+    "d_slots": lambda w, k, q, mbd, mbt: (w * CATCH_UP,),  # cache slots
+    "d_rows": lambda w, k, q, mbd, mbt: (w,),  # each sequence's last real row
+    "s_pos": lambda w, k, q, mbd, mbt: (k - 1, w),  # the draft's one-token steps
+    "s_slots": lambda w, k, q, mbd, mbt: (k - 1, w),
+    "t_ids": lambda w, k, q, mbd, mbt: (w * q,),  # the target's verification
+    "t_pos": lambda w, k, q, mbd, mbt: (w * q,),
+    "t_slots": lambda w, k, q, mbd, mbt: (w * q,),
+    "nd": lambda w, k, q, mbd, mbt: (w,),  # drafts each sequence verifies
 }
-_INT32 = {
-    "d_ctx": lambda w, k, q: (w,),
-    "s_lens": lambda w, k, q: (k - 1, w),
-    "t_lens": lambda w, k, q: (w * q,),
+# rounds > 1: the state each round's inputs are formed from, on the device
+SLAB_STATE = {
+    "L": lambda w, k, q, mbd, mbt: (w,),  # the target's computed length: the last token's position
+    "last": lambda w, k, q, mbd, mbt: (w,),  # the target's last token (its K/V not yet computed)
+    "cd": lambda w, k, q, mbd, mbt: (w,),  # the draft's computed length
+    "dn": lambda w, k, q, mbd, mbt: (w,),  # the draft's catch-up tokens: 1 or 2
+    "dtok": lambda w, k, q, mbd, mbt: (w, CATCH_UP),  # those tokens (then zeros)
+    "real": lambda w, k, q, mbd, mbt: (w,),  # 1: a scheduled sequence, 0: a padding row
 }
-_TABLES = ("d_tables", "t_tables")
+SLAB_INT32 = {
+    "d_tables": lambda w, k, q, mbd, mbt: (w, mbd),
+    "d_ctx": lambda w, k, q, mbd, mbt: (w,),
+    "d_cu": lambda w, k, q, mbd, mbt: (w + 1,),
+    "s_lens": lambda w, k, q, mbd, mbt: (k - 1, w),
+    "t_tables": lambda w, k, q, mbd, mbt: (w, mbt),
+    # the verification as w * q decode rows: each row's table and context length
+    "t_rtables": lambda w, k, q, mbd, mbt: (w * q, mbt),
+    "t_lens": lambda w, k, q, mbd, mbt: (w * q,),
+}
+# `spec_round_inputs`'s tensor arguments, in the kernel's order ("prev": the last round's result)
+ROUND_ARGS = (
+    *("L", "last", "cd", "dn", "dtok", "real", "nd", "prev"),
+    *("d_ids", "d_pos", "d_slots", "d_rows", "s_pos", "s_slots", "t_ids", "t_pos", "t_slots"),
+    *("d_tables", "t_tables", "d_ctx", "s_lens", "t_lens"),
+)
+
+
+def slab_layout(w: int, k: int, mbd: int, mbt: int, rounds: int = 1):
+    """([(name, shape)] int64, [(name, shape)] int32) of a slab, in order."""
+    q = k + 1
+    i64 = {**SLAB_INT64, **(SLAB_STATE if rounds > 1 else {})}
+    return (
+        [(n, f(w, k, q, mbd, mbt)) for n, f in i64.items()],
+        [(n, f(w, k, q, mbd, mbt)) for n, f in SLAB_INT32.items()],
+    )
 
 
 @functools.cache
@@ -76,9 +103,12 @@ def check_round_inputs(
     if "L" not in d or not isinstance(d["L"], torch.Tensor) or d["L"].dim() != 1:
         raise ValueError("d['L'] must be a 1-D tensor (the batch width)")
     w, q, device = d["L"].shape[0], k + 1, d["L"].device
-    want = {n: (torch.int64, f(w, k, q)) for n, f in _INT64.items()}
-    want |= {n: (torch.int32, f(w, k, q)) for n, f in _INT32.items()}
-    want |= {n: (torch.int32, None) for n in _TABLES}
+    tables = ("d_tables", "t_tables")
+    want = {}
+    for layout, dtype in ((SLAB_INT64 | SLAB_STATE, torch.int64), (SLAB_INT32, torch.int32)):
+        for name, f in layout.items():
+            if name in ROUND_ARGS:  # the tables' widths are free (None)
+                want[name] = (dtype, None if name in tables else f(w, k, q, 0, 0))
     for name, (dtype, shape) in want.items():
         x = d.get(name)
         if not isinstance(x, torch.Tensor):
@@ -115,11 +145,7 @@ def round_inputs(
         reference_round_inputs(d, prev, k=k, dbs=dbs, tbs=tbs)
         return
     _ext().spec_round_inputs(
-        *(d[n] for n in ("L", "last", "cd", "dn", "dtok", "real", "nd")),
-        prev,
-        *(d[n] for n in ("d_ids", "d_pos", "d_slots", "d_rows", "s_pos", "s_slots")),
-        *(d[n] for n in ("t_ids", "t_pos", "t_slots", "d_tables", "t_tables")),
-        *(d[n] for n in ("d_ctx", "s_lens", "t_lens")),
+        *(prev if n == "prev" else d[n] for n in ROUND_ARGS),
         k,
         dbs,
         tbs,

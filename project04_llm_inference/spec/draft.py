@@ -48,6 +48,7 @@ class DraftSeq:
         self.tokens: list[int] = []
         self.synced = 0  # how many of `tokens` were the target's at the last round
         self.num_computed_tokens = 0
+        self.num_pending = 0  # (the draft's tokens are always read before its next step)
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # (unused: no prefix caching in the draft pool)
         self.num_hashed_blocks = 0
@@ -59,6 +60,10 @@ class DraftSeq:
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.tokens) - self.num_computed_tokens
 
     def sync(self, target: list[int]) -> None:
         """Roll back to the longest common prefix with `target`, then append the rest of it."""

@@ -49,10 +49,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.model_runner import ModelRunner, graph_batch_sizes
+from ..engine.model_runner import ModelRunner
+from ..engine.paged import capture_cuda_graphs, graph_batch_sizes, kv_slots, padded_rows
 from ..engine.sampler import argmax_rows
 from ..engine.sequence import Sequence
-from ..kernels.spec_rounds import CATCH_UP, accept, round_inputs
+from ..kernels.spec_rounds import CATCH_UP, accept, round_inputs, slab_layout
 from ..model.llama import AttnMetadata
 
 PENDING = -1  # a draft token counted by the scheduler, computed later on the device
@@ -76,40 +77,8 @@ class _Slab:
     def __init__(
         self, w: int, k: int, mbd: int, mbt: int, device, pinned: bool, rounds: int = 1
     ) -> None:
-        q, k1 = k + 1, k - 1
-        self.w, self.k, self.q, self.rounds = w, k, q, rounds
-        # rounds > 1: the state each round's inputs are formed from, on the device
-        state = [
-            ("L", (w,)),  # the target's computed length: the last token's position
-            ("last", (w,)),  # the target's last token (its K/V not yet computed)
-            ("cd", (w,)),  # the draft's computed length
-            ("dn", (w,)),  # the draft's catch-up tokens: 1 or 2
-            ("dtok", (w, CATCH_UP)),  # those tokens (then zeros)
-            ("real", (w,)),  # 1: a scheduled sequence, 0: a padding row
-        ]
-        i64 = [
-            ("d_ids", (w * CATCH_UP,)),
-            ("d_pos", (w * CATCH_UP,)),
-            ("d_slots", (w * CATCH_UP,)),
-            ("d_rows", (w,)),
-            ("s_pos", (k1, w)),
-            ("s_slots", (k1, w)),
-            ("t_ids", (w * q,)),
-            ("t_pos", (w * q,)),
-            ("t_slots", (w * q,)),
-            ("nd", (w,)),
-            *(state if rounds > 1 else []),
-        ]
-        i32 = [
-            ("d_tables", (w, mbd)),
-            ("d_ctx", (w,)),
-            ("d_cu", (w + 1,)),
-            ("s_lens", (k1, w)),
-            ("t_tables", (w, mbt)),
-            # the verification as w * q decode rows: each row's table and context length
-            ("t_rtables", (w * q, mbt)),
-            ("t_lens", (w * q,)),
-        ]
+        self.w, self.k, self.q, self.rounds = w, k, k + 1, rounds
+        i64, i32 = slab_layout(w, k, mbd, mbt, rounds)  # (kernels/spec_rounds.py)
         self.host64, self.dev64, self.h, self.d = self._alloc(i64, torch.int64, device, pinned)
         self.host32, self.dev32, h32, d32 = self._alloc(i32, torch.int32, device, pinned)
         self.h |= h32
@@ -289,23 +258,19 @@ class FusedGreedySpec:
             self._round(s, s.out[r])
 
     def _capture(self) -> None:
-        pool = self.target._pool
+        """One CUDA graph per batch width for one round a program, and one for `rounds`."""
         kinds = [(1, self.graphs)] + ([(self.rounds, self.round_graphs)] if self.rounds > 1 else [])
-        with torch.inference_mode():
-            for w in reversed(self.sizes):  # largest first, as the runners capture
-                for rounds, graphs in kinds:
-                    s = self._slab(w, rounds)
-                    s.dev64.copy_(s.host64)  # every row padding: no cache slot is written
-                    s.dev32.copy_(s.host32)
-                    for _ in range(2):  # warm up outside the graph
-                        self._program(s)
-                    torch.cuda.synchronize()
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=pool):
-                        self._program(s)
-                    pool = g.pool()
-                    graphs[w] = g
-        torch.cuda.synchronize()
+        pool = self.target._pool
+        for rounds, graphs in kinds:
+
+            def setup(w: int, rounds=rounds):
+                s = self._slab(w, rounds)
+                s.dev64.copy_(s.host64)  # every row padding: no cache slot is written
+                s.dev32.copy_(s.host32)
+                return lambda: self._program(s)
+
+            captured, _, pool = capture_cuda_graphs(self.sizes, setup, pool)
+            graphs.update(captured)
         self.target._pool = pool
 
     # --- one step ---------------------------------------------------------------------------------
@@ -379,19 +344,14 @@ class FusedGreedySpec:
                 table[: len(d.block_ids)] = d.block_ids
                 h["d_ids"][base : base + CATCH_UP] = 0
                 h["d_ids"][base : base + n] = d.tokens[c : c + n]
-                pos = np.arange(c, c + CATCH_UP)
-                h["d_pos"][base : base + CATCH_UP] = pos
-                h["d_slots"][base : base + CATCH_UP] = -1
-                real = pos[:n]
-                h["d_slots"][base : base + n] = (
-                    table[real // dbs].astype(np.int64) * dbs + real % dbs
-                )
+                rows = slice(base, base + CATCH_UP)
+                h["d_pos"][rows], h["d_slots"][rows] = padded_rows(table, c, n, CATCH_UP, dbs)
                 h["d_rows"][i] = base + n - 1
                 h["d_ctx"][i] = c + CATCH_UP  # bottom-right causal: the padding stays unseen
                 steps = j[j + 1 < it.k]  # draft step j feeds draft j + 1 at position L + j
                 p = c + n + steps
                 h["s_pos"][steps, i] = p
-                h["s_slots"][steps, i] = table[p // dbs].astype(np.int64) * dbs + p % dbs
+                h["s_slots"][steps, i] = kv_slots(table, p, dbs)
                 h["s_lens"][steps, i] = p + 1
             seq = it.seq
             c, base = seq.num_computed_tokens, i * q
@@ -400,13 +360,8 @@ class FusedGreedySpec:
             ttable[: len(seq.block_ids)] = seq.block_ids
             h["t_ids"][base : base + q] = 0
             h["t_ids"][base] = seq.all_token_ids[c]
-            pos = np.arange(c, c + q)
+            pos, h["t_slots"][base : base + q] = padded_rows(ttable, c, 1 + it.n_drafts, q, tbs)
             h["t_pos"][base : base + q] = pos
-            h["t_slots"][base : base + q] = -1
-            real = pos[: 1 + it.n_drafts]
-            h["t_slots"][base : base + len(real)] = (
-                ttable[real // tbs].astype(np.int64) * tbs + real % tbs
-            )
             h["t_rtables"][base : base + q] = ttable
             h["t_lens"][base : base + q] = pos + 1  # decode row j sees keys 0..c + j
             h["nd"][i] = it.n_drafts

@@ -163,12 +163,13 @@ def test_bad_num_scheduler_steps(kw):
 
 
 def _count_queued_behind(llm: LLM) -> list[int]:
-    """Wrap the runner's launch_multi: the number of runs queued behind one still in flight."""
+    """Wrap the runner's launch_multi: the number of runs queued behind a step still in flight
+    (their first inputs taken from its tokens on the device)."""
     runner, calls = llm.engine.runner, [0]
     launch = runner.launch_multi
 
     def counted(*args, **kw):
-        if kw.get("after") is not None:
+        if kw.get("prev") is not None:
             calls[0] += 1
         return launch(*args, **kw)
 
@@ -184,7 +185,7 @@ def test_async_multi_step_equals_sync_and_single_steps(k):
     prompts, params = _workload(14, seed=20 + k)
     kw = dict(max_num_seqs=5, max_num_batched_tokens=64)
     ref = _generate(_tiny(**kw), prompts, params)
-    sync = _tiny(**kw, num_scheduler_steps=k, async_multi_step=False)
+    sync = _tiny(**kw, num_scheduler_steps=k, async_multi_step=False, async_scheduling=False)
     queued = _count_queued_behind(sync)
     _assert_same(ref, _generate(sync, prompts, params))
     assert queued[0] == 0

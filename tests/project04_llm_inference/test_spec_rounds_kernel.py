@@ -236,3 +236,43 @@ def test_accept_kernel_equals_reference(w, k):
     spec_rounds.accept(am, nd, out, k=k)
     torch.cuda.synchronize()
     assert torch.equal(out, ref)
+
+
+# --- the slab's layout is defined once (kernels/spec_rounds.py) ------------------------------------
+
+
+def _cu_source() -> str:
+    return (spec_rounds.CSRC / "spec_rounds.cu").read_text()
+
+
+def test_kernel_signature_and_struct_follow_round_args():
+    """csrc/spec_rounds.cu takes the tensors in ROUND_ARGS' order, its RoundParams holds them
+    in that order, and each C element type is the dtype of that view in the slab layout."""
+    import re
+
+    src = _cu_source()
+    sig = re.search(r"void spec_round_inputs\((.*?)\)\s*\{", src, re.S).group(1)
+    params = [p.split()[-1] for p in sig.replace("\n", " ").split(",")]
+    assert params == [*spec_rounds.ROUND_ARGS, "k", "dbs", "tbs", "pdl"]
+    struct = re.search(r"struct RoundParams \{(.*?)\};", src, re.S).group(1)
+    fields = re.findall(r"(int64_t|int32_t)\*\s*(\w+);", struct)
+    assert [n for _, n in fields] == list(spec_rounds.ROUND_ARGS)
+    int64 = spec_rounds.SLAB_INT64 | spec_rounds.SLAB_STATE
+    for ctype, name in fields:
+        if name != "prev":
+            assert (name in int64) == (ctype == "int64_t"), name
+            assert name in int64 or name in spec_rounds.SLAB_INT32, name
+
+
+def test_fused_slab_views_are_the_layout():
+    """spec/fused.py's slab has exactly the layout's views, of their shapes and dtypes."""
+    from project04_llm_inference.spec.fused import _Slab
+
+    w, k, mbd, mbt = 4, 3, 5, 7
+    for rounds in (1, 2):
+        s = _Slab(w, k, mbd, mbt, torch.device("cpu"), pinned=False, rounds=rounds)
+        i64, i32 = spec_rounds.slab_layout(w, k, mbd, mbt, rounds)
+        assert set(s.d) == {n for n, _ in i64 + i32}
+        for layout, dtype in ((i64, torch.int64), (i32, torch.int32)):
+            for name, shape in layout:
+                assert s.d[name].dtype == dtype and tuple(s.d[name].shape) == shape, name
