@@ -13,6 +13,7 @@ SCALING = "scaling_gpu.json"
 LEVERS = "sweep_gpu_levers.json"
 PRECISION = "precision_gpu_ab_unfused.json"  # 3 interleaved runs each, the latest of its GPU
 PRECISION_H100 = "precision_gpu_h100.json"
+STRATEGIES_CPU = "parallel_cpu.json"
 
 
 def _scaling(world_size: int, key: str, scale: float = 1.0):
@@ -47,6 +48,20 @@ def _precision(label: str, key: str, scale: float = 1.0):
         runs = rec["results"]["throughput"]["runs"]
         run = next((r for r in runs if r["label"] == label and r.get("status") == "ok"), None)
         return None if run is None or run.get(key) is None else run[key] * scale
+
+    return measure
+
+
+def _state_over_ddp(name: str, world_size: int):
+    """A strategy's training state per rank (its largest rank, measured from its tensors) as a
+    fraction of DDP's at the same world size: FSDP2's formula says 1 / N."""
+
+    def measure(rec: dict) -> float | None:
+        runs = {(r["name"], r["world_size"]): r for r in rec["results"]["runs"]}
+        mine, ddp = runs.get((name, world_size)), runs.get(("ddp", world_size))
+        if not mine or not ddp or not ddp.get("state_bytes_measured"):
+            return None
+        return mine["state_bytes_measured"] / ddp["state_bytes_measured"]
 
     return measure
 
@@ -102,5 +117,14 @@ CLAIMS = [
         "% of dense bf16 peak",
         55.0,
         fmt=".1f",
+    ),
+    Claim(
+        "FSDP2 state per rank over DDP's, 4 ranks (`tiny`; formula 1 / N)",
+        STRATEGIES_CPU,
+        _state_over_ddp("fsdp", 4),
+        "x DDP's bytes per rank",
+        0.25,
+        higher_is_better=False,
+        fmt=".3f",
     ),
 ]
