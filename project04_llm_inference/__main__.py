@@ -4,6 +4,7 @@ python -m project04_llm_inference generate --engine.load-format dummy --engine.d
 python -m project04_llm_inference serve path/to/model   # OpenAI API on 127.0.0.1:8000
 python -m project04_llm_inference serve MODEL --max-model-len 4096 --api-key KEY   # vLLM's flags
 python -m project04_llm_inference train-code-model    # a code model served with its tokenizer
+python -m project04_llm_inference code-demo --model-dir models/code-model   # serve it, complete
 python -m project04_llm_inference throughput        # offline throughput vs baselines (GPU)
 python -m project04_llm_inference latency           # decode ms/step vs the bandwidth floor (GPU)
 python -m project04_llm_inference spec-train --models-dir runs/spec-models   # target + draft
@@ -180,7 +181,7 @@ def _report(cfg: ReportConfig) -> None:
 
 def commands() -> dict[str, tuple[type, Callable]]:
     """Command name -> (its config class, the function that runs it)."""
-    from . import code_model
+    from . import code_demo, code_model
     from .bench import gemv, kernels, offline, prefill, serving, spec
     from .spec import train_corpus
 
@@ -193,6 +194,7 @@ def commands() -> dict[str, tuple[type, Callable]]:
         "spec": (spec.SpecBenchConfig, spec.run),
         "spec-train": (train_corpus.TrainCorpusConfig, train_corpus.run),
         "train-code-model": (code_model.CodeModelConfig, code_model.run),
+        "code-demo": (code_demo.CodeDemoConfig, code_demo.run),
         "report": (ReportConfig, _report),
         "decode-kernel": (kernels.KernelBenchConfig, kernels.run),
         "gemv-kernel": (gemv.GemvBenchConfig, gemv.run),

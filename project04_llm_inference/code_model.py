@@ -16,8 +16,6 @@ The corpus, tokenizer and training loop are the speculative benchmark's
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -94,20 +92,12 @@ def resolve_preset(cfg: CodeModelConfig, cuda: bool) -> str:
     return "full" if cuda and cfg.device != "cpu" else "tiny"
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def run(cfg: CodeModelConfig) -> dict:
     import torch
 
     from shared.hf_export import export_hf
     from shared.model import ModelArgs, build_model
+    from shared.results import atomic_write_json
 
     from .spec import train_corpus as tc
 
@@ -160,7 +150,7 @@ def run(cfg: CodeModelConfig) -> dict:
     finally:
         tok_path.unlink(missing_ok=True)
     # what chat templates and clients read: the end-of-text token and the longest prompt
-    _write_json_atomic(
+    atomic_write_json(
         folder / "tokenizer_config.json",
         {
             "eos_token": tc.EOS,
@@ -180,6 +170,6 @@ def run(cfg: CodeModelConfig) -> dict:
         "train_seconds": seconds,
         "device": str(device),
     }
-    _write_json_atomic(folder / "train_record.json", record)
+    atomic_write_json(folder / "train_record.json", record)
     print(f"train loss {train_loss:.3f}, held-out loss {val_loss:.3f} -> {folder}")
     return record
