@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -43,8 +44,9 @@ class CodeDemoConfig:
             raise ValueError("CodeDemoConfig.startup_timeout_s must be > 0")
 
 
-def _wait_for_url(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The URL in the server's 'serving NAME on URL' line."""
+def _wait_for_url(proc: subprocess.Popen, timeout_s: float) -> str | None:
+    """The URL in the server's 'serving NAME on URL' line; None when the server exits (or
+    takes longer than timeout_s) before printing it."""
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     for line in proc.stdout:  # the line comes once the model is loaded and the port bound
@@ -53,7 +55,7 @@ def _wait_for_url(proc: subprocess.Popen, timeout_s: float) -> str:
             return m.group(1)
         if time.monotonic() > deadline:
             break
-    raise RuntimeError(f"the server did not start (exit code {proc.poll()})")
+    return None
 
 
 def run(cfg: CodeDemoConfig) -> dict:
@@ -71,24 +73,30 @@ def run(cfg: CodeDemoConfig) -> dict:
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("P04_API_KEY", "VLLM_API_KEY")}
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
-    try:
-        url = _wait_for_url(proc, cfg.startup_timeout_s)
-        started = time.perf_counter()
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
-        out = client.completions.create(
-            model="code-model", prompt=cfg.prompt, max_tokens=cfg.max_tokens, temperature=0
-        )
-        answered = time.perf_counter()
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    # the server's log goes to a file, shown if it does not start
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            url = _wait_for_url(proc, cfg.startup_timeout_s)
+            if url is None:
+                proc.wait(timeout=30)
+                log.seek(0)
+                tail = log.read().strip().splitlines()[-1:] or ["no output"]
+                raise ValueError(f"model_dir: the server did not start: {tail[0]}")
+            started = time.perf_counter()
+            client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+            out = client.completions.create(
+                model="code-model", prompt=cfg.prompt, max_tokens=cfg.max_tokens, temperature=0
+            )
+            answered = time.perf_counter()
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     text = out.choices[0].text
     print(f"--- prompt ---\n{cfg.prompt}--- completion ({out.usage.completion_tokens} tokens) ---")
     print(text)
