@@ -52,7 +52,7 @@ COPY . .
 
 RUN useradd --create-home --uid 1000 app && mkdir -p /app/.build /app/runs /app/models \
     && chown -R app:app /app
-USER app
+USER 1000:1000
 
 EXPOSE 8000
 CMD ["python", "-m", "project04_llm_inference", "--help"]
