@@ -33,14 +33,10 @@ import torch
 import torch.distributed as dist
 
 from project02_fsdp_scaling import PROJECT
+from shared.hardware import match_gpu_name
 
 OpName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
 OPS: tuple[str, ...] = get_args(OpName)
-
-# Peak one-direction bandwidth per GPU of its NVLink (GB/s, 1e9 bytes/s): what busbw is held
-# against. NVLink 4 (Hopper SXM): 18 links x 25 GB/s each way = 450 GB/s (900 GB/s both ways,
-# NVIDIA H100/H200 datasheets, 2023/2024); NVLink 3 (A100 SXM): 12 x 25 = 300 GB/s.
-LINK_PEAK_GBS = {"H100": 450.0, "H200": 450.0, "A100": 300.0}
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -220,7 +216,7 @@ def _run(cmd: list[str]) -> str | None:
 
 def nvlink_links(status: str | None) -> dict | None:
     """Active NVLink links of GPU 0 and their speed, from `nvidia-smi nvlink --status`
-    ("Link 0: 26.562 GB/s" lines under "GPU 0: ...")."""
+    (the "Link <i>: <speed> GB/s" lines under "GPU 0: ...")."""
     import re
 
     if not status:
@@ -233,10 +229,10 @@ def nvlink_links(status: str | None) -> dict | None:
 
 
 def link_peak_gbs(gpu_name: str | None) -> float | None:
-    for key, gbs in LINK_PEAK_GBS.items():
-        if gpu_name and key in gpu_name:
-            return gbs
-    return None
+    """One-direction NVLink peak per GPU (GB/s) of the GPU named, from shared.hardware's table;
+    None for a GPU without NVLink in the table (or no GPU)."""
+    spec = match_gpu_name(gpu_name) if gpu_name else None
+    return spec.nvlink_gbs.value if spec is not None and spec.nvlink_gbs is not None else None
 
 
 def system(device: torch.device) -> dict:

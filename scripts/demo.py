@@ -233,7 +233,37 @@ def plan(hw: Hardware, run_dir: Path | str | None = None) -> list[Step]:
             )
         )
 
-    # project04: the inference engine's GPU tests and benchmarks (its Makefile target's steps)
+    # project04: real text first (the code model trained at this machine's size, served, a
+    # snippet completed through the openai client), then on a GPU the engine's GPU tests and
+    # benchmarks (its Makefile target's steps)
+    code_model = f"{out}/project04_llm_inference/code-model"
+    steps += [
+        Step(
+            "project04",
+            "train the code model on the Python standard library ("
+            + ("full size, GPU" if gpu else "tiny, CPU")
+            + ")",
+            _py("-m", "project04_llm_inference", "train-code-model", "--out-dir", code_model),
+            module="project04_llm_inference.code_model",
+        ),
+        Step(
+            "project04",
+            "serve it and complete a Python snippet through the openai client",
+            _py(
+                "-m",
+                "project04_llm_inference",
+                "code-demo",
+                "--model-dir",
+                code_model,
+                "--reports-dir",
+                out,
+            ),
+            module="project04_llm_inference.code_demo",
+            skip_reason=None
+            if importlib.util.find_spec("openai") is not None
+            else "the openai client is not installed (pip install -e '.[dev]')",
+        ),
+    ]
     if gpu:
         steps.append(
             Step(

@@ -46,6 +46,7 @@ class GPUSpec:
     price_spot: Figure  # USD per GPU-hour
     match: tuple[str, ...] = field(default=())  # substrings of the CUDA device name
     copy_bandwidth_gbs: Figure | None = None  # GB/s, read + write bytes of a device copy
+    nvlink_gbs: Figure | None = None  # GB/s one direction per GPU, all NVLink links together
 
     def copy_bandwidth(self) -> float:
         """Device-to-device copy bandwidth in bytes/s (read + write): the ceiling a streaming
@@ -225,6 +226,15 @@ GPUS: dict[str, GPUSpec] = {
         ),
     ]
 }
+
+
+# NVLink per GPU, one direction, all links together: the peak a collective's bus bandwidth is
+# held against (nccl-tests' busbw). Hopper SXM: NVLink 4, 18 links; A100 SXM: NVLink 3, 12 links;
+# B200: NVLink 5, 18 links. Half of each datasheet's bidirectional figure.
+_NVLINK_SRC = "NVIDIA datasheets (bidirectional NVLink bandwidth / 2)"
+_NVLINK = {"h100-sxm": 450.0, "h200-sxm": 450.0, "a100-80gb-sxm": 300.0, "b200": 900.0}
+for _key, _gbs in _NVLINK.items():
+    GPUS[_key] = replace(GPUS[_key], nvlink_gbs=Figure(_gbs, "GB/s", _NVLINK_SRC, "2024"))
 
 
 def get_gpu(key: str) -> GPUSpec:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import signal
 import socket
@@ -96,8 +97,11 @@ def launch_server(
         *shlex.split(server_args),
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # the load generator sends no API key: a key set in this shell's environment must not
+    # lock the launched server (an --api-key in server_args still does, deliberately)
+    env = {k: v for k, v in os.environ.items() if k not in ("P04_API_KEY", "VLLM_API_KEY")}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     shown = ["python", *cmd[1:]]  # the record names no path of this machine
     print(f"launched: {shlex.join(shown)} (log: {log_path})")
     return proc, shown

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server (aiohttp): completions, chat completions, models, health,
 Prometheus metrics.
 
-A request first passes the guards (`guard.py`: Host, Origin, Content-Type; 403/415). A route
+A request first passes the guards (`guard.py`: Host, Origin; 403), then, with an API key set,
+the key check on /v1/* (`auth.py`: 401), then the Content-Type guard (415). A route
 reads the body within `read_timeout_s` (408 for a client that stops half way), then checks it
 in a worker thread (`json_body.parse_json` and `protocol.parse_request`: JSON limits, prompt length,
 tokenizing, every field; a 400 naming the field), so no body, however large, holds up the
@@ -35,8 +36,9 @@ from aiohttp import web
 from ..config import EngineArgs
 from ..engine.llm_engine import LLMEngine
 from .async_engine import AsyncEngine, EngineDead, ServerOverloaded
+from .auth import ApiKeyCheck, exposure_warning
 from .chat import ChatFormatter
-from .guard import HostGuard, bind_warning, content_type_error
+from .guard import HostGuard, bind_warning, content_type_error, is_loopback
 from .json_body import parse_json
 from .metrics import ServerMetrics
 from .protocol import APIError, GenerationRequest, Limits, ModelInfo, parse_request
@@ -61,6 +63,7 @@ class ServerOptions:
     allowed_hosts: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
     tokenizer_threads: int = 2
+    api_key: str | None = None
 
 
 ENGINE = web.AppKey("engine", AsyncEngine)
@@ -68,6 +71,7 @@ INFO = web.AppKey("info", ModelInfo)
 METRICS = web.AppKey("metrics", ServerMetrics)
 OPTIONS = web.AppKey("options", ServerOptions)
 GUARD = web.AppKey("guard", HostGuard)
+KEY_CHECK = web.AppKey("key_check", ApiKeyCheck)
 TOKENIZERS = web.AppKey("tokenizers", concurrent.futures.ThreadPoolExecutor)
 
 
@@ -167,7 +171,8 @@ async def _errors(request: web.Request, handler):
         _check_guards(request)
         return await handler(request)
     except APIError as e:
-        return web.json_response(e.body(), status=e.status)
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        return web.json_response(e.body(), status=e.status, headers=headers)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -189,6 +194,11 @@ def _check_guards(request: web.Request) -> None:
         why = guard.origin_error(request.headers.get("Origin"), request.scheme, host)
     if why is not None:
         raise APIError(why, None, 403, "permission_error", code="forbidden")
+    key_check = request.app.get(KEY_CHECK)
+    if key_check is not None:
+        why = key_check.error(request.path, request.headers.get("Authorization"))
+        if why is not None:
+            raise APIError(why, None, 401, "authentication_error", code="invalid_api_key")
     ct = request.content_type if "Content-Type" in request.headers else ""
     why = content_type_error(request.method, ct)
     if why is not None:
@@ -211,6 +221,8 @@ def build_app(
     app[METRICS] = server_metrics
     app[OPTIONS] = options
     app[GUARD] = HostGuard(options.host, options.allowed_hosts, options.allowed_origins)
+    if options.api_key is not None:
+        app[KEY_CHECK] = ApiKeyCheck(options.api_key)
     pool = concurrent.futures.ThreadPoolExecutor(
         options.tokenizer_threads, thread_name_prefix="tokenize"
     )
@@ -298,7 +310,10 @@ async def serve(args: EngineArgs, options: ServerOptions | None = None) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    warning = bind_warning(options.host)
+    keyed = options.api_key is not None
+    warning = exposure_warning(options.host, keyed, is_loopback(options.host)) or (
+        None if keyed else bind_warning(options.host)
+    )
     if warning is not None:
         log.warning("%s", warning)
         print(f"WARNING: {warning}", file=sys.stderr, flush=True)

@@ -51,7 +51,12 @@ def test_spec_train_into_a_file_is_one_line(tmp_path, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without GPU")
 @pytest.mark.parametrize("command", ["decode-kernel", "gemv-kernel", "prefill-kernel"])
 def test_kernel_benchmarks_without_a_gpu_are_one_line(command, tmp_path, capsys):
-    rc, err = _run([command, "--reports-dir", str(tmp_path)], capsys)
-    assert rc == 1 and err.startswith(f"error: {command}: needs a CUDA GPU"), err
-    assert len(err.splitlines()) == 1
+    """Skipped with exit code 0, so that `make project04` goes on past them."""
+    try:
+        rc = main([command, "--reports-dir", str(tmp_path)])
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    assert rc == 0 and out.out.startswith(f"{command}: needs a CUDA GPU"), out
+    assert len(out.out.strip().splitlines()) == 1 and not out.err, out
     assert not any(tmp_path.iterdir())  # no record

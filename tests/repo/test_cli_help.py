@@ -39,11 +39,14 @@ def _run(package: str, args: list[str]) -> subprocess.CompletedProcess:
     argv = sys.argv
     sys.argv = [f"-m {package}", *args]
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            with warnings.catch_warnings():
-                # runpy warns when <package>.__main__ was imported before (by another test)
-                warnings.simplefilter("ignore", RuntimeWarning)
-                runpy.run_module(package, run_name="__main__", alter_sys=True)
+        # runpy warns when <package>.__main__ was imported before (by another test)
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            runpy.run_module(package, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
     finally:
