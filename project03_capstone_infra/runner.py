@@ -73,6 +73,10 @@ def child_env(
     from shared.determinism import deterministic_env
 
     env = dict(os.environ)
+    # a launcher sets a worker's rank and rendezvous (torchrun does); inherited ones would make a
+    # one-process run join a world that is not there, on a port that may be taken by now
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")  # small CPU runs: threads only contend
     env["PYTHONUNBUFFERED"] = "1"

@@ -767,9 +767,11 @@ class Trainer:
             from shared.distributed import cleanup
 
             cleanup()
-            if self._owns_world:  # a world of one we made: leave the environment as we found it
-                for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-                    os.environ.pop(k, None)
+        if self._owns_world:  # a world of one we made: leave the environment as we found it,
+            # clean or not (a later run in this process, or a child it starts, must not take
+            # this world's rank and port as a launcher's)
+            for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                os.environ.pop(k, None)
 
 
 def train(cfg: TrainConfig, report_fn: ReportFn | None = None) -> dict:
