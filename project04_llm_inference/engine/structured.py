@@ -22,6 +22,7 @@ structured output is refused with one line naming the extra.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import torch
@@ -118,7 +119,9 @@ class Grammars:
         except GrammarError:
             raise
         except Exception as e:  # xgrammar raises RuntimeError / ValueError with its reason
-            raise GrammarError(f"{field}: does not compile: {str(e).strip()[:300]}") from None
+            # its messages open with "[time] source.cc:line: "
+            why = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(e).strip())
+            raise GrammarError(f"{field}: does not compile: {why[:300]}") from None
         spec.compiled = g
         return g
 

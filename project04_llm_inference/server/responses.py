@@ -11,6 +11,11 @@ at the stop string) minus what was sent. A stream write that the client does not
 stream opens with a role-only delta per choice, `stream_options.include_usage` adds a last chunk
 with empty `choices` and the usage (every other chunk then carries `"usage": null`), and
 `data: [DONE]\n\n` closes the stream.
+
+A chat request with tools (`structured.ToolMode`) is answered with `tool_calls` when its output is
+a call. Streamed, such an output is held until it is complete (whether it is a call is known
+only then) and sent as OpenAI streams calls: per call a delta with its id, type, name and empty
+arguments, then one with its arguments; the finish reason is then `tool_calls`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from aiohttp import web
 from ..engine.llm_engine import RequestOutput
 from ..model.tokenizer import Tokenizer
 from .protocol import APIError, Choice, GenerationRequest
+from .structured import message, stream_deltas
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +168,7 @@ async def collect(
             )
         c = {"index": s.index, "logprobs": lp, "finish_reason": s.finish_reason}
         if req.chat:
-            c["message"] = {"role": "assistant", "content": s.sent}
+            c["message"], c["finish_reason"] = message(req.tools, s.sent, s.finish_reason)
         else:
             c["text"] = s.sent
         if req.return_token_ids:
@@ -207,12 +213,16 @@ async def stream(
     if req.include_usage:
         base["usage"] = None
 
-    def chunk(s: ChoiceState, delta: str, start: int, finish: str | None, role=False) -> dict:
+    def chunk(
+        s: ChoiceState, delta: str, start: int, finish: str | None, role=False, extra=None
+    ) -> dict:
         c = {"index": s.index}
         if req.chat:
             c["delta"] = {"role": "assistant", "content": ""} if role else {}
             if delta:
                 c["delta"]["content"] = delta
+            if extra:
+                c["delta"].update(extra)
         else:
             c["text"] = delta
         lp = None
@@ -244,9 +254,18 @@ async def stream(
                     return resp
                 s = states[item.request_id]
                 start = len(s.ids)
-                delta = s.push(item, streaming=True)
+                delta = s.push(item, streaming=req.tools is None)
                 pending -= item.finished
                 finish = s.finish_reason if item.finished else None
+                if req.tools is not None:
+                    if not item.finished:
+                        continue  # held until complete (see the module's docstring)
+                    deltas = stream_deltas(req.tools, s.sent)
+                    if any("tool_calls" in d for d in deltas) and finish == "stop":
+                        finish = "tool_calls"
+                    out.extend(_sse(chunk(s, "", start, None, extra=d)) for d in deltas)
+                    out.append(_sse(chunk(s, "", start, finish)))
+                    continue
                 if (
                     delta
                     or finish
