@@ -24,8 +24,8 @@ for a constrained request is therefore read before the next is queued: the engin
 synchronously while a constrained request is decoding (steps without one still overlap). Of the
 two correct choices this is the simpler; the other, scheduling a constrained request only every
 other step so the overlap goes on for the rest, halves the constrained request's rate and needs
-a second kind of schedule. Constrained requests never run multi-step, and are refused by an
-engine with a speculator (drafts are not checked against the grammar).
+a second kind of schedule. Constrained requests never run multi-step, and are not speculated
+(they get no drafts; the others in the batch still do).
 """
 
 from __future__ import annotations
@@ -197,11 +197,6 @@ class LLMEngine:
             raise ValueError("stop: stop strings need a tokenizer; use stop_token_ids")
         grammar = None
         if params.structured_outputs is not None:
-            if self.speculator is not None:
-                raise ValueError(
-                    "structured_outputs: not available with speculative decoding (drafts are "
-                    "not checked against the grammar); serve without a speculative method"
-                )
             grammar = self.grammars.matcher(params.structured_outputs)
         seq = Sequence(request_id, ids, params)
         seq.grammar = grammar

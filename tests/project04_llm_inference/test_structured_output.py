@@ -165,3 +165,28 @@ def test_without_xgrammar_one_line(llm, monkeypatch):
     g = structured.Grammars(llm.engine.tokenizer, llm.engine.vocab_size, {2})
     with pytest.raises(structured.GrammarError, match=r"\[structured\]"):
         g.compile(SO(regex="a"))
+
+
+def test_speculation_skips_constrained_requests(model_dir, llm):
+    """With n-gram speculation on, constrained requests get no drafts and are sampled under
+    their grammar beside the speculated free ones: every request's tokens equal those of the
+    engine without speculation (free requests greedy: speculation keeps greedy tokens; seeded
+    constrained requests draw from their own generators either way)."""
+    params, checks = _mixed_batch()
+    params = [
+        p if kind != "free" else SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        for p, (kind, _) in zip(params, checks)
+    ]
+    prompts = ["hello hello hello"] * len(params)
+    spec = LLM(
+        model=str(model_dir),
+        load_format="dummy",
+        device="cpu",
+        max_model_len=512,
+        speculative_method="ngram",
+        ngram_prompt_lookup_max=2,
+    )
+    got = spec.generate(prompts, params)
+    ref = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert spec.engine.counters.spec_proposed > 0  # the free requests were speculated
