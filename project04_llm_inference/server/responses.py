@@ -13,9 +13,11 @@ with empty `choices` and the usage (every other chunk then carries `"usage": nul
 `data: [DONE]\n\n` closes the stream.
 
 A chat request with tools (`structured.ToolMode`) is answered with `tool_calls` when its output is
-a call. Streamed, such an output is held until it is complete (whether it is a call is known
-only then) and sent as OpenAI streams calls: per call a delta with its id, type, name and empty
-arguments, then one with its arguments; the finish reason is then `tool_calls`.
+a call, with the finish reason `tool_calls`. Streamed as OpenAI streams calls: per call a delta
+with its id, type, name and empty arguments, then its arguments. A named tool_choice streams
+the arguments as they are generated (the name is known from the start); "required" and "auto"
+hold the output until it is complete (which tool, and for "auto" whether it is a call at all,
+is known only then).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from aiohttp import web
 from ..engine.llm_engine import RequestOutput
 from ..model.tokenizer import Tokenizer
 from .protocol import APIError, Choice, GenerationRequest
-from .structured import message, stream_deltas
+from .structured import call_args, call_head, message, new_call_id, stream_deltas
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,7 @@ class ChoiceState:
         self.text = IncrementalText(tokenizer) if tokenizer is not None else None
         self.sent = ""
         self.finish_reason: str | None = None
+        self.call_id: str | None = None  # a streamed named tool call's id, once sent
 
     def push(self, out: RequestOutput, streaming: bool) -> str:
         """Take one output; returns the text to send now (streaming)."""
@@ -254,9 +257,22 @@ async def stream(
                     return resp
                 s = states[item.request_id]
                 start = len(s.ids)
-                delta = s.push(item, streaming=req.tools is None)
+                named = req.tools.named if req.tools is not None else None
+                delta = s.push(item, streaming=req.tools is None or named is not None)
                 pending -= item.finished
                 finish = s.finish_reason if item.finished else None
+                if named is not None:  # the arguments stream as they come
+                    if s.call_id is None:
+                        s.call_id = new_call_id()
+                        out.append(
+                            _sse(chunk(s, "", start, None, extra=call_head(0, s.call_id, named)))
+                        )
+                    if delta:
+                        out.append(_sse(chunk(s, "", start, None, extra=call_args(0, delta))))
+                    if finish:
+                        finish = "tool_calls" if finish == "stop" else finish
+                        out.append(_sse(chunk(s, "", start, finish)))
+                    continue
                 if req.tools is not None:
                     if not item.finished:
                         continue  # held until complete (see the module's docstring)

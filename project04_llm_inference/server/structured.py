@@ -220,7 +220,7 @@ def parse_constraints(body: dict, grammars, *, chat: bool):
 def _call(name: str, arguments) -> dict:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     return {
-        "id": "call_" + uuid.uuid4().hex[:24],
+        "id": new_call_id(),
         "type": "function",
         "function": {"name": name, "arguments": args},
     }
@@ -260,6 +260,21 @@ def message(mode: ToolMode | None, text: str, finish: str | None):
     return msg, finish
 
 
+def call_head(index: int, call_id: str, name: str) -> dict:
+    """A streamed call's first delta: its id, type and name, empty arguments."""
+    fn = {"name": name, "arguments": ""}
+    return {"tool_calls": [{"index": index, "id": call_id, "type": "function", "function": fn}]}
+
+
+def call_args(index: int, text: str) -> dict:
+    """A streamed call's next piece of arguments."""
+    return {"tool_calls": [{"index": index, "function": {"arguments": text}}]}
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
 def stream_deltas(mode: ToolMode, text: str) -> list[dict]:
     """The deltas that stream a finished output under mode, as OpenAI sends them: text as one
     content delta; each tool call as its id, type and name with empty arguments, then its
@@ -270,7 +285,5 @@ def stream_deltas(mode: ToolMode, text: str) -> list[dict]:
     out = []
     for i, c in enumerate(calls):
         fn = c["function"]
-        head = {"index": i, "id": c["id"], "type": "function"}
-        out.append({"tool_calls": [{**head, "function": {"name": fn["name"], "arguments": ""}}]})
-        out.append({"tool_calls": [{"index": i, "function": {"arguments": fn["arguments"]}}]})
+        out += [call_head(i, c["id"], fn["name"]), call_args(i, fn["arguments"])]
     return out

@@ -180,7 +180,7 @@ def test_tool_calls(server, choice, stream):
         calls = [(t.id, t.function.name, t.function.arguments) for t in c.message.tool_calls]
     else:
         parts: dict[int, dict] = {}
-        finish = None
+        finish, arg_deltas = None, 0
         for chunk in server.chat.completions.create(stream=True, **kw):
             for ch in chunk.choices:
                 finish = ch.finish_reason or finish
@@ -190,8 +190,11 @@ def test_tool_calls(server, choice, stream):
                     if d.function is not None:
                         p["name"] += d.function.name or ""
                         p["args"] += d.function.arguments or ""
+                        arg_deltas += bool(d.function.arguments)
         assert finish == "tool_calls"
         calls = [(p["id"], p["name"], p["args"]) for _, p in sorted(parts.items())]
+        if choice == "named":  # its arguments stream as they are generated
+            assert arg_deltas > 1
     assert len(calls) == 1
     cid, name, args = calls[0]
     assert cid.startswith("call_")
