@@ -7,8 +7,8 @@ Where each part runs, and why:
   tokenizer threads, so a bad schema is answered 400 before the engine sees it.
 - The matcher advances in `LLMEngine.update_from_output`, the one commit path, with the kept
   tokens only: a token dropped after a stop, or by an abort, never reaches it.
-- The mask is filled on the host per constrained row (`fill_next_token_bitmask`, one bit per
-  token), copied to the logits' device and applied there by xgrammar's kernel
+- The mask is filled on the host per constrained row (one bit per token; several rows in
+  parallel by xgrammar's thread pool), copied to the logits' device and applied there by xgrammar's kernel
   (`apply_token_bitmask_inplace`), inside `sampler.sample`, to the rows of constrained requests
   only: free requests in the same batch are untouched. Under CUDA graphs the mask is applied to
   the logits the graph's forward wrote (a gathered copy), outside the graph.
@@ -146,6 +146,16 @@ class Matcher:
             raise RuntimeError(f"token {token} was sampled against its request's grammar")
 
 
+_BATCH = None  # xgrammar's batch filler (its thread pool), made on first use
+
+
+def _batch_matcher(xgr):
+    global _BATCH
+    if _BATCH is None:
+        _BATCH = xgr.BatchGrammarMatcher()
+    return _BATCH
+
+
 def apply_grammar_masks(logits: torch.Tensor, matchers: list[Matcher | None]) -> None:
     """Mask, in place, the tokens each constrained row's grammar forbids. logits (N, V) float32
     on its device; matchers[i] is row i's (None: a free row, untouched)."""
@@ -155,8 +165,12 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: list[Matcher | None]) ->
     xgr = _xgr()
     n, v = logits.shape
     bitmask = xgr.allocate_token_bitmask(n, v)  # (N, ceil(V / 32)) int32, all allowed
-    for i in rows:
-        matchers[i].m.fill_next_token_bitmask(bitmask, i)
+    if len(rows) == 1:
+        matchers[rows[0]].m.fill_next_token_bitmask(bitmask, rows[0])
+    else:  # the rows filled by xgrammar's thread pool
+        _batch_matcher(xgr).batch_fill_next_token_bitmask(
+            [matchers[i].m for i in rows], bitmask, rows
+        )
     if logits.device.type == "cuda":
         bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
     xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
