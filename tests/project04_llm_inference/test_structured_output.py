@@ -190,3 +190,44 @@ def test_speculation_skips_constrained_requests(model_dir, llm):
     ref = llm.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]
     assert spec.engine.counters.spec_proposed > 0  # the free requests were speculated
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(num_scheduler_steps=4),  # multi-step: a batch holding a constrained request steps once
+        dict(num_gpu_blocks=16, block_size=16),  # preemption: the matcher keeps its tokens
+    ],
+    ids=["multi-step", "preemption"],
+)
+def test_other_modes_keep_the_grammar(model_dir, llm, extra):
+    """Multi-step decoding and preemption (recompute) with constrained requests in the batch:
+    every constrained output still validates and equals the plain engine's."""
+    params, checks = _mixed_batch()
+    params = [
+        p if kind != "free" else SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        for p, (kind, _) in zip(params, checks)
+    ]
+    prompts = ["hello there"] * len(params)
+    other = LLM(model=str(model_dir), load_format="dummy", device="cpu", max_model_len=256, **extra)
+    got = other.generate(prompts, params)
+    ref = llm.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    if "num_gpu_blocks" in extra:
+        assert other.engine.scheduler.num_preemptions > 0
+    for o, (kind, arg) in zip(got, checks):
+        if kind == "json":
+            jsonschema.validate(json.loads(o.text), arg)
+
+
+def test_logprobs_are_the_models(llm):
+    """A constrained request's logprobs are those of the model's distribution (before the
+    mask), as for any request: its first token's logprob is at most that of the unconstrained
+    argmax at the same position (renormalised over the few tokens a regex allows, it would
+    mostly be far above). Same prompt, batch of one: the same logits bit for bit."""
+    so = SO(regex="[a-z]+")
+    kw = dict(max_tokens=1, temperature=0, logprobs=True)
+    con = llm.generate(["hi"], SamplingParams(structured_outputs=so, **kw))[0]
+    free = llm.generate(["hi"], SamplingParams(**kw))[0]
+    assert con.token_ids != free.token_ids  # the mask changed the choice here
+    assert con.logprobs[0] < free.logprobs[0]
