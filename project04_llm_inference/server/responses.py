@@ -16,8 +16,8 @@ A chat request with tools (`structured.ToolMode`) is answered with `tool_calls` 
 a call, with the finish reason `tool_calls`. Streamed as OpenAI streams calls: per call a delta
 with its id, type, name and empty arguments, then its arguments. A named tool_choice streams
 the arguments as they are generated (the name is known from the start); "required" and "auto"
-hold the output until it is complete (which tool, and for "auto" whether it is a call at all,
-is known only then).
+hold the output until it is complete (which tool is known only then); "auto" streams it as text
+as soon as its start cannot begin a call (`structured.may_be_call`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,14 @@ from aiohttp import web
 from ..engine.llm_engine import RequestOutput
 from ..model.tokenizer import Tokenizer
 from .protocol import APIError, Choice, GenerationRequest
-from .structured import call_args, call_head, message, new_call_id, stream_deltas
+from .structured import (
+    call_args,
+    call_head,
+    may_be_call,
+    message,
+    new_call_id,
+    stream_deltas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,7 @@ class ChoiceState:
         self.sent = ""
         self.finish_reason: str | None = None
         self.call_id: str | None = None  # a streamed named tool call's id, once sent
+        self.text_only = False  # an "auto" tool output found to be text: streamed as text
 
     def push(self, out: RequestOutput, streaming: bool) -> str:
         """Take one output; returns the text to send now (streaming)."""
@@ -258,7 +266,7 @@ async def stream(
                 s = states[item.request_id]
                 start = len(s.ids)
                 named = req.tools.named if req.tools is not None else None
-                delta = s.push(item, streaming=req.tools is None or named is not None)
+                delta = s.push(item, streaming=True)
                 pending -= item.finished
                 finish = s.finish_reason if item.finished else None
                 if named is not None:  # the arguments stream as they come
@@ -273,9 +281,13 @@ async def stream(
                         finish = "tool_calls" if finish == "stop" else finish
                         out.append(_sse(chunk(s, "", start, finish)))
                     continue
-                if req.tools is not None:
+                if req.tools is not None and not s.text_only:
                     if not item.finished:
-                        continue  # held until complete (see the module's docstring)
+                        if req.tools.choice != "auto" or may_be_call(s.sent):
+                            continue  # held until complete (see the module's docstring)
+                        s.text_only = True  # plain text: what was held goes out now
+                        out.append(_sse(chunk(s, s.sent, 0, None)))
+                        continue
                     deltas = stream_deltas(req.tools, s.sent)
                     if any("tool_calls" in d for d in deltas) and finish == "stop":
                         finish = "tool_calls"

@@ -10,8 +10,8 @@ Tool calls (chat only): `tools` lists functions (`{"type": "function", "function
 "description", "parameters"}}`); they are given to the chat template as `tools`. `tool_choice`:
 - "none": no tool is called (the default without tools), the output is text;
 - "auto" (the default with tools): the model writes freely; an output that is one JSON object
-  `{"name": <a listed tool>, "arguments": {...}}` (or a list of them), alone, is returned as
-  tool calls, anything else as text;
+  `{"name": <a listed tool>, "arguments": {...}}` (or a list of them, or `<tool_call>` blocks
+  holding them), alone, is returned as tool calls, anything else as text;
 - "required": the output is generated under the schema "one call object of a listed tool, its
   arguments under that tool's `parameters`";
 - `{"type": "function", "function": {"name": N}}`: the output is generated under N's
@@ -24,6 +24,7 @@ Every constraint is compiled here (in the server's tokenizer threads), so a bad 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -226,25 +227,46 @@ def _call(name: str, arguments) -> dict:
     }
 
 
+_TAG = re.compile(r"\s*<tool_call>(.*?)</tool_call>\s*", re.S)
+
+
+def may_be_call(text: str) -> bool:
+    """Whether an "auto" output that begins with text may still turn out to be a call."""
+    s = text.lstrip()
+    return s[:1] in ("", "{", "[") or "<tool_call>".startswith(s[:11]) or s.startswith("<tool")
+
+
+def _parse_calls(s: str, mode: ToolMode) -> list[dict] | None:
+    try:
+        obj = json.loads(s)
+    except ValueError:
+        return None
+    items = obj if isinstance(obj, list) else [obj]
+    if items and all(
+        isinstance(o, dict)
+        and o.get("name") in mode.tools
+        and isinstance(o.get("arguments", o.get("parameters")), (dict, str))
+        for o in items
+    ):
+        return [_call(o["name"], o.get("arguments", o.get("parameters"))) for o in items]
+    return None
+
+
 def tool_calls(mode: ToolMode, text: str) -> tuple[str | None, list[dict]]:
-    """(content, tool calls) of a finished output under mode."""
+    """(content, tool calls) of a finished output under mode. "auto" takes the whole output as
+    calls when it is one call object (`{"name", "arguments"}`, or Llama's `"parameters"`), a
+    list of them, or a run of `<tool_call>{...}</tool_call>` blocks (Hermes/Qwen templates)."""
     if mode.named:
         return None, [_call(mode.named, text)]
     s = text.strip()
+    calls = None
     if s[:1] in ("{", "["):
-        try:
-            obj = json.loads(s)
-        except ValueError:
-            obj = None
-        items = obj if isinstance(obj, list) else [obj]
-        if items and all(
-            isinstance(o, dict)
-            and o.get("name") in mode.tools
-            and isinstance(o.get("arguments", o.get("parameters")), (dict, str))
-            for o in items
-        ):
-            return None, [_call(o["name"], o.get("arguments", o.get("parameters"))) for o in items]
-    return text, []
+        calls = _parse_calls(s, mode)
+    elif s.startswith("<tool_call>") and not _TAG.sub("", s):
+        found = [_parse_calls(b.strip(), mode) for b in _TAG.findall(s)]
+        if all(found):
+            calls = [c for f in found for c in f]
+    return (None, calls) if calls else (text, [])
 
 
 def message(mode: ToolMode | None, text: str, finish: str | None):

@@ -24,7 +24,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("xgrammar", reason="structured output needs the 'structured' extra (xgrammar)")
 jsonschema = pytest.importorskip("jsonschema")
 
-from project04_llm_inference.server.structured import ToolMode, tool_calls  # noqa: E402
+from project04_llm_inference.server.structured import ToolMode, may_be_call, tool_calls  # noqa: E402
 
 from .conftest import write_bpe_model_dir  # noqa: E402
 
@@ -212,6 +212,22 @@ def test_auto_and_none_answer_text_or_calls(server):
         assert not c.message.tool_calls and c.finish_reason in ("stop", "length")
 
 
+def test_auto_streams_text_as_text(server):
+    """An "auto" answer that cannot be a call streams as content, as soon as that is known;
+    the streamed text equals the whole answer."""
+    kw = dict(model="tiny", messages=MSG, tools=TOOLS, max_tokens=24, seed=2, temperature=1.0)
+    whole = server.chat.completions.create(**kw).choices[0].message.content
+    pieces = [
+        ch.delta.content
+        for chunk in server.chat.completions.create(stream=True, **kw)
+        for ch in chunk.choices
+        if ch.delta.content
+    ]
+    assert "".join(pieces) == whole
+    if not may_be_call(whole[:1]):
+        assert len(pieces) > 1  # streamed, not held to the end
+
+
 def test_auto_detects_a_call_object():
     mode = ToolMode({"get_time": CLOCK["function"]}, "auto", [CLOCK])
     content, calls = tool_calls(mode, ' {"name": "get_time", "arguments": {"utc": true}}')
@@ -219,6 +235,10 @@ def test_auto_detects_a_call_object():
     assert json.loads(calls[0]["function"]["arguments"]) == {"utc": True}
     assert tool_calls(mode, '{"name": "nope", "arguments": {}}')[1] == []
     assert tool_calls(mode, "plain text")[0] == "plain text"
+    tagged = '<tool_call>{"name": "get_time", "arguments": {"utc": false}}</tool_call>\n'
+    content, calls = tool_calls(mode, tagged * 2)
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_time"] * 2
+    assert tool_calls(mode, tagged + "and some text")[1] == []
 
 
 @pytest.mark.parametrize(
