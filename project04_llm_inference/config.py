@@ -428,6 +428,14 @@ class SamplingParams:
             _check_int(name, "stop_token_ids", t, lo=0, hi=MAX_INT32)
         self.stop_token_ids = list(ids)
         self.stop = _check_stop(self.stop)
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            self.structured_outputs = so = StructuredOutputsParams(**so)
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise TypeError(
+                "SamplingParams.structured_outputs must be a StructuredOutputsParams or a dict, "
+                f"got {type(so).__name__}"
+            )
         for flag in ("ignore_eos", "logprobs"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(

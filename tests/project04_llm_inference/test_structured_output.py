@@ -155,6 +155,10 @@ def test_invalid_schema_names_the_field(llm):
         llm.generate(["hi"], SamplingParams(structured_outputs=SO(json={"type": "foo"})))
     with pytest.raises(ValueError, match="exactly one"):
         SO(regex="a", json={})
+    # a dict is taken as the params' fields; anything else is refused
+    assert SamplingParams(structured_outputs={"regex": "a"}).structured_outputs == SO(regex="a")
+    with pytest.raises(TypeError, match="structured_outputs"):
+        SamplingParams(structured_outputs="a")
 
 
 def test_without_xgrammar_one_line(llm, monkeypatch):
