@@ -15,7 +15,7 @@ STAMP      := $(VENV)/.installed
 EXTRAS     ?= dev
 # Extras the CPU tier tests when they install; where one cannot install, set-up carries on and
 # its tests skip with the reason.
-OPTIONAL_EXTRAS ?= ray deepspeed dali fp8
+OPTIONAL_EXTRAS ?= ray deepspeed dali fp8 structured
 PYTEST_ARGS ?=
 APPLE_TESTS ?= 1
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from .config import EngineArgs, SamplingParams
+from .config import EngineArgs, SamplingParams, StructuredOutputsParams
 
 PROJECT = __name__  # the results folder: reports/<PROJECT>/
 
@@ -24,7 +24,14 @@ _LAZY = {
     "RequestOutput": ".engine.llm_engine",
 }
 
-__all__ = ["LLM", "EngineArgs", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "EngineArgs",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+]
 
 
 def __getattr__(name: str):

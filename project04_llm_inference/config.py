@@ -335,6 +335,36 @@ class EngineArgs:
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on what a request may generate (vLLM's `structured_outputs` names): exactly
+    one of a JSON schema, any JSON object, a regular expression, an EBNF grammar or a list of
+    choices. The engine compiles it with xgrammar (the `structured` extra)."""
+
+    json: dict | str | None = None
+    """A JSON schema (an object, or its JSON text)."""
+    json_object: bool = False
+    """Any JSON object."""
+    regex: str | None = None
+    """A regular expression the whole output matches."""
+    grammar: str | None = None
+    """An EBNF grammar (xgrammar's GBNF dialect, rule `root` first)."""
+    choice: list[str] | None = None
+    """One of these strings, exactly."""
+    # the compiled grammar, when the server compiled it already (checked there, answered 400)
+    compiled: object | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = [
+            k for k in ("json", "regex", "grammar", "choice") if getattr(self, k) is not None
+        ] + (["json_object"] if self.json_object else [])
+        if len(set_) != 1:
+            raise ValueError(
+                "structured_outputs: give exactly one of json, json_object, regex, grammar, "
+                f"choice (got {set_ or 'none'})"
+            )
+
+
+@dataclass
 class SamplingParams:
     """How one request is decoded (the OpenAI API's fields, vLLM's names)."""
 
@@ -359,6 +389,9 @@ class SamplingParams:
     """Keep generating past the end-of-sequence token (benchmarks)."""
     logprobs: bool = False
     """Return the log-probability of each chosen token."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """Constrain the output (JSON schema, JSON object, regex, EBNF grammar, choice); the token
+    mask is applied in the sampler, see `engine.structured`."""
 
     def __post_init__(self) -> None:
         name = "SamplingParams"
@@ -395,6 +428,14 @@ class SamplingParams:
             _check_int(name, "stop_token_ids", t, lo=0, hi=MAX_INT32)
         self.stop_token_ids = list(ids)
         self.stop = _check_stop(self.stop)
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            self.structured_outputs = so = StructuredOutputsParams(**so)
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise TypeError(
+                "SamplingParams.structured_outputs must be a StructuredOutputsParams or a dict, "
+                f"got {type(so).__name__}"
+            )
         for flag in ("ignore_eos", "logprobs"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(

@@ -30,6 +30,8 @@ class Launched:
     overlap_flag: str = "async_scheduling"  # the EngineArgs switch that lets work queue behind
     assumed: dict[int, int] = field(default_factory=dict)  # id(seq) -> tokens it will sample
     running_now: int = 0  # running sequences when queued (the peak counter)
+    # it sampled for a request with structured output: read before the next step is queued
+    constrained: bool = False
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -80,7 +82,9 @@ def launch_single_step(
     device_tokens = None
     if plain and not groups:
         device_tokens = DeviceTokens(tokens, {id(s): i for i, s in enumerate(plain)})
-    return Launched(read, device_tokens)
+    launched = Launched(read, device_tokens)
+    launched.constrained = any(s.grammar is not None for s in plain)
+    return launched
 
 
 def multi_step_rooms(batch, scheduler, k: int, max_model_len: int) -> list[int]:
@@ -89,8 +93,12 @@ def multi_step_rooms(batch, scheduler, k: int, max_model_len: int) -> list[int]:
     every item decodes greedily (its tokens then come from the device's argmax, which is what
     a single step picks) and no waiting request could join the batch meanwhile (the queue is
     empty or the batch is at `max_num_seqs`). A sequence's room ends at its max_tokens or
-    max_model_len (its pending tokens counted), and at the blocks the pool can give it."""
+    max_model_len (its pending tokens counted), and at the blocks the pool can give it. A
+    request with structured output never runs multi-step: each token's mask needs the one
+    before it committed to the grammar."""
     if k <= 1 or batch.preempted:
+        return []
+    if any(s.grammar is not None for s, _ in batch.items):
         return []
     if scheduler.waiting and len(scheduler.running) < scheduler.max_num_seqs:
         return []

@@ -17,6 +17,15 @@ sequence's next positions; a sequence found to have stopped when its tokens are 
 the next step computed for it discarded (its K/V land in its own blocks, freed before anyone can
 read them, and the device runs steps in order). Steps with speculation read their tokens before
 the next is scheduled (the drafts depend on them): the engine then runs synchronously.
+
+Structured output (`engine.structured`): a constrained request's mask for a step is filled from
+its grammar matcher, which must have taken the token of the step before. A step that samples
+for a constrained request is therefore read before the next is queued: the engine runs
+synchronously while a constrained request is decoding (steps without one still overlap). Of the
+two correct choices this is the simpler; the other, scheduling a constrained request only every
+other step so the overlap goes on for the rest, halves the constrained request's rate and needs
+a second kind of schedule. Constrained requests never run multi-step, and are not speculated
+(they get no drafts; the others in the batch still do).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .speculator import load_speculator
 from .stops import StopChecker
+from .structured import Grammars
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -132,6 +142,8 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
         self.stops = StopChecker(self.tokenizer, self.eos_token_ids, self.max_model_len)
+        # structured output's compiler (xgrammar imported on first use)
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.requests: dict[str, Sequence] = {}
         self.step_log = StepLog()
         self.counters = _Counters()
@@ -183,7 +195,11 @@ class LLMEngine:
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop: stop strings need a tokenizer; use stop_token_ids")
+        grammar = None
+        if params.structured_outputs is not None:
+            grammar = self.grammars.matcher(params.structured_outputs)
         seq = Sequence(request_id, ids, params)
+        seq.grammar = grammar
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         self.requests[request_id] = seq
@@ -238,7 +254,7 @@ class LLMEngine:
     def _may_overlap(self, launched: Launched) -> bool:
         """Whether the next step may be queued before this one is read: the mode gave its
         tokens on the device, its switch is on, and no speculator needs them on the host."""
-        if launched.tokens is None or self.speculator is not None:
+        if launched.tokens is None or self.speculator is not None or launched.constrained:
             return False
         return bool(getattr(self.args, launched.overlap_flag))
 
@@ -312,6 +328,8 @@ class LLMEngine:
                     c.spec_accepted += chunk.num_accepted
                 for j, tok in enumerate(chunk.tokens):
                     seq.output_token_ids.append(tok)
+                    if seq.grammar is not None:
+                        seq.grammar.accept(tok)
                     if chunk.logprobs is not None:
                         seq.output_logprobs.append(chunk.logprobs[j])
                         new_lps.append(chunk.logprobs[j])

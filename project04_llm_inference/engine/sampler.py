@@ -6,6 +6,10 @@ then a draw by the exponential race (`race`: argmax of p / E with E ~ Exp(1), wh
 i with probability p_i). A request with a seed draws its E from its own generator, so the same
 seed gives the same tokens whatever else is in the batch. Logprobs are those of the model's
 distribution (raw logits, before temperature and filters), as vLLM returns them.
+
+Rows of requests with structured output first get their grammar's token mask
+(`structured.apply_grammar_masks`, on the logits' device): forbidden tokens become -inf before
+any of the above, so greedy, filtered and random draws all stay inside the grammar.
 """
 
 from __future__ import annotations
@@ -100,6 +104,13 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
     n = logits.shape[0]
     dev = logits.device
     params = [s.params for s in seqs]
+    raw = logits
+    if any(s.grammar is not None for s in seqs):
+        from .structured import apply_grammar_masks
+
+        if any(p.logprobs for p in params):
+            logits = logits.clone()  # logprobs stay those of the model's distribution
+        apply_grammar_masks(logits, [s.grammar for s in seqs])
     greedy = torch.tensor([p.greedy for p in params], device=dev)
     tokens = argmax_rows(logits)
     if not all(p.greedy for p in params):
@@ -109,6 +120,6 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
         tokens = torch.where(greedy, tokens, drawn)
     logprobs = None
     if any(p.logprobs for p in params):
-        logprobs = logits.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
+        logprobs = raw.log_softmax(-1).gather(-1, tokens[:, None])[:, 0]
     assert tokens.shape == (n,)
     return tokens, logprobs

@@ -45,6 +45,8 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)
     # incremental detokenization for stop strings (`engine.stops`), created on first use
     text_tail: object | None = field(default=None, repr=False)
+    # structured output: the grammar matcher of the committed tokens (`engine.structured`)
+    grammar: object | None = field(default=None, repr=False)
 
     _all: list[int] = field(default_factory=list, repr=False)
 

@@ -239,6 +239,7 @@ def build_app(
         tokenizer=e.tokenizer,
         chat=ChatFormatter(e.tokenizer) if e.tokenizer is not None else None,
         limits=options.limits,
+        grammars=e.grammars,
     )
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -59,15 +59,20 @@ class ChatFormatter:
         self.bos_token = _special(cfg.get("bos_token"))
         self.eos_token = _special(cfg.get("eos_token"))
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict], tools: list | None = None) -> str:
+        """The prompt text; `tools` (OpenAI's function tools) go to the template as `tools`,
+        and to the plain-text fallback as a first `tools:` line of their JSON."""
         if self.template is None:
             lines = [f"{m['role']}: {m['content']}" for m in messages]
+            if tools:
+                lines.insert(0, "tools: " + json.dumps(tools))
             return "\n".join([*lines, "assistant:"])
         from jinja2 import TemplateError
 
         try:
             return self.template.render(
                 messages=messages,
+                tools=tools,
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -75,10 +80,12 @@ class ChatFormatter:
         except TemplateError as e:
             raise ChatTemplateError(f"the chat template refused the messages: {e}") from None
 
-    def encode(self, messages: list[dict], max_chars: int | None = None) -> list[int]:
+    def encode(
+        self, messages: list[dict], max_chars: int | None = None, tools: list | None = None
+    ) -> list[int]:
         """The rendered prompt's token ids; a ChatTemplateError when the rendered text has more
         than max_chars characters (checked before tokenizing it)."""
-        text = self.render(messages)
+        text = self.render(messages, tools)
         if max_chars is not None and len(text) > max_chars:
             raise ChatTemplateError(
                 f"the rendered prompt has {len(text)} characters, more than the {max_chars} "

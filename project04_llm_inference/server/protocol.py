@@ -9,6 +9,9 @@ Logprobs: the engine returns the log-probability of each chosen token only. Comp
 `logprobs: k` and chat's `top_logprobs: k` are accepted, and `top_logprobs` then lists the chosen
 token alone.
 
+Structured output (`response_format`, `structured_outputs`) and tool calls (`tools`,
+`tool_choice`) are read and compiled by `structured.parse_constraints`.
+
 Work per request is bounded before any is done: the body's JSON (`json_body.parse_json`), the
 characters of
 prompt text (`Limits.max_prompt_chars`, checked before tokenizing), the choices (n times the
@@ -36,10 +39,7 @@ _UNSUPPORTED = {
     "logit_bias": (None, {}),
     "echo": (None, False),
     "suffix": (None, ""),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
-    "response_format": (None, {"type": "text"}),
     "stop_token_ids": (None, []),
 }
 
@@ -95,6 +95,9 @@ class ModelInfo:
     tokenizer: Tokenizer | None
     chat: ChatFormatter | None
     limits: Limits = field(default_factory=Limits)
+    grammars: object | None = (
+        None  # the engine's `structured.Grammars` (None: no structured output)
+    )
 
 
 @dataclass
@@ -114,6 +117,7 @@ class GenerationRequest:
     include_usage: bool
     logprobs: int | None  # None: off; else how many top entries were asked for
     return_token_ids: bool
+    tools: object | None = None  # `structured.ToolMode` of a chat request with tools
 
 
 # --- field readers --------------------------------------------------------------------------
@@ -244,7 +248,7 @@ def _message_text(m, i: int) -> dict:
     return {**{k: v for k, v in m.items() if k != "content"}, "content": content}
 
 
-def _chat_prompt(info: ModelInfo, body: dict) -> list[int]:
+def _chat_prompt(info: ModelInfo, body: dict, tools: list | None = None) -> list[int]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise APIError("messages must be a non-empty list", "messages")
@@ -257,7 +261,9 @@ def _chat_prompt(info: ModelInfo, body: dict) -> list[int]:
     messages = [_message_text(m, i) for i, m in enumerate(msgs)]
     _check_chars(info, sum(len(m["content"]) for m in messages), "messages")
     try:
-        ids = info.chat.encode(messages, max_chars=info.limits.prompt_chars(info.max_model_len))
+        ids = info.chat.encode(
+            messages, max_chars=info.limits.prompt_chars(info.max_model_len), tools=tools
+        )
     except ChatTemplateError as e:
         raise APIError(str(e), "messages") from None
     if not ids:
@@ -282,11 +288,15 @@ def parse_request(info: ModelInfo, body, *, chat: bool) -> GenerationRequest:
         if name in body and body[name] not in neutral:
             raise APIError(f"{name} is not supported by this server", name)
 
+    from .structured import parse_constraints
+
+    spec, tool_mode = parse_constraints(body, info.grammars, chat=chat)
     n = _get_int(body, "n", 1, lo=1, hi=info.limits.max_choices)
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise APIError("best_of is not supported by this server (give n alone)", "best_of")
-    prompts = [_chat_prompt(info, body)] if chat else _completion_prompts(info, body, n)
+    listed = tool_mode.listed if tool_mode is not None else None
+    prompts = [_chat_prompt(info, body, listed)] if chat else _completion_prompts(info, body, n)
     prompt_field = "messages" if chat else "prompt"
     max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else None
     max_tokens = _get_int(body, "max_completion_tokens", None, lo=1)
@@ -327,6 +337,7 @@ def parse_request(info: ModelInfo, body, *, chat: bool) -> GenerationRequest:
             stop=stop,
             ignore_eos=_get_bool(body, "ignore_eos", False),
             logprobs=logprobs is not None,
+            structured_outputs=spec,
         )
     except (ValueError, TypeError) as e:
         m = re.search(r"SamplingParams\.(\w+)", str(e))
@@ -365,4 +376,5 @@ def parse_request(info: ModelInfo, body, *, chat: bool) -> GenerationRequest:
         include_usage=include_usage,
         logprobs=logprobs,
         return_token_ids=_get_bool(body, "return_token_ids", False),
+        tools=tool_mode,
     )

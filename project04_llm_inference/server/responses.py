@@ -11,6 +11,13 @@ at the stop string) minus what was sent. A stream write that the client does not
 stream opens with a role-only delta per choice, `stream_options.include_usage` adds a last chunk
 with empty `choices` and the usage (every other chunk then carries `"usage": null`), and
 `data: [DONE]\n\n` closes the stream.
+
+A chat request with tools (`structured.ToolMode`) is answered with `tool_calls` when its output is
+a call, with the finish reason `tool_calls`. Streamed as OpenAI streams calls: per call a delta
+with its id, type, name and empty arguments, then its arguments. A named tool_choice streams
+the arguments as they are generated (the name is known from the start); "required" and "auto"
+hold the output until it is complete (which tool is known only then); "auto" streams it as text
+as soon as its start cannot begin a call (`structured.may_be_call`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,14 @@ from aiohttp import web
 from ..engine.llm_engine import RequestOutput
 from ..model.tokenizer import Tokenizer
 from .protocol import APIError, Choice, GenerationRequest
+from .structured import (
+    call_args,
+    call_head,
+    may_be_call,
+    message,
+    new_call_id,
+    stream_deltas,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +84,8 @@ class ChoiceState:
         self.text = IncrementalText(tokenizer) if tokenizer is not None else None
         self.sent = ""
         self.finish_reason: str | None = None
+        self.call_id: str | None = None  # a streamed named tool call's id, once sent
+        self.text_only = False  # an "auto" tool output found to be text: streamed as text
 
     def push(self, out: RequestOutput, streaming: bool) -> str:
         """Take one output; returns the text to send now (streaming)."""
@@ -162,7 +179,7 @@ async def collect(
             )
         c = {"index": s.index, "logprobs": lp, "finish_reason": s.finish_reason}
         if req.chat:
-            c["message"] = {"role": "assistant", "content": s.sent}
+            c["message"], c["finish_reason"] = message(req.tools, s.sent, s.finish_reason)
         else:
             c["text"] = s.sent
         if req.return_token_ids:
@@ -207,12 +224,16 @@ async def stream(
     if req.include_usage:
         base["usage"] = None
 
-    def chunk(s: ChoiceState, delta: str, start: int, finish: str | None, role=False) -> dict:
+    def chunk(
+        s: ChoiceState, delta: str, start: int, finish: str | None, role=False, extra=None
+    ) -> dict:
         c = {"index": s.index}
         if req.chat:
             c["delta"] = {"role": "assistant", "content": ""} if role else {}
             if delta:
                 c["delta"]["content"] = delta
+            if extra:
+                c["delta"].update(extra)
         else:
             c["text"] = delta
         lp = None
@@ -244,9 +265,35 @@ async def stream(
                     return resp
                 s = states[item.request_id]
                 start = len(s.ids)
+                named = req.tools.named if req.tools is not None else None
                 delta = s.push(item, streaming=True)
                 pending -= item.finished
                 finish = s.finish_reason if item.finished else None
+                if named is not None:  # the arguments stream as they come
+                    if s.call_id is None:
+                        s.call_id = new_call_id()
+                        out.append(
+                            _sse(chunk(s, "", start, None, extra=call_head(0, s.call_id, named)))
+                        )
+                    if delta:
+                        out.append(_sse(chunk(s, "", start, None, extra=call_args(0, delta))))
+                    if finish:
+                        finish = "tool_calls" if finish == "stop" else finish
+                        out.append(_sse(chunk(s, "", start, finish)))
+                    continue
+                if req.tools is not None and not s.text_only:
+                    if not item.finished:
+                        if req.tools.choice != "auto" or may_be_call(s.sent):
+                            continue  # held until complete (see the module's docstring)
+                        s.text_only = True  # plain text: what was held goes out now
+                        out.append(_sse(chunk(s, s.sent, 0, None)))
+                        continue
+                    deltas = stream_deltas(req.tools, s.sent)
+                    if any("tool_calls" in d for d in deltas) and finish == "stop":
+                        finish = "tool_calls"
+                    out.extend(_sse(chunk(s, "", start, None, extra=d)) for d in deltas)
+                    out.append(_sse(chunk(s, "", start, finish)))
+                    continue
                 if (
                     delta
                     or finish

@@ -13,7 +13,10 @@ like any other step's tokens: a stop inside a chunk cuts it, a later chunk (roun
 and the sequence's computed length counts only the kept tokens' K/V, so the K/V of rejected
 drafts lie past it and are overwritten, and only blocks of kept tokens reach the prefix cache.
 Speculation reads every step's tokens before the next is scheduled: the engine runs it without
-asynchronous scheduling.
+asynchronous scheduling. A request with structured output is not speculated (its drafts would
+have to be checked against its grammar): it gets no drafts (`room` 0) and is sampled under its
+grammar's mask by the default step, beside the others' verifications; a batch holding one does
+not run the fused program.
 """
 
 from __future__ import annotations
@@ -66,7 +69,9 @@ class ProposerSpeculator:
 
     def room(self, s: Sequence) -> int:
         """Drafts a decoding sequence may get: no more than could be emitted (max_tokens and
-        max_model_len bound the run)."""
+        max_model_len bound the run); none for a request with structured output."""
+        if s.grammar is not None:
+            return 0
         return min(
             self.k,
             self.max_model_len - s.num_tokens,
@@ -154,6 +159,8 @@ class DraftSpeculator(ProposerSpeculator):
         for s in running:
             p = s.params
             if not p.greedy or p.logprobs or s.num_uncomputed != 1 or not fused.target_fits(s):
+                return None
+            if s.grammar is not None:
                 return None
         self.proposer.retain(running)
         self._q, self._q_rows = None, {}

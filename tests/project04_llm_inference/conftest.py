@@ -88,3 +88,44 @@ RECORD_ENV = {
     "git_commit": "abcdef1234567",
     "git_dirty": False,
 }
+
+
+# A byte-level BPE vocabulary trained on a little JSON and prose: any text, JSON included, has a
+# tokenization, which structured output needs (a word-level vocabulary cannot spell `{`).
+BPE_CORPUS = [
+    '{"name": "Ada", "age": 36, "ok": true, "tags": ["a", "b"]}',
+    '{"city": "Paris", "temp": -3.5, "rain": false, "items": [1, 2, 3], "x": null}',
+    "The quick brown fox jumps over the lazy dog. 0123456789 abc-def_ghi",
+    '[{"id": 1}, {"id": 2}] get_weather location unit celsius fahrenheit',
+]
+
+
+def write_bpe_model_dir(path, vocab_size: int = 384) -> None:
+    """config.json of the tiny shape (random weights: load_format dummy), a byte-level BPE
+    tokenizer.json trained here with `tokenizers` (special tokens <unk> <s> </s> = 0 1 2) and a
+    tokenizer_config.json with a chat template that lists the tools it is given."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from project04_llm_inference.config import DUMMY_SHAPES
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 8,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(BPE_CORPUS * 4, trainer)
+    tok.save(str(path / "tokenizer.json"))
+    cfg = dict(DUMMY_SHAPES["tiny"], vocab_size=vocab_size, model_type="llama")
+    (path / "config.json").write_text(json.dumps(cfg))
+    template = (
+        "{% if tools %}tools: {{ tools | tojson }}\n{% endif %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    tc = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template}
+    (path / "tokenizer_config.json").write_text(json.dumps(tc))
