@@ -50,6 +50,22 @@ TINY_CORPUS_PAIR = dict(
 )
 
 
+# head dim 64 (the kernels take 64 and 128), GQA 4/2: the GPU tier's engine model
+D64 = dict(TINY, hidden_size=256, intermediate_size=768, head_dim=64, vocab_size=512)
+D64["max_position_embeddings"] = 2048
+
+
+@pytest.fixture(scope="session")
+def d64_dir(tmp_path_factory):
+    """A `transformers` Llama folder of the D64 shape, random weights (seed 0)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**D64)).float().eval()
+    d = tmp_path_factory.mktemp("d64")
+    model.save_pretrained(d, safe_serialization=True)
+    return d
+
+
 @pytest.fixture(scope="session")
 def hf_model_dir(tmp_path_factory):
     transformers = pytest.importorskip("transformers")

@@ -7,39 +7,10 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from project04_llm_inference import LLM, SamplingParams
 
 pytestmark = pytest.mark.gpu
-
-# head dim 64 (the kernels take 64 and 128), GQA 4/2 (test_engine_gpu.py's shape)
-D64 = dict(
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    vocab_size=512,
-    max_position_embeddings=2048,
-    rms_norm_eps=1e-5,
-    rope_theta=10_000.0,
-    initializer_range=0.1,
-    bos_token_id=1,
-    eos_token_id=2,
-    tie_word_embeddings=False,
-)
-
-
-@pytest.fixture(scope="module")
-def d64_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**D64)).float().eval()
-    d = tmp_path_factory.mktemp("d64")
-    model.save_pretrained(d, safe_serialization=True)
-    return d
 
 
 def _prompts(n, lo, hi, seed):
