@@ -149,3 +149,42 @@ def _children() -> list[int]:
             if int(fields[1]) == me and fields[0] != "Z":
                 out.append(int(p))
     return out
+
+
+_KILLED_ENGINE = """
+import os, signal, sys
+from project04_llm_inference import LLM
+llm = LLM(load_format="dummy", dummy_shape="tiny", device="cpu", num_gpu_blocks=8,
+          tensor_parallel_size=2)
+print(llm.engine.runner.model.workers[0].pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind runs
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_killed_engine_leaves_no_worker_behind():
+    """kill -9 of the engine's process: its worker notices its parent is gone and exits."""
+    import subprocess
+    import sys
+    import time
+
+    out = subprocess.run(
+        [sys.executable, "-c", _KILLED_ENGINE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 15  # the worker polls its parent every PARENT_POLL_S
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone(pid)
