@@ -5,7 +5,9 @@ A variant is a precision and a tensor-parallel size ("bf16", "fp8", "bf16-tp2", 
 For each batch size, `batch` requests of `context` random prompt tokens generate `output`
 tokens greedily (ignore_eos); the same requests with one output token time the prefill, and
 the difference is the decode: ms per decode step (the latency a token costs at that batch) and
-output tok/s of the decode phase. Fresh prompts for every timed run (the prefix cache never
+output tok/s of the decode phase. Tensor-parallel variants also give rank 0's time in the
+collectives (two all-reduces a layer, the embedding's and the logits' gather) per decode step,
+the same difference taken. Fresh prompts for every timed run (the prefix cache never
 hits); medians over `repeats` after a warm-up. The record holds each variant's rows and its
 ratios against the first variant.
 """
@@ -108,19 +110,30 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
                 return [[rng.randrange(vocab) for _ in range(cfg.context)] for _ in range(b)]
 
             _time_generate(llm, prompts(), cfg.output)  # warm-up
-            decode = []
+            decode, comm = [], []
+            timer = llm.engine.runner.model.tp.timer
+            timer.enabled = tp > 1
             for _ in range(cfg.repeats):
+                timer.reset()
                 full = _time_generate(llm, prompts(), cfg.output)
+                full_comm = timer.seconds()
+                timer.reset()
                 prefill = _time_generate(llm, prompts(), 1)
+                comm.append(max(full_comm - timer.seconds(), 0.0))
                 decode.append(max(full - prefill, 1e-9))
+            timer.enabled = False
             med = statistics.median(decode)
             steps = cfg.output - 1
             rows.append(
                 {
                     "variant": variant,
                     "batch": b,
+                    "tensor_parallel_size": tp,
                     "decode_ms_per_step": 1e3 * med / steps,
                     "decode_tok_s": b * steps / med,
+                    "collective_ms_per_step": (
+                        1e3 * statistics.median(comm) / steps if tp > 1 else None
+                    ),
                     "decode_s_runs": decode,
                 }
             )

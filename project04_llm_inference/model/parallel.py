@@ -15,9 +15,45 @@ run on (None and size 1: a single process, every collective a no-op).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 
 import torch
+
+
+class CollectiveTimer:
+    """Time spent in this rank's collectives while `enabled` (benchmarks): CUDA events around
+    each on a GPU (read after a synchronize, so timing never stalls the stream), the host clock
+    on the CPU. A rank's time includes waiting for the slowest rank to arrive."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls, self._host_s, self._events = 0, 0.0, []
+
+    def run(self, fn, x: torch.Tensor) -> None:
+        if not self.enabled:
+            fn()
+            return
+        self.calls += 1
+        if x.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            self._events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            self._host_s += time.perf_counter() - t0
+
+    def seconds(self) -> float:
+        """Total time of the timed collectives so far."""
+        if self._events:
+            torch.cuda.synchronize()
+        return self._host_s + sum(a.elapsed_time(b) for a, b in self._events) / 1e3
 
 
 @dataclass(frozen=True)
@@ -25,13 +61,14 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: object | None = None  # torch.distributed ProcessGroup (gloo on CPU, NCCL on GPU)
+    timer: CollectiveTimer = field(default_factory=CollectiveTimer, compare=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place (a partial product of a row-parallel projection)."""
         if self.size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(x, group=self.group)
+            self.timer.run(lambda: dist.all_reduce(x, group=self.group), x)
         return x
 
     def all_gather_cols(self, x: torch.Tensor) -> torch.Tensor:
@@ -41,7 +78,7 @@ class TensorParallel:
         import torch.distributed as dist
 
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
+        self.timer.run(lambda: dist.all_gather(parts, x.contiguous(), group=self.group), x)
         return torch.cat(parts, dim=1)
 
     def span(self, total: int) -> slice:

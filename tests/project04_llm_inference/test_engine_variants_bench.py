@@ -54,3 +54,4 @@ def test_a_cpu_run_writes_every_variant_with_its_ratio(tmp_path):
     assert [r["variant"] for r in rows] == cfg.variants
     assert rows[0]["tok_s_vs_baseline"] == 1.0 and all(r["decode_tok_s"] > 0 for r in rows)
     assert out["baseline_variant"] == "bf16"
+    assert rows[2]["collective_ms_per_step"] > 0 and rows[0]["collective_ms_per_step"] is None
