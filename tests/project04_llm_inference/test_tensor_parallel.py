@@ -30,14 +30,14 @@ PROMPTS = [[5, 17, 42, 99, 3], [7, 7, 8], list(range(30, 52))]
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
-def _generate(model_dir, tp: int):
+def _generate(model_dir, tp: int, **engine):
     llm = LLM(
         str(model_dir),
         device="cpu",
         dtype="float32",
         num_gpu_blocks=64,
         tensor_parallel_size=tp,
-        async_scheduling=False,
+        **engine,
     )
     try:
         outs = llm.generate(PROMPTS, PARAMS)
@@ -53,14 +53,32 @@ def _generate(model_dir, tp: int):
 
 # the feature's one cheap representative in the fast tier (two processes, a few seconds)
 def test_tp2_over_gloo_gives_the_greedy_tokens_of_tp1(hf_model_dir):
-    tokens1, logits1, _ = _generate(hf_model_dir, 1)
-    tokens2, logits2, model2 = _generate(hf_model_dir, 2)
+    tokens1, logits1, _ = _generate(hf_model_dir, 1, async_scheduling=False)
+    tokens2, logits2, model2 = _generate(hf_model_dir, 2, async_scheduling=False)
     assert tokens2 == tokens1
     assert logits2.shape == logits1.shape == (1, 256)
     torch.testing.assert_close(logits2, logits1, atol=1e-4, rtol=0)
     # the workers are gone and the process group left
     assert all(not w.is_alive() for w in model2.workers)
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "engine",
+    [
+        dict(async_scheduling=True),
+        dict(num_scheduler_steps=4),
+        dict(enable_chunked_prefill=True, max_num_batched_tokens=8),
+    ],
+    ids=["async", "multi-step", "chunked-prefill"],
+)
+def test_tp2_runs_every_eager_runner_path(hf_model_dir, engine):
+    """Asynchronous scheduling (inputs gathered on the device), multi-step decoding and
+    chunked prefill reach the model through the same call: TP=2 gives TP=1's tokens."""
+    tokens1, _, _ = _generate(hf_model_dir, 1, **engine)
+    tokens2, _, _ = _generate(hf_model_dir, 2, **engine)
+    assert tokens2 == tokens1
 
 
 def test_a_rank_holds_its_heads_kv_heads_and_ffn_slice():
