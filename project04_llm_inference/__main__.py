@@ -182,7 +182,7 @@ def _report(cfg: ReportConfig) -> None:
 def commands() -> dict[str, tuple[type, Callable]]:
     """Command name -> (its config class, the function that runs it)."""
     from . import code_demo, code_model
-    from .bench import gemv, kernels, offline, prefill, serving, spec
+    from .bench import engine_variants, fp8_accuracy, gemv, kernels, offline, prefill, serving, spec
     from .spec import train_corpus
 
     return {
@@ -198,6 +198,8 @@ def commands() -> dict[str, tuple[type, Callable]]:
         "report": (ReportConfig, _report),
         "decode-kernel": (kernels.KernelBenchConfig, kernels.run),
         "gemv-kernel": (gemv.GemvBenchConfig, gemv.run),
+        "fp8-accuracy": (fp8_accuracy.Fp8AccuracyConfig, fp8_accuracy.run),
+        "engine-variants": (engine_variants.EngineVariantsConfig, engine_variants.run),
     }
 
 

@@ -118,13 +118,16 @@ _ENGINE_CHOICES = {
     "dtype": ("auto", "bfloat16", "float16", "float32"),
     "device": ("auto", "cuda", "cpu"),
     "speculative_method": ("none", "ngram", "draft"),
+    "quantization": ("none", "fp8"),
 }
 
 
 # int fields whose checks below refuse a bool or a float by naming their range
 _OWN_RANGE_CHECKS = frozenset(
-    {"num_scheduler_steps", "num_speculative_tokens", "spec_fused_rounds"}
+    {"num_scheduler_steps", "num_speculative_tokens", "spec_fused_rounds", "tensor_parallel_size"}
 )
+# a bound far past any one-node GPU count; the model's head counts bound it further at load
+MAX_TENSOR_PARALLEL = 64
 
 
 def _physical_memory_bytes() -> int | None:
@@ -216,6 +219,17 @@ class EngineArgs:
     ahead of one round a program at batch 1 and 8 on both workloads of the speculative
     benchmark: spec_decode.json), else 1."""
 
+    tensor_parallel_size: int = 1
+    """Split the model over this many ranks (one process each, started by the engine; one GPU
+    each on CUDA, NCCL; gloo on the CPU): attention heads, the KV cache's heads, the FFN and the
+    vocabulary are divided among them. Must divide the model's KV heads, heads, FFN width and
+    vocabulary. Tensor-parallel steps run eagerly (no CUDA graphs)."""
+    quantization: Literal["none", "fp8"] = "none"
+    """'fp8': quantize the decoder layers' projection weights to FP8 e4m3 with one scale per
+    output channel at load (embedding, LM head and norms keep the model dtype). A CUDA GPU
+    needs compute capability >= 8.9 (there the projections run W8A8 through
+    `torch._scaled_mm`, activations scaled per token); the CPU runs a dequantizing reference."""
+
     @property
     def fused_greedy(self) -> bool:
         """Whether the engine runs all-greedy speculative steps fused (`spec_fused_greedy`)."""
@@ -295,6 +309,16 @@ class EngineArgs:
                 "(a speculative step already emits several tokens); use one or the other"
             )
         self._check_speculative()
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= MAX_TENSOR_PARALLEL:
+            raise ValueError(
+                f"EngineArgs.tensor_parallel_size must be in [1, {MAX_TENSOR_PARALLEL}], got {tp!r}"
+            )
+        if tp > 1 and self.speculative_method != "none":
+            raise ValueError(
+                "EngineArgs.tensor_parallel_size > 1 does not combine with speculative decoding "
+                "yet (the draft model and the fused program run in one process)"
+            )
 
     def _check_speculative(self) -> None:
         method = self.speculative_method

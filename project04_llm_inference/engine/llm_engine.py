@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import DUMMY_SHAPES, EngineArgs, SamplingParams
-from ..model.loader import build_model, read_config
+from ..model.loader import read_config
 from ..model.tokenizer import Tokenizer
 from .block_manager import BlockManager
 from .execute import Launched, launch_multi_step, launch_single_step, multi_step_rooms
@@ -47,6 +47,7 @@ from .sequence import Sequence, Status
 from .speculator import load_speculator
 from .stops import StopChecker
 from .structured import Grammars
+from .tp_worker import load_model
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -110,13 +111,13 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_dir(args.model)
         eos = self.hf_config.get("eos_token_id")
         self.eos_token_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        model = build_model(
+        # one process, or rank 0 of tensor_parallel_size ranks (`engine/tp_worker.py`)
+        model = load_model(
+            args,
             self.hf_config,
-            model_dir=None if args.load_format == "dummy" else args.model,
             dtype=self.dtype,
             device=self.device,
             max_positions=self.max_model_len,
-            seed=args.seed,
         )
         self.vocab_size = model.cfg.vocab_size
         # a draft model's weights are loaded before the KV pool is sized

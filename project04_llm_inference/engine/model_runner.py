@@ -134,6 +134,7 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
             self.device.type == "cuda"
             and not self.args.enforce_eager
             and self.args.cuda_graph_max_batch
+            and self.args.tensor_parallel_size == 1  # TP calls send their inputs: eager
         ):
             self.capture_graphs()
 

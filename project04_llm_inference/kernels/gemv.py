@@ -6,7 +6,8 @@ write after the QKV projection; on a CUDA device, for at most `GEMV_MAX_TOKENS` 
 16-bit dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the other kernels
 (from three tokens up to `MMA_MAX_TOKENS`, on sm_80 and newer, its tensor-core variant). Every
 other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so the CPU
-engine computes exactly what it computed before these kernels existed.
+engine computes exactly what it computed before these kernels existed. An FP8 weight
+(`fp8.Fp8Weight`) always takes the composed path, its projection `fp8.fp8_linear`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .fp8 import Fp8Weight, fp8_linear
 from .norm_act import fused_add_rms_norm, rms_norm, silu_and_mul
 from .pdl import pdl_enabled
 from .rope_cache import check_rope_inputs, rope_and_cache
@@ -130,6 +132,8 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """(T, K) @ (N, K)^T -> (T, N) in x's dtype, float32 accumulation."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_linear(x, weight)
     _check_matrix("x", x, 2)
     _check_matrix("weight", weight, 2)
     if x.shape[1] != weight.shape[1]:
@@ -181,7 +185,9 @@ def norm_linear(
     `fused_add_rms_norm` does): use only what is returned.
     """
     _check_matrix("x", x, 2)
-    _check_matrix("weight", weight, 2)
+    fp8 = isinstance(weight, Fp8Weight)
+    if not fp8:
+        _check_matrix("weight", weight, 2)
     k = x.shape[1]
     if weight.shape[1] != k or norm_weight.shape != (k,):
         raise ValueError(
@@ -206,12 +212,12 @@ def norm_linear(
                 f"{rope.n_heads} + 2 x {rope.n_kv_heads} heads of cos_sin's head dim {d}"
             )
     parts = (x, norm_weight, weight) if residual is None else (x, residual, norm_weight, weight)
-    if not _fits(*parts):
+    if fp8 or not _fits(*parts):
         if residual is None:
             h, residual = rms_norm(x, norm_weight, eps), x
         else:
             h, residual = fused_add_rms_norm(x, residual, norm_weight, eps)
-        out = F.linear(h, weight)
+        out = fp8_linear(h, weight) if fp8 else F.linear(h, weight)
         if rope is not None:
             q, k, v = qkv_views(out, rope.n_heads, rope.n_kv_heads, d)
             rope_and_cache(q, k, v, *rope[2:])

@@ -4,7 +4,9 @@ paged KV cache.
 Tokens of all sequences in a step are packed into one (T,) batch: the first `num_decodes` are
 decode tokens (one per sequence), the rest are prefill chunks. Every op runs on the packed batch
 except attention, which reads each sequence's paged K/V through its block table (`AttnMetadata`).
-Weights are stored fused (q|k|v and gate|up) so each projection is one matmul.
+Weights are stored fused (q|k|v and gate|up) so each projection is one matmul. Under tensor
+parallelism (`parallel.py`) a model holds one rank's shard: its `cfg` counts that rank's heads,
+KV heads and FFN slice, and the layers all-reduce after o_proj and after down_proj.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
 from ..kernels.reference import rope_cos_sin_cache
+from .parallel import SINGLE, TensorParallel, shard_config, vocab_parallel_embedding
 
 
 @dataclass
@@ -115,9 +117,9 @@ def _param(*shape: int, dtype, device) -> nn.Parameter:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig, dtype, device) -> None:
+    def __init__(self, cfg: LlamaConfig, dtype, device, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.tp = cfg, tp  # cfg: this rank's heads and FFN slice
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_size, self.kv_size = hq * d, hkv * d
         p = dict(dtype=dtype, device=device)
@@ -178,36 +180,51 @@ class DecoderLayer(nn.Module):
             out = torch.empty_like(q)
             out[:nd] = self._decode_attention(q[:nd], meta, k_cache, v_cache, scale)
             out[nd:] = self._prefill_attention(q[nd:], meta, k_cache, v_cache, scale)
-        x = kernels.linear(out.view(t, self.q_size), self.o_proj)
+        # row-parallel o_proj: each rank's heads give a partial sum
+        x = self.tp.all_reduce(kernels.linear(out.view(t, self.q_size), self.o_proj))
         h, residual = kernels.norm_linear(
             x, residual, self.post_attention_layernorm, self.gate_up_proj, eps, silu_mul=True
         )
-        return kernels.linear(h, self.down_proj), residual
+        return self.tp.all_reduce(kernels.linear(h, self.down_proj)), residual
 
 
 class LlamaForCausalLM(nn.Module):
-    """Weights in fused layout; `loader.py` maps Hugging Face tensor names onto them."""
+    """Weights in fused layout; `loader.py` maps Hugging Face tensor names onto them.
 
-    def __init__(self, cfg: LlamaConfig, *, dtype: torch.dtype, device, max_positions: int) -> None:
+    With `tp` of size > 1 the model is rank `tp.rank`'s shard: `cfg` holds that rank's head and
+    FFN counts (the full vocabulary), `full_cfg` the model's, and the embedding and LM head hold
+    the rank's block of vocab_size / tp.size rows."""
+
+    def __init__(
+        self,
+        cfg: LlamaConfig,
+        *,
+        dtype: torch.dtype,
+        device,
+        max_positions: int,
+        tp: TensorParallel = SINGLE,
+    ) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.full_cfg, self.tp = cfg, tp
+        self.cfg = cfg = shard_config(cfg, tp.size)
         p = dict(dtype=dtype, device=device)
-        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, **p)
+        vocab_rows = cfg.vocab_size // tp.size
+        self.embed_tokens = _param(vocab_rows, cfg.hidden_size, **p)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers)
+            DecoderLayer(cfg, dtype, device, tp) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = _param(cfg.hidden_size, **p)
         self.lm_head = (
             self.embed_tokens
             if cfg.tie_word_embeddings
-            else _param(cfg.vocab_size, cfg.hidden_size, **p)
+            else _param(vocab_rows, cfg.hidden_size, **p)
         )
         inv = rope_inv_freq(cfg).to(device)
         self.register_buffer("cos_sin", rope_cos_sin_cache(inv, max_positions), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, meta: AttnMetadata, kv_caches) -> torch.Tensor:
         """input_ids (T,) -> final hidden states (T, hidden), normalised."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = vocab_parallel_embedding(input_ids, self.embed_tokens, self.tp)
         residual = None
         for layer, (kc, vc) in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, meta, self.cos_sin, kc, vc)
@@ -215,5 +232,5 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(N, hidden) -> (N, vocab) float32."""
-        return kernels.linear(hidden, self.lm_head).float()
+        """(N, hidden) -> (N, vocab) float32 (each rank's vocabulary block, gathered)."""
+        return self.tp.all_gather_cols(kernels.linear(hidden, self.lm_head).float())

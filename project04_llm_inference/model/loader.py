@@ -1,7 +1,10 @@
 """Build a model from a Hugging Face folder (config.json + *.safetensors) or dummy weights.
 
 Safetensors are read one tensor at a time (`safe_open`), each copied into its slot of the fused
-on-device weights and dropped, so host memory never holds more than one tensor of the model.
+on-device weights and dropped, so host memory never holds more than one tensor of the model. Under tensor parallelism each
+rank reads every tensor and keeps its shard (`_shard`): rows of the column-parallel and
+vocabulary-parallel weights, columns of the row-parallel ones. `quantization="fp8"` quantizes
+the layers' projections to FP8 once loaded (`quant.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .llama import LlamaConfig, LlamaForCausalLM
+from .parallel import SINGLE, TensorParallel
 
 # Hugging Face name -> (our parameter, which row block of a fused weight: (index, of how many))
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -28,6 +32,9 @@ _LAYER_MAP = {
     "post_attention_layernorm.weight": ("post_attention_layernorm", None),
 }
 _IGNORED = ("rotary_emb.inv_freq",)  # buffers some old exports carry
+# HF tensors split by rows (output features) or by columns (input features) across TP ranks
+_ROW_PARALLEL_INPUT = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+_NOT_SPLIT = ("input_layernorm.weight", "post_attention_layernorm.weight", "model.norm.weight")
 
 
 def read_config(model_dir: str | Path) -> dict:
@@ -72,6 +79,17 @@ def _target(model: LlamaForCausalLM, name: str) -> tuple[torch.Tensor, slice] | 
     raise ValueError(f"unexpected tensor {name!r}: not a Llama weight")
 
 
+def _shard(name: str, src: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """This rank's part of a full Hugging Face tensor: q/k/v, gate/up, the embedding and the LM
+    head by rows (each an equal block: its heads, FFN slice, vocabulary rows), o_proj and
+    down_proj by columns, norms whole."""
+    if tp.size == 1 or name.endswith(_NOT_SPLIT):
+        return src
+    if name.endswith(_ROW_PARALLEL_INPUT):
+        return src[:, tp.span(src.shape[1])]
+    return src[tp.span(src.shape[0])]
+
+
 @torch.no_grad()
 def load_safetensors(model: LlamaForCausalLM, model_dir: str | Path) -> None:
     from safetensors import safe_open
@@ -88,10 +106,11 @@ def load_safetensors(model: LlamaForCausalLM, model_dir: str | Path) -> None:
                     continue
                 param, rows = target
                 dst = param.data[rows]
-                src = st.get_tensor(name)
+                src = _shard(name, st.get_tensor(name), model.tp)
                 if tuple(src.shape) != tuple(dst.shape):
                     raise ValueError(
-                        f"{f.name}: {name} has shape {tuple(src.shape)}, the config implies "
+                        f"{f.name}: {name} has shape {tuple(src.shape)} (this rank's part), "
+                        f"the config implies "
                         f"{tuple(dst.shape)}"
                     )
                 dst.copy_(src)  # host -> device and to the model dtype, one tensor at a time
@@ -105,7 +124,10 @@ def load_safetensors(model: LlamaForCausalLM, model_dir: str | Path) -> None:
 def init_dummy(model: LlamaForCausalLM, seed: int) -> None:
     """Random weights with a real model's scale: normal(0, 0.02), norm weights 1.
 
-    (vLLM's dummy loader draws U(-1e-3, 1e-3): near-flat logits, meaningless in bf16 checks.)"""
+    (vLLM's dummy loader draws U(-1e-3, 1e-3): near-flat logits, meaningless in bf16 checks.)
+    Under tensor parallelism each rank draws its own shard (seeded by seed and rank): the same
+    shapes and scale as the unsplit model, not its values."""
+    seed = seed + 1_000_003 * model.tp.rank
     gen = torch.Generator(device=model.norm.device).manual_seed(seed)
     for _, p in sorted(model.named_parameters()):
         if p.dim() == 1:
@@ -122,12 +144,25 @@ def build_model(
     device: torch.device,
     max_positions: int,
     seed: int = 0,
+    tp: TensorParallel = SINGLE,
+    quantization: str = "none",
 ) -> LlamaForCausalLM:
-    """The model with its weights: from `model_dir`'s safetensors, or dummy when it is None."""
+    """The model (rank `tp.rank`'s shard) with its weights: from `model_dir`'s safetensors, or
+    dummy when it is None; its projections quantized to FP8 with quantization="fp8"."""
     cfg = LlamaConfig.from_hf(hf_config)
-    model = LlamaForCausalLM(cfg, dtype=dtype, device=device, max_positions=max_positions)
+    if quantization == "fp8":
+        from .quant import check_fp8_device
+
+        check_fp8_device(device)  # before loading: a GPU without FP8 is refused at once
+    model = LlamaForCausalLM(cfg, dtype=dtype, device=device, max_positions=max_positions, tp=tp)
     if model_dir is None:
         init_dummy(model, seed)
     else:
         load_safetensors(model, model_dir)
+    if quantization == "fp8":
+        from .quant import quantize_model_fp8
+
+        quantize_model_fp8(model)
+    elif quantization != "none":
+        raise ValueError(f"quantization: expected 'none' or 'fp8', got {quantization!r}")
     return model.eval()

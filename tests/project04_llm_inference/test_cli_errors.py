@@ -32,6 +32,13 @@ DUMMY = ["--engine.load-format", "dummy", "--engine.dummy-shape", "tiny"]
         (["serve", *DUMMY, "--max-choices", "0"], "max_choices"),
         (["serve", *DUMMY, "--read-timeout-s", "inf"], "read_timeout_s"),
         (["serve", *DUMMY, "--port", "99999"], "port"),
+        (["serve", *DUMMY, "--tensor-parallel-size", "0"], "tensor_parallel_size"),
+        (["serve", *DUMMY, "--quantization", "int4"], "int4"),
+        (
+            ["generate", *DUMMY, "--engine.tensor-parallel-size", "4", "--prompt-ids", "1"],
+            "larger than the model's 2 KV heads",
+        ),
+        (["fp8-accuracy", "--window", "1"], "window"),
     ],
 )
 def test_bad_arguments_are_one_line(argv, words, capsys):

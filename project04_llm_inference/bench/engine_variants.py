@@ -1,0 +1,169 @@
+"""The engine against itself in other precisions and splits: FP8 weights and tensor
+parallelism, each timed next to the plain engine (the first variant) in the same process.
+
+A variant is a precision and a tensor-parallel size ("bf16", "fp8", "bf16-tp2", "fp8-tp2").
+For each batch size, `batch` requests of `context` random prompt tokens generate `output`
+tokens greedily (ignore_eos); the same requests with one output token time the prefill, and
+the difference is the decode: ms per decode step (the latency a token costs at that batch) and
+output tok/s of the decode phase. Tensor-parallel variants also give rank 0's time in the
+collectives (two all-reduces a layer, the embedding's and the logits' gather) per decode step,
+the same difference taken. Fresh prompts for every timed run (the prefix cache never
+hits); medians over `repeats` after a warm-up. The record holds each variant's rows and its
+ratios against the first variant.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+PROJECT = "project04_llm_inference"
+
+
+@dataclass
+class EngineVariantsConfig:
+    """Decode latency and throughput of FP8 and tensor-parallel engines against bf16."""
+
+    variants: list[str] = field(default_factory=lambda: ["bf16", "fp8"])
+    """'<bf16|fp8>' or '<bf16|fp8>-tp<N>'; the first is the baseline of the ratios."""
+    shape: str = "llama-3.2-1b"
+    """dummy-weight shape (project04_llm_inference.config.DUMMY_SHAPES)"""
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
+    context: int = 1024
+    """prompt tokens of every request"""
+    output: int = 128
+    """generated tokens of every request"""
+    repeats: int = 5
+    device: str = "auto"
+    """'auto', 'cuda' or 'cpu' (the CPU runs float32 for 'bf16': a check of the plumbing)"""
+    reports_dir: str = ""
+    """folder of the JSON record (under <reports_dir>/project04_llm_inference/); empty: runs/<UTC time>/"""
+
+    def __post_init__(self) -> None:
+        for v in self.variants:
+            parse_variant(v)
+        if not self.variants:
+            raise ValueError("EngineVariantsConfig.variants: give at least one")
+        for name in ("context", "output", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineVariantsConfig.{name} must be >= 1")
+        if self.output < 2:
+            raise ValueError("EngineVariantsConfig.output must be >= 2 (decode steps to time)")
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError("EngineVariantsConfig.batch_sizes must be >= 1")
+
+
+def parse_variant(v: str) -> tuple[str, int]:
+    """'fp8-tp2' -> ('fp8', 2)."""
+    m = re.fullmatch(r"(bf16|fp8)(?:-tp([1-9][0-9]*))?", v)
+    if m is None:
+        raise ValueError(f"variant {v!r}: expected 'bf16' or 'fp8', optionally '-tp<N>'")
+    return m.group(1), int(m.group(2) or 1)
+
+
+def _time_generate(llm, prompts, n_out: int) -> float:
+    import torch
+
+    from project04_llm_inference import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=n_out, ignore_eos=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    llm.generate(prompts, params)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
+    import torch
+
+    from project04_llm_inference import LLM, EngineArgs
+    from project04_llm_inference.config import DUMMY_SHAPES
+    from project04_llm_inference.engine.tp_worker import shutdown
+
+    prec, tp = parse_variant(variant)
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    vocab = DUMMY_SHAPES[cfg.shape]["vocab_size"]
+    llm = LLM(
+        EngineArgs(
+            load_format="dummy",
+            dummy_shape=cfg.shape,
+            device="cuda" if cuda else "cpu",
+            max_model_len=cfg.context + cfg.output + 16,
+            max_num_seqs=max(cfg.batch_sizes),
+            quantization="fp8" if prec == "fp8" else "none",
+            tensor_parallel_size=tp,
+        )
+    )
+    rng = random.Random(0)
+    rows = []
+    try:
+        for b in cfg.batch_sizes:
+
+            def prompts(b=b):
+                return [[rng.randrange(vocab) for _ in range(cfg.context)] for _ in range(b)]
+
+            _time_generate(llm, prompts(), cfg.output)  # warm-up
+            decode, comm = [], []
+            timer = llm.engine.runner.model.tp.timer
+            timer.enabled = tp > 1
+            for _ in range(cfg.repeats):
+                timer.reset()
+                full = _time_generate(llm, prompts(), cfg.output)
+                full_comm = timer.seconds()
+                timer.reset()
+                prefill = _time_generate(llm, prompts(), 1)
+                comm.append(max(full_comm - timer.seconds(), 0.0))
+                decode.append(max(full - prefill, 1e-9))
+            timer.enabled = False
+            med = statistics.median(decode)
+            steps = cfg.output - 1
+            rows.append(
+                {
+                    "variant": variant,
+                    "batch": b,
+                    "tensor_parallel_size": tp,
+                    "decode_ms_per_step": 1e3 * med / steps,
+                    "decode_tok_s": b * steps / med,
+                    "collective_ms_per_step": (
+                        1e3 * statistics.median(comm) / steps if tp > 1 else None
+                    ),
+                    "decode_s_runs": decode,
+                }
+            )
+            print({k: v for k, v in rows[-1].items() if k != "decode_s_runs"})
+    finally:
+        shutdown(llm.engine.runner.model)
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def run(cfg: EngineVariantsConfig) -> dict:
+    """Time every variant, save the JSON record, return it."""
+    from shared.results import output_root, save_result
+
+    rows = [r for v in cfg.variants for r in run_variant(cfg, v)]
+    base = {r["batch"]: r for r in rows if r["variant"] == cfg.variants[0]}
+    for r in rows:
+        b = base[r["batch"]]
+        r["tok_s_vs_baseline"] = r["decode_tok_s"] / b["decode_tok_s"]
+    results = {"rows": rows, "baseline_variant": cfg.variants[0]}
+    path = save_result(
+        PROJECT,
+        "engine_variants",
+        results,
+        baseline=f"the {cfg.variants[0]} engine, same process",
+        config=asdict(cfg),
+        reports_dir=str(output_root(cfg.reports_dir)),
+    )
+    print(f"wrote {path}")
+    return {**results, "path": str(path)}
