@@ -69,7 +69,8 @@ def test_export_writes_a_complete_record(tmp_path):
     from apple_track import report
 
     report.write_report(record_path, readme=readme)
-    assert "| LiteRT | int8 |" in readme.read_text()
+    assert "details.md" in readme.read_text()  # the front page links the full tables
+    assert "| LiteRT | int8 |" in (record_path.parent / "details.md").read_text()
 
     # the profiling loop runs the files the export wrote
     from apple_track import profile
