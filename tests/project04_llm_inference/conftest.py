@@ -55,25 +55,24 @@ D64 = dict(TINY, hidden_size=256, intermediate_size=768, head_dim=64, vocab_size
 D64["max_position_embeddings"] = 2048
 
 
-@pytest.fixture(scope="session")
-def d64_dir(tmp_path_factory):
-    """A `transformers` Llama folder of the D64 shape, random weights (seed 0)."""
+def _llama_folder(tmp_path_factory, shape: dict, name: str):
+    """A `transformers` Llama folder of `shape`, random float32 weights (seed 0)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**D64)).float().eval()
-    d = tmp_path_factory.mktemp("d64")
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).float().eval()
+    d = tmp_path_factory.mktemp(name)
     model.save_pretrained(d, safe_serialization=True)
     return d
+
+
+@pytest.fixture(scope="session")
+def d64_dir(tmp_path_factory):
+    return _llama_folder(tmp_path_factory, D64, "d64")
 
 
 @pytest.fixture(scope="session")
 def hf_model_dir(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).float().eval()
-    d = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(d, safe_serialization=True)
-    return d
+    return _llama_folder(tmp_path_factory, TINY, "tiny-llama")
 
 
 @pytest.fixture(scope="session")
