@@ -70,15 +70,19 @@ class StructuredBenchConfig:
     runs/<UTC time>/"""
 
 
-def synthetic_model_dir(shape: str, seed: int = 0) -> Path:
+def synthetic_model_dir(shape: str, seed: int = 0, vocab_size: int | None = None) -> Path:
     """A folder with the shape's config.json and a byte-level BPE tokenizer.json of its
-    vocabulary size (no merges: any id decodes; encoding falls back to bytes)."""
+    vocabulary size, or `vocab_size` (no merges: any id decodes; encoding falls back to bytes).
+    <unk> <s> </s> (0 1 2) are special tokens: the end-of-text token decodes to no text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     from ..config import DUMMY_SHAPES
 
     cfg = dict(DUMMY_SHAPES[shape], model_type="llama")
-    v = cfg["vocab_size"]
+    if vocab_size is not None:
+        cfg["vocab_size"] = vocab_size
+    # 3 special ids and the 256 byte symbols at least: a smaller shape's vocabulary grows
+    v = cfg["vocab_size"] = max(cfg["vocab_size"], 259)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
     for ch in sorted(alphabet):
@@ -93,6 +97,7 @@ def synthetic_model_dir(shape: str, seed: int = 0) -> Path:
     tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     d = Path(tempfile.mkdtemp(prefix="structured-bench-"))
     tok.save(str(d / "tokenizer.json"))
     cfg |= dict(bos_token_id=1, eos_token_id=2)

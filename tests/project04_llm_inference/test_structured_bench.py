@@ -48,3 +48,16 @@ def test_structured_cost_on_gpu(tmp_path):
     assert res["device"].startswith("cuda")
     for r in res["rows"]:
         assert r["constrained_active_at_end"] == r["batch"]
+
+
+def test_structured_validity_record_on_random_weights(tmp_path, one_thread):
+    """The validity bench at one seed: every constrained output of random weights parses and
+    validates (the mask holds whatever the weights prefer), and the record adds up."""
+    pytest.importorskip("jsonschema")
+    from project04_llm_inference.bench.structured_validity import ValidityConfig, run
+
+    res = run(ValidityConfig(seeds=1, max_tokens=120, device="cpu", reports_dir=str(tmp_path)))
+    assert res["weights"] == "random"
+    assert res["outputs"] == sum(r["outputs"] for r in res["by_kind"].values()) == 5 * 2
+    assert res["failures"] == [] and res["valid"] == res["outputs"]
+    assert (tmp_path / "project04_llm_inference" / "structured_validity.json").exists()

@@ -18,40 +18,11 @@ jsonschema = pytest.importorskip("jsonschema")
 from project04_llm_inference import LLM, SamplingParams  # noqa: E402
 from project04_llm_inference import StructuredOutputsParams as SO  # noqa: E402
 
+# finite schemas, a regex (under any weights the output ends): the validity bench's
+from project04_llm_inference.bench.structured_validity import REGEX, SCHEMAS  # noqa: E402
+
 from .conftest import write_bpe_model_dir  # noqa: E402
 
-# finite schemas (bounded strings, numbers and arrays): under any weights the output ends. A
-# bounded string is a `pattern`: xgrammar's `maxLength` rule admits raw control characters,
-# which strict JSON parsers reject
-SCHEMAS = [
-    {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "pattern": "^[A-Za-z0-9 _-]{0,6}$"},
-            "age": {"type": "integer", "minimum": 0, "maximum": 120},
-            "ok": {"type": "boolean"},
-        },
-        "required": ["name", "age", "ok"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "unit": {"enum": ["celsius", "fahrenheit"]},
-            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
-            "where": {
-                "type": "object",
-                "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}},
-                "required": ["x"],
-                "additionalProperties": False,
-            },
-        },
-        "required": ["unit", "tags", "where"],
-        "additionalProperties": False,
-    },
-    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4},
-]
-REGEX = r"[a-z]{3}-\d{2,4}"
 EBNF = 'root ::= "(" item ("," item)* ")"\nitem ::= [0-9] | "x"'
 
 
@@ -235,3 +206,18 @@ def test_logprobs_are_the_models(llm):
     free = llm.generate(["hi"], SamplingParams(**kw))[0]
     assert con.token_ids != free.token_ids  # the mask changed the choice here
     assert con.logprobs[0] < free.logprobs[0]
+
+
+def test_validity_check_names_each_failure():
+    """The validity bench's judge: an output cut by the token budget, text that is not JSON, JSON
+    outside its schema, a regex or choice miss each fail with the reason; a valid one passes."""
+    from project04_llm_inference.bench.structured_validity import CHOICES, check
+
+    obj = '{"name": "ab", "age": 3, "ok": true}'
+    assert check("json", SCHEMAS[0], obj, "stop") is None
+    assert "length" in check("json", SCHEMAS[0], obj, "length")
+    assert "JSONDecodeError" in check("json", SCHEMAS[0], obj + "</s>", "stop")
+    assert "ValidationError" in check("json", SCHEMAS[0], '{"name": "ab", "age": 300}', "stop")
+    assert check("regex", REGEX, "abc-123", "stop") is None
+    assert check("regex", REGEX, "abc-1", "stop") == "does not match the regex"
+    assert check("choice", CHOICES, "perhaps", "stop") == "not one of the choices"
