@@ -7,7 +7,9 @@ write nothing); everything else runs eagerly.
 
 Multi-step decoding runs (`engine/decode_runs.py`) and padded multi-token steps
 (`engine/multi_token.py`) are the runner's other two ways to run the model; they are mixed into
-`ModelRunner` from their own modules and share its inputs, staging buffers and graphs.
+`ModelRunner` from their own modules and share its inputs, staging buffers and graphs. Every
+path's positions, cache slots and context lengths come from one builder, `engine/inputs.py`;
+what stays here is each path's own layout of them in its buffers.
 
 Asynchronous scheduling: the engine may queue a step before reading the tokens of the one before
 it. A sequence whose newest token is still on the device (`Sequence.num_pending`) then gets it as

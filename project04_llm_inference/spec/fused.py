@@ -318,9 +318,11 @@ class FusedGreedySpec:
         h, w, q, k = s.h, s.w, s.q, self.k
         dbs, tbs = self.draft.block_size, self.target.block_size
         drafts = [it.draft for it in items]
-        fill_tables(h["d_tables"], [d.block_ids if d else [] for d in drafts])
-        dc = np.array([d.num_computed_tokens if d else 0 for d in drafts], dtype=np.int64)
-        dn = np.array([it.catch_up if it.draft else 0 for it in items], dtype=np.int64)
+        fill_tables(h["d_tables"], [d.block_ids if d is not None else [] for d in drafts])
+        dc = np.array(
+            [d.num_computed_tokens if d is not None else 0 for d in drafts], dtype=np.int64
+        )
+        dn = np.array([it.catch_up if it.draft is not None else 0 for it in items], dtype=np.int64)
         # 1. the catch-up, padded to CATCH_UP rows (bottom-right causal: context c + CATCH_UP)
         up = build_rows(
             h["d_tables"],
@@ -328,7 +330,9 @@ class FusedGreedySpec:
             dn,
             dbs,
             width=CATCH_UP,
-            tokens=[d.tokens[c : c + n] if d else [] for d, c, n in zip(drafts, dc, dn)],
+            tokens=[
+                d.tokens[c : c + n] if d is not None else [] for d, c, n in zip(drafts, dc, dn)
+            ],
         )
         h["d_ids"][:], h["d_pos"][:], h["d_slots"][:] = up.ids, up.positions, up.slots
         h["d_ctx"][:] = up.context_lens
@@ -337,7 +341,7 @@ class FusedGreedySpec:
         h["d_rows"][:] = np.arange(w) * CATCH_UP + last
         # 2. draft step j feeds draft j + 1 at position c + n + j: steps past a sequence's
         # drafts, and padding, reset (position 0, no slot, context 1)
-        steps = [min(max(it.k - 1, 0), k - 1) if it.draft else 0 for it in items]
+        steps = [min(max(it.k - 1, 0), k - 1) if it.draft is not None else 0 for it in items]
         st = build_rows(
             h["d_tables"], dc + dn, steps, dbs, width=k - 1, context="rows", past="reset"
         )
