@@ -1,12 +1,13 @@
 """Multi-step decoding on the runner (`EngineArgs.num_scheduler_steps`): a greedy decode-only
 batch runs k steps back to back on the device.
 
-The host computes every step's positions, slots and context lengths at once (`_decode_plan`;
-the blocks for k tokens are allocated beforehand), copies them in one transfer, and each step's
-input ids are the previous step's argmax, copied on the device; the host reads the k x batch
-tokens back once. The GPU then never waits for the host's per-step bookkeeping, which at batch
-1 is as long as the step itself. `launch_multi` queues a run and returns; `collect_multi` reads
-its tokens. A mixin of `ModelRunner` (its graphs, staging buffers and inputs).
+The host computes every step's positions, slots and context lengths at once (`_decode_plan`,
+through `engine/inputs.py`; the blocks for k tokens are allocated beforehand), copies them in
+one transfer, and each step's input ids are the previous step's argmax, copied on the device;
+the host reads the k x batch tokens back once. The GPU then never waits for the host's
+per-step bookkeeping, which at batch 1 is as long as the step itself. `launch_multi` queues a
+run and returns; `collect_multi` reads its tokens. A mixin of `ModelRunner` (its graphs,
+staging buffers and inputs).
 """
 
 from __future__ import annotations

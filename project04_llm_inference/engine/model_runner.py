@@ -7,7 +7,9 @@ write nothing); everything else runs eagerly.
 
 Multi-step decoding runs (`engine/decode_runs.py`) and padded multi-token steps
 (`engine/multi_token.py`) are the runner's other two ways to run the model; they are mixed into
-`ModelRunner` from their own modules and share its inputs, staging buffers and graphs.
+`ModelRunner` from their own modules and share its inputs, staging buffers and graphs. Every
+path's positions, cache slots and context lengths come from one builder, `engine/inputs.py`;
+what stays here is each path's own layout of them in its buffers.
 
 Asynchronous scheduling: the engine may queue a step before reading the tokens of the one before
 it. A sequence whose newest token is still on the device (`Sequence.num_pending`) then gets it as
@@ -27,8 +29,9 @@ import torch
 from ..config import EngineArgs
 from ..model.llama import AttnMetadata, LlamaForCausalLM
 from .decode_runs import DecodeRuns, MultiRun
+from .inputs import build_rows, fill_tables, input_tokens
 from .multi_token import MultiTokenSteps
-from .paged import capture_cuda_graphs, graph_batch_sizes, kv_slots, padded_rows
+from .paged import capture_cuda_graphs, graph_batch_sizes, kv_slots
 from .sequence import Sequence
 
 __all__ = [
@@ -181,57 +184,47 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
         token (asynchronous scheduling) is gathered from `prev` on the device.
 
         Returns (input_ids (T,), AttnMetadata, logits row index of each sampling position)."""
-        bs = self.block_size
-        ids, pos, slots, sample_rows, dst, src = [], [], [], [], [], []
-        dec_tables, dec_lens, pre_tables, pre_lens, cu = [], [], [], [], [0]
-        num_decodes = 0
-        for seq, n in items:
+        b = len(items)
+        tables = np.empty((b, self.max_blocks_per_seq), dtype=np.int32)
+        fill_tables(tables, [seq.block_ids for seq, _ in items])
+        starts = np.empty(b, dtype=np.int64)
+        counts = np.empty(b, dtype=np.int64)
+        first = np.empty(b, dtype=np.int64)
+        toks, dst, src, row0 = [], [], [], 0
+        for i, (seq, n) in enumerate(items):
             c = seq.num_computed_tokens
-            known = seq.all_token_ids[c : c + n]
-            toks = list(known)
-            if len(toks) < n and seq.spec_token_ids:  # the last sampled token, then drafts
-                toks += seq.spec_token_ids[: n - len(toks)]
-            elif len(toks) < n:  # the newest token, pending on the device
-                tok, row = self._input_token(seq, c + len(toks), prev)
-                dst.append(len(ids) + len(toks))
+            known = input_tokens(seq, n)  # its tokens, then drafts
+            if len(known) < n:  # the newest token, pending on the device
+                tok, row = self._input_token(seq, c + len(known), prev)
+                dst.append(row0 + len(known))
                 src.append(row)
-                toks.append(tok)
-            ids.extend(toks)
-            table = seq.block_ids
-            p, sl = padded_rows(np.asarray(table), c, n, n, bs)
-            pos.extend(p.tolist())
-            slots.extend(sl.tolist())
-            padded = table + [0] * (self.max_blocks_per_seq - len(table))
-            if n == 1 and not pre_lens:  # a one-token step is a decode, whatever the phase
-                num_decodes += 1
-                dec_tables.append(padded)
-                dec_lens.append(c + 1)
-            else:
-                pre_tables.append(padded)
-                pre_lens.append(c + n)
-                cu.append(cu[-1] + n)
+                known.append(tok)
+            toks.append(known)
+            starts[i], counts[i], row0 = c, n, row0 + n
             # one row per position from the last known (or pending) token on: 1, or 1 + drafts
-            first = max(c, seq.num_tokens + seq.num_pending - 1)
-            sample_rows.extend(range(len(ids) - (c + n - first), len(ids)))
+            first[i] = max(c, seq.num_tokens + seq.num_pending - 1)
+        rows = build_rows(tables, starts, counts, self.block_size, tokens=toks, sample_from=first)
+        # a one-token step is a decode, whatever the phase; decodes lead the batch
+        not_decode = np.flatnonzero(counts != 1)
+        nd = int(not_decode[0]) if len(not_decode) else b
+        ctx = rows.context_lens  # (b,) c + n: the new tokens included
         i32, i64 = torch.int32, torch.int64
         meta = AttnMetadata(
-            num_decodes=num_decodes,
-            positions=self._tensor(pos, i64),
-            slot_mapping=self._tensor(slots, i64),
-            decode_block_tables=self._tensor(dec_tables or [[0] * self.max_blocks_per_seq], i32)[
-                :num_decodes
-            ],
-            decode_context_lens=self._tensor(dec_lens, i32),
-            max_context_len=max(dec_lens, default=0),
+            num_decodes=nd,
+            positions=self._tensor(rows.positions, i64),
+            slot_mapping=self._tensor(rows.slots, i64),
+            decode_block_tables=self._tensor(tables[: max(nd, 1)], i32)[:nd],
+            decode_context_lens=self._tensor(ctx[:nd], i32),
+            max_context_len=int(ctx[:nd].max()) if nd else 0,
         )
-        if pre_lens:
-            meta.prefill_block_tables = self._tensor(pre_tables, i32)
-            meta.cu_seqlens_q = self._tensor(cu, i32)
-            meta.prefill_context_lens = self._tensor(pre_lens, i32)
-            meta.max_seqlen_q = max(b - a for a, b in zip(cu, cu[1:]))
-        input_ids = self._tensor(ids, i64)
+        if nd < b:
+            meta.prefill_block_tables = self._tensor(tables[nd:], i32)
+            meta.cu_seqlens_q = self._tensor(rows.offsets[nd:] - rows.offsets[nd], i32)
+            meta.prefill_context_lens = self._tensor(ctx[nd:], i32)
+            meta.max_seqlen_q = int(counts[nd:].max())
+        input_ids = self._tensor(rows.ids, i64)
         self._gather_pending(input_ids, dst, src, prev)
-        return input_ids, meta, sample_rows
+        return input_ids, meta, rows.sample_rows.tolist()
 
     # --- running -----------------------------------------------------------------------------
 
@@ -332,30 +325,28 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
         A first input still pending on the device is left 0 in row 0 and listed in the
         returned (dst rows, src rows of prev) for `_gather_pending`.
         slot: which of the two staging buffers to fill (`_next_slot`)."""
-        bs, b = self.block_size, len(seqs)
+        b = len(seqs)
         tables = self._pinned(f"tables{slot}", (width, self.max_blocks_per_seq), torch.int32)
         t = tables.numpy()
-        t.fill(0)
-        c = np.empty(b, dtype=np.int64)
+        fill_tables(t, [seq.block_ids for seq in seqs])
         plan_t = self._pinned(f"plan{slot}", (1 + 3 * k, width), torch.int64)
         plan = plan_t.numpy()
+        starts = np.empty(b, dtype=np.int64)
         dst, src = [], []
         for i, seq in enumerate(seqs):
-            t[i, : len(seq.block_ids)] = seq.block_ids
-            c[i] = seq.num_computed_tokens
-            plan[0, i], row = self._input_token(seq, int(c[i]), prev)
+            starts[i] = seq.num_computed_tokens
+            plan[0, i], row = self._input_token(seq, int(starts[i]), prev)
             if row is not None:
                 dst.append(i)
                 src.append(row)
-        plan[:, b:] = 0
-        plan[1 + 2 * k :, b:] = 0  # padding rows: context 0
-        plan[1 + k : 1 + 2 * k, b:] = -1  # and no slot
-        j = np.arange(k)[None, :]
-        p = c[:, None] + j  # (b, k) positions
-        valid = j < np.asarray(rooms)[:, None]
-        plan[1 : 1 + k, :b] = np.where(valid, p, 0).T
-        plan[1 + k : 1 + 2 * k, :b] = np.where(valid, kv_slots(t[:b], p, bs), -1).T
-        plan[1 + 2 * k :, :b] = np.where(valid, p + 1, 1).T
+        plan[0, b:] = 0
+        # (width, k) per sequence and step; steps past a room reset, padding rows context 0
+        rows = build_rows(
+            t, starts, rooms, self.block_size, width=k, context="rows", past="reset", idle_context=0
+        )
+        plan[1 : 1 + k] = rows.positions.reshape(width, k).T
+        plan[1 + k : 1 + 2 * k] = rows.slots.reshape(width, k).T
+        plan[1 + 2 * k :] = rows.context_lens.reshape(width, k).T
         return plan_t, tables, dst, src
 
     def _pinned(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

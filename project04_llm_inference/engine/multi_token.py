@@ -6,11 +6,11 @@ model, KV cache, staging buffers and graph pool).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..model.llama import AttnMetadata
-from .paged import capture_cuda_graphs, graph_batch_sizes, padded_rows
+from .inputs import build_rows, fill_tables, input_tokens
+from .paged import capture_cuda_graphs, graph_batch_sizes
 from .sequence import Sequence
 
 
@@ -82,30 +82,31 @@ class MultiTokenSteps:
         `width` entries) context lengths and (first `n_rows` entries) the logits rows to return
         in item order, (5, width * q) int64 (one copy to the device); block tables
         (width, max_blocks) int32; and n_rows."""
-        q, bs = self.mt_q, self.block_size
+        q = self.mt_q
         plan_t = self._pinned("mt_plan", (5, width * q), torch.int64)
         tables_t = self._pinned("mt_tables", (width, self.max_blocks_per_seq), torch.int32)
         plan, t = plan_t.numpy(), tables_t.numpy()
-        t.fill(0)
-        plan[0] = 0
-        plan[1].reshape(width, q)[:] = np.arange(q)  # padding sequences: positions 0..q-1
-        plan[2] = -1
-        plan[3] = q
-        rows: list[int] = []
-        for i, (seq, n) in enumerate(items):
-            c, base = seq.num_computed_tokens, i * q
-            toks = seq.all_token_ids[c : c + n]
-            if len(toks) < n:  # a speculative item: the last sampled token, then the drafts
-                toks = toks + seq.spec_token_ids[: n - len(toks)]
-            t[i, : len(seq.block_ids)] = seq.block_ids
-            plan[0, base : base + n] = toks
-            plan[1, base : base + q], plan[2, base : base + q] = padded_rows(t[i], c, n, q, bs)
-            plan[3, i] = c + q  # bottom-right causal: real query j sees positions <= c + j
-            first = max(c, seq.num_tokens - 1) - c  # rows from the last known token on
-            rows.extend(range(base + first, base + n))
-        plan[4, : len(rows)] = rows
-        plan[4, len(rows) :] = 0
-        return plan_t, tables_t, len(rows)
+        fill_tables(t, [seq.block_ids for seq, _ in items])
+        starts = [seq.num_computed_tokens for seq, _ in items]
+        # bottom-right causal: real query j sees positions <= c + j; padding sequences run
+        # positions 0..q-1 and write nothing
+        rows = build_rows(
+            t,
+            starts,
+            [n for _, n in items],
+            self.block_size,
+            width=q,
+            tokens=[input_tokens(seq, n) for seq, n in items],  # last token, then drafts
+            # logits rows from the last known token on
+            sample_from=[max(c, seq.num_tokens - 1) for c, (seq, _) in zip(starts, items)],
+        )
+        n_rows = len(rows.sample_rows)
+        plan[0], plan[1], plan[2] = rows.ids, rows.positions, rows.slots
+        plan[3, :width] = rows.context_lens
+        plan[3, width:] = q
+        plan[4, :n_rows] = rows.sample_rows
+        plan[4, n_rows:] = 0
+        return plan_t, tables_t, n_rows
 
     def _run_multi_token(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
         b, q = len(items), self.mt_q

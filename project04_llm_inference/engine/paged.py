@@ -1,10 +1,10 @@
 """Paged addressing and CUDA-graph capture, written once for every runner and program.
 
 `kv_slots` is the one place the host turns a sequence's positions into cache slots through its
-block table (the device mirror is `kernels.spec_rounds`' reference and kernel, for programs that
-form their inputs on the device). `capture_cuda_graphs` is the one capture loop: the decode
-graphs, the multi-token graphs and the fused speculative program all go through it, sharing one
-memory pool.
+block table; `engine/inputs.py` lays out every model call's rows with it (the device mirror is
+`kernels.spec_rounds`' reference and kernel, for programs that form their inputs on the
+device). `capture_cuda_graphs` is the one capture loop: the decode graphs, the multi-token
+graphs and the fused speculative program all go through it, sharing one memory pool.
 """
 
 from __future__ import annotations
@@ -18,26 +18,20 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
     return sizes + list(range(16, max_batch + 1, 16))
 
 
-def kv_slots(tables: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+def kv_slots(
+    tables: np.ndarray, positions: np.ndarray, block_size: int, rows: np.ndarray | None = None
+) -> np.ndarray:
     """Cache slots of `positions` through block tables: the one place the paged address is
     formed on the host. tables (..., max_blocks) int, positions broadcastable against the
-    tables' leading dims plus one trailing dim of positions; a position past the table reads
-    its last entry (callers mask those)."""
+    tables' leading dims plus one trailing dim of positions; or, with `rows`, positions and rows
+    of one shape: position k through table rows[k] (a packed batch). A position past the table
+    reads its last entry (callers mask those)."""
     idx = np.minimum(positions // block_size, tables.shape[-1] - 1)
-    blocks = np.take_along_axis(tables, idx, axis=-1).astype(np.int64)
+    if rows is not None:
+        blocks = tables[rows, idx].astype(np.int64)
+    else:
+        blocks = np.take_along_axis(tables, idx, axis=-1).astype(np.int64)
     return blocks * block_size + positions % block_size
-
-
-def padded_rows(
-    table: np.ndarray, start: int, n: int, width: int, block_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """One sequence's next `width` input rows from position `start`, the first n real:
-    (positions (width,), cache slots (width,), -1 past the real rows: padding writes nothing).
-    The packed, padded multi-token and fused builders all lay out rows this way."""
-    pos = start + np.arange(width)
-    slots = np.full(width, -1, dtype=np.int64)
-    slots[:n] = kv_slots(table, pos[:n], block_size)
-    return pos, slots
 
 
 def capture_cuda_graphs(sizes: list[int], setup, pool=None):

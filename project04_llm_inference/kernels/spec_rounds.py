@@ -6,8 +6,10 @@ and the next round's inputs (token ids, positions, cache slots through the block
 lengths of both models) follow from it. `round_inputs` does both in place on the slab's device
 views: CUDA tensors in one launch of `csrc/spec_rounds.cu`, CPU tensors with the torch reference
 below (`reference_round_inputs`, also what the GPU test compares the kernel with: integer
-arithmetic, so the two agree bit for bit). As torch operations the bookkeeping was about 50
-launches of tiny kernels a round inside the captured program.
+arithmetic, so the two agree bit for bit). Their layout is the host builder's
+(`engine/inputs.py`, which forms the inputs of a program of one round), and a CPU test checks
+that the two agree on a first round. As torch operations the bookkeeping was about 50 launches
+of tiny kernels a round inside the captured program.
 `accept` is the round's greedy acceptance the same way: one launch on a GPU, `reference_accept`
 (about nine torch launches) on the CPU and as the GPU test's reference.
 

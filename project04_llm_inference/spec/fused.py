@@ -49,8 +49,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..engine.inputs import build_rows, fill_tables
 from ..engine.model_runner import ModelRunner
-from ..engine.paged import capture_cuda_graphs, graph_batch_sizes, kv_slots, padded_rows
+from ..engine.paged import capture_cuda_graphs, graph_batch_sizes
 from ..engine.sampler import argmax_rows
 from ..engine.sequence import Sequence
 from ..kernels.spec_rounds import CATCH_UP, accept, round_inputs, slab_layout
@@ -216,7 +217,9 @@ class FusedGreedySpec:
                 decode_context_lens=d["t_lens"],
                 max_context_len=self.target.max_model_len,
             )
-            self._fill_padding(s, 0)
+            self._fill(s, [])  # every row padding
+            if rounds > 1:
+                self._pad_state(s, 0)
             slabs[w] = s
         return s
 
@@ -275,30 +278,17 @@ class FusedGreedySpec:
 
     # --- one step ---------------------------------------------------------------------------------
 
-    def _fill_padding(self, s: _Slab, start: int) -> None:
-        """Rows start.. of every input: padding (no slot written, positions 0.., contexts that
-        read only their own padding)."""
-        h, w, q = s.h, s.w, s.q
-        h["d_ids"][start * CATCH_UP :] = 0
-        h["d_pos"].reshape(w, CATCH_UP)[start:] = np.arange(CATCH_UP)
-        h["d_slots"][start * CATCH_UP :] = -1
-        h["d_rows"][start:] = np.arange(start, w) * CATCH_UP
-        h["d_tables"][start:] = 0
-        h["d_ctx"][start:] = CATCH_UP
-        h["s_pos"][:, start:] = 0
-        h["s_slots"][:, start:] = -1
-        h["s_lens"][:, start:] = 1
-        h["t_ids"][start * q :] = 0
-        h["t_pos"].reshape(w, q)[start:] = np.arange(q)
-        h["t_slots"][start * q :] = -1
-        h["t_tables"][start:] = 0
-        h["t_rtables"][start * q :] = 0
-        h["t_lens"].reshape(w, q)[start:] = np.arange(1, q + 1)
+    def _pad_state(self, s: _Slab, start: int) -> None:
+        """Rows start.. of a program of rounds: a padding row's state (positions from 0, no
+        slot, never advanced) and tables."""
+        h = s.h
+        for name in ("L", "last", "cd", "dtok", "real"):
+            h[name][start:] = 0
+        h["dn"][start:] = 1
         h["nd"][start:] = 0
-        if s.rounds > 1:  # a padding row's state: positions from 0, no slot, never advanced
-            for name in ("L", "last", "cd", "dtok", "real"):
-                h[name][start:] = 0
-            h["dn"][start:] = 1
+        h["d_tables"][start:] = 0
+        h["t_tables"][start:] = 0
+        h["t_rtables"][start * s.q :] = 0
 
     def _fill_rounds(self, s: _Slab, items: list[FusedItem]) -> None:
         """The state and block tables of a program of rounds (`round_inputs` forms the rest)."""
@@ -319,53 +309,64 @@ class FusedGreedySpec:
                 table[:] = 0
                 table[: len(ids)] = ids
             h["t_rtables"][i * s.q : (i + 1) * s.q] = h["t_tables"][i]
-        self._fill_padding(s, len(items))
+        self._pad_state(s, len(items))
 
     def _fill(self, s: _Slab, items: list[FusedItem]) -> None:
-        h, q, k = s.h, s.q, self.k
+        """Every input of one round (`engine.inputs.build_rows`); rows past the items, and the
+        draft rows of an item without a proposal, are padding: no slot written, positions 0..,
+        contexts that read only their own padding."""
+        h, w, q, k = s.h, s.w, s.q, self.k
         dbs, tbs = self.draft.block_size, self.target.block_size
-        j = np.arange(k - 1)
-        for i, it in enumerate(items):
-            d = it.draft
-            h["d_tables"][i] = 0
-            h["s_pos"][:, i] = 0
-            h["s_slots"][:, i] = -1
-            h["s_lens"][:, i] = 1
-            base = i * CATCH_UP
-            if d is None:
-                h["d_ids"][base : base + CATCH_UP] = 0
-                h["d_pos"][base : base + CATCH_UP] = np.arange(CATCH_UP)
-                h["d_slots"][base : base + CATCH_UP] = -1
-                h["d_rows"][i] = base
-                h["d_ctx"][i] = CATCH_UP
-            else:
-                c, n = d.num_computed_tokens, it.catch_up
-                table = h["d_tables"][i]
-                table[: len(d.block_ids)] = d.block_ids
-                h["d_ids"][base : base + CATCH_UP] = 0
-                h["d_ids"][base : base + n] = d.tokens[c : c + n]
-                rows = slice(base, base + CATCH_UP)
-                h["d_pos"][rows], h["d_slots"][rows] = padded_rows(table, c, n, CATCH_UP, dbs)
-                h["d_rows"][i] = base + n - 1
-                h["d_ctx"][i] = c + CATCH_UP  # bottom-right causal: the padding stays unseen
-                steps = j[j + 1 < it.k]  # draft step j feeds draft j + 1 at position L + j
-                p = c + n + steps
-                h["s_pos"][steps, i] = p
-                h["s_slots"][steps, i] = kv_slots(table, p, dbs)
-                h["s_lens"][steps, i] = p + 1
-            seq = it.seq
-            c, base = seq.num_computed_tokens, i * q
-            ttable = h["t_tables"][i]
-            ttable[:] = 0
-            ttable[: len(seq.block_ids)] = seq.block_ids
-            h["t_ids"][base : base + q] = 0
-            h["t_ids"][base] = seq.all_token_ids[c]
-            pos, h["t_slots"][base : base + q] = padded_rows(ttable, c, 1 + it.n_drafts, q, tbs)
-            h["t_pos"][base : base + q] = pos
-            h["t_rtables"][base : base + q] = ttable
-            h["t_lens"][base : base + q] = pos + 1  # decode row j sees keys 0..c + j
-            h["nd"][i] = it.n_drafts
-        self._fill_padding(s, len(items))
+        drafts = [it.draft for it in items]
+        fill_tables(h["d_tables"], [d.block_ids if d is not None else [] for d in drafts])
+        dc = np.array(
+            [d.num_computed_tokens if d is not None else 0 for d in drafts], dtype=np.int64
+        )
+        dn = np.array([it.catch_up if it.draft is not None else 0 for it in items], dtype=np.int64)
+        # 1. the catch-up, padded to CATCH_UP rows (bottom-right causal: context c + CATCH_UP)
+        up = build_rows(
+            h["d_tables"],
+            dc,
+            dn,
+            dbs,
+            width=CATCH_UP,
+            tokens=[
+                d.tokens[c : c + n] if d is not None else [] for d, c, n in zip(drafts, dc, dn)
+            ],
+        )
+        h["d_ids"][:], h["d_pos"][:], h["d_slots"][:] = up.ids, up.positions, up.slots
+        h["d_ctx"][:] = up.context_lens
+        last = np.zeros(w, dtype=np.int64)  # each catch-up's last real row (padding: its first)
+        last[: len(items)] = np.maximum(dn - 1, 0)
+        h["d_rows"][:] = np.arange(w) * CATCH_UP + last
+        # 2. draft step j feeds draft j + 1 at position c + n + j: steps past a sequence's
+        # drafts, and padding, reset (position 0, no slot, context 1)
+        steps = [min(max(it.k - 1, 0), k - 1) if it.draft is not None else 0 for it in items]
+        st = build_rows(
+            h["d_tables"], dc + dn, steps, dbs, width=k - 1, context="rows", past="reset"
+        )
+        h["s_pos"][:] = st.positions.reshape(w, k - 1).T
+        h["s_slots"][:] = st.slots.reshape(w, k - 1).T
+        h["s_lens"][:] = st.context_lens.reshape(w, k - 1).T
+        # 3. the verification: the last token and the drafts kept, as q decode rows (row j at
+        # context c + j + 1)
+        seqs = [it.seq for it in items]
+        fill_tables(h["t_tables"], [seq.block_ids for seq in seqs])
+        tc = [seq.num_computed_tokens for seq in seqs]
+        ver = build_rows(
+            h["t_tables"],
+            tc,
+            [1 + it.n_drafts for it in items],
+            tbs,
+            width=q,
+            context="rows",
+            tokens=[[seq.all_token_ids[c]] for seq, c in zip(seqs, tc)],
+        )
+        h["t_ids"][:], h["t_pos"][:], h["t_slots"][:] = ver.ids, ver.positions, ver.slots
+        h["t_lens"][:] = ver.context_lens
+        h["t_rtables"][:] = np.repeat(h["t_tables"], q, axis=0)
+        h["nd"][: len(items)] = [it.n_drafts for it in items]
+        h["nd"][len(items) :] = 0
 
     def can_run_rounds(self, items: list[FusedItem]) -> bool:
         """Whether these items may run as a program of `rounds` rounds: every one drafts k and
