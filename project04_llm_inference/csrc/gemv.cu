@@ -27,6 +27,7 @@
 // Torch-free (launcher declared in gemv.h) so CI compiles it with nvcc alone.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -40,6 +41,7 @@ namespace {
 constexpr int kWarps = 8;     // warps per CTA
 constexpr int kUnroll = 8;    // 16-byte weight loads in flight per lane and row
 constexpr int kVec = 8;       // 16-bit elements per 16-byte load
+constexpr int kFp8MaxTokens = 2;  // FP8 weights: the SIMT kernel's one and two tokens
 
 template <typename T> struct Vec;
 template <> struct Vec<__nv_bfloat16> {
@@ -93,6 +95,58 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
+// ---- FP8 weights (e4m3, W8A16) -----------------------------------------------------------
+// A 16-byte load holds 16 e4m3 weights. Each pair becomes an f16x2 in one instruction
+// (cvt.rn.f16x2.e4m3x2, sm_89+), each half then a float: 1.5 instructions a weight, exact (every
+// e4m3 value, subnormals included, is an f16 value). The alternatives cost more: the scalar
+// cuda_fp8.h conversion to float goes through the same f16 step one value at a time (2 a weight);
+// sm_89/sm_90 have no e4m3 -> bf16 instruction (it goes through f16 or float); shifting the
+// e4m3 bits into a bf16 or float exponent field scales every value by 2^-120, and the products
+// of small weights then fall below float32's normal range, which --use_fast_math flushes to zero.
+// Below sm_89 there is no such instruction: the FP8 instantiations trap there (the Python side
+// never launches them: it asks for compute capability 8.9 first).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#define P04_GEMV_NO_FP8 1
+#endif
+
+// Sixteen e4m3 weights (byte i of the load is k = i) -> sixteen floats.
+__device__ __forceinline__ void unpack16_e4m3(const uint4& v, float (&f)[16]) {
+#ifndef P04_GEMV_NO_FP8
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // the word's two 16-bit halves as the conversion's operands (register halves: no shift)
+    uint32_t lo, hi;
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\n"
+        "cvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(words[i]));
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    f[4 * i] = a.x, f[4 * i + 1] = a.y, f[4 * i + 2] = b.x, f[4 * i + 3] = b.y;
+  }
+#else
+  __trap();  // launched only on compute capability 8.9 and newer
+#pragma unroll
+  for (int i = 0; i < 16; ++i) f[i] = 0.f;
+#endif
+}
+
+// acc += dot(w, x) over sixteen elements: w converted once (unpack16_e4m3), x the two staged
+// 16-byte chunks of the same sixteen k (the first eight in lo, the last eight in hi).
+template <typename T>
+__device__ __forceinline__ float dot16(const float (&w)[16], const uint4& lo, const uint4& hi,
+                                       float acc) {
+  float a[8];
+  unpack8<T>(lo, a);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc = fmaf(w[i], a[i], acc);
+  unpack8<T>(hi, a);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc = fmaf(w[8 + i], a[i], acc);
+  return acc;
+}
+
 // The weight is read once per step: stream it past L1 (evict-first) so x and the staged rows stay.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) { return __ldcs(p); }
 
@@ -128,14 +182,28 @@ __device__ __forceinline__ void rope_epilogue(const GemvRope& p, T* out, int r, 
 // kMode: what a warp's unit of work is and what the epilogue does with it.
 enum Mode { kPlain = 0, kSilu = 1, kRope = 2 };
 
-template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
+// W: the weight's element type, T (the model's 16-bit dtype) or __nv_fp8_e4m3 (FP8 weights,
+// one float32 scale per row in w_scale, applied to the row's float32 dot product before the
+// epilogue; the activations stay in T: W8A16). The 16-bit instantiations (W = T) compile to the
+// code they compiled to before FP8 existed: every FP8 difference is an `if constexpr`, and
+// w_scale is the last parameter, so the others keep their places.
+//   FP8 layout: a lane's 16-byte weight chunk c holds k = 16c .. 16c + 15, which are the
+//   staged 16-byte chunks 2c and 2c + 1; the prologue stores even chunks in the first half of
+//   a staged row and odd ones in the second (`slot`), so a warp reads both halves at
+//   consecutive 16-byte addresses (no bank conflicts). K % 16 == 0 (checked by the launcher).
+template <typename T, typename W, int NT, bool kNorm, bool kResidual, int kMode>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                 T* __restrict__ residual_out, const T* __restrict__ norm_w,
-                const T* __restrict__ w, T* __restrict__ out, int tokens, int k, int n_out,
-                int n_units, float eps, const GemvRope rope) {
+                const W* __restrict__ w, T* __restrict__ out, int tokens, int k, int n_out,
+                int n_units, float eps, const GemvRope rope,
+                const float* __restrict__ w_scale) {
   extern __shared__ uint4 staged[];  // (NT, k / 8) 16-byte chunks of the (normalised) inputs
+  constexpr bool kFp8 = !std::is_same_v<W, T>;
   const int kvec = k / kVec;
+  const int wvec = kFp8 ? k / 16 : kvec;  // 16-byte chunks of a weight row
+  // where staged chunk c of a row lies in it (FP8: even chunks first, then odd ones)
+  auto slot = [&](int c) { return kFp8 ? (c & 1) * (kvec / 2) + (c >> 1) : c; };
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   p04::allow_next_kernel();  // the next kernel may start prefetching its own weights
 
@@ -159,12 +227,22 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int c = c0 + u * 32;
 #pragma unroll
       for (int q = 0; q < R; ++q)
-        wl[q][u] = c < kvec ? load_stream(wv + (int64_t)(r + q * second) * kvec + c)
+        wl[q][u] = c < wvec ? load_stream(wv + (int64_t)(r + q * second) * wvec + c)
                             : make_uint4(0, 0, 0, 0);
     }
   };
+  float wsn[R];  // FP8: the scales of the unit whose first chunk was loaded last
+  auto load_scale = [&](int unit) {
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int q = 0; q < R; ++q) wsn[q] = __ldg(w_scale + first_row(unit) + q * second);
+    }
+  };
   int row = blockIdx.x * kWarps + warp;  // the unit
-  if (row < n_units) load_chunk(row, lane);
+  if (row < n_units) {
+    load_chunk(row, lane);
+    load_scale(row);
+  }
   p04::wait_previous_kernel();  // x and residual are the previous kernel's outputs
 
   // ---- prologue: stage the T rows (padding rows t >= tokens are zeros) ----------------------
@@ -195,7 +273,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           for (int i = 0; i < 8; ++i) ss[t] = fmaf(a[i], a[i], ss[t]);
         }
       }
-      staged[t * kvec + c] = v;
+      staged[t * kvec + slot(c)] = v;
     }
   }
   if constexpr (kNorm) {
@@ -221,10 +299,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         float a[8];
-        unpack8<T>(staged[t * kvec + c], a);
+        unpack8<T>(staged[t * kvec + slot(c)], a);
 #pragma unroll
         for (int i = 0; i < 8; ++i) a[i] = Vec<T>::round(a[i] * inv[t]) * g[i];
-        staged[t * kvec + c] = pack8<T>(a);
+        staged[t * kvec + slot(c)] = pack8<T>(a);
       }
     }
   }
@@ -237,26 +315,44 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
-    for (int c0 = lane; c0 < kvec; c0 += 32 * kUnroll) {
+    float ws[R];  // FP8: this unit's row scales
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) ws[r] = wsn[r];
+    }
+    for (int c0 = lane; c0 < wvec; c0 += 32 * kUnroll) {
       // wl holds chunk c0 of this row
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int c = c0 + u * 32;
-        if (c < kvec) {
+        if (c < wvec) {
+          if constexpr (kFp8) {
+            float wf[R][16];  // converted once, used for every token
 #pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            const uint4 xs = staged[t * kvec + c];
+            for (int r = 0; r < R; ++r) unpack16_e4m3(wl[r][u], wf[r]);
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[r][t] = dot8<T>(wl[r][u], xs, acc[r][t]);
+            for (int t = 0; t < NT; ++t) {
+              const uint4 lo = staged[t * kvec + c], hi = staged[t * kvec + kvec / 2 + c];
+#pragma unroll
+              for (int r = 0; r < R; ++r) acc[r][t] = dot16<T>(wf[r], lo, hi, acc[r][t]);
+            }
+          } else {
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+              const uint4 xs = staged[t * kvec + c];
+#pragma unroll
+              for (int r = 0; r < R; ++r) acc[r][t] = dot8<T>(wl[r][u], xs, acc[r][t]);
+            }
           }
         }
       }
       // the next chunk, or the next row's first: in flight during the reduction and the store
       const int next = c0 + 32 * kUnroll;
-      if (next < kvec) {
+      if (next < wvec) {
         load_chunk(row, next);
       } else if (row + stride < n_units) {
         load_chunk(row + stride, lane);
+        load_scale(row + stride);
       }
     }
 #pragma unroll
@@ -264,6 +360,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int t = 0; t < NT; ++t)
         for (int o = 16; o > 0; o >>= 1) acc[r][t] += __shfl_xor_sync(0xffffffffu, acc[r][t], o);
+    if constexpr (kFp8) {  // the row's dot product of e4m3 values times its scale, in float32
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] *= ws[r];
+    }
     if (lane < NT && lane < tokens) {
       // lane t writes token t's output (a register array indexed by a constant after unrolling)
 #pragma unroll
@@ -544,9 +646,9 @@ cudaError_t opt_in_smem(Kernel* kernel, size_t smem, size_t& opted) {
   return err;
 }
 
-template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
+template <typename T, typename W, int NT, bool kNorm, bool kResidual, int kMode>
 cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
-  auto kernel = gemv_kernel<T, NT, kNorm, kResidual, kMode>;
+  auto kernel = gemv_kernel<T, W, NT, kNorm, kResidual, kMode>;
   const size_t smem = (size_t)NT * a.k * sizeof(T);
   static size_t opted = 0;  // this instantiation's opt-in so far
   if (const cudaError_t err = opt_in_smem(kernel, smem, opted); err != cudaSuccess) return err;
@@ -556,8 +658,8 @@ cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
   return p04::launch(kernel, dim3(ctas), dim3(kWarps * 32), smem, stream, a.pdl,
                      static_cast<const T*>(a.x), static_cast<const T*>(a.residual),
                      static_cast<T*>(a.residual_out), static_cast<const T*>(a.norm_w),
-                     static_cast<const T*>(a.w), static_cast<T*>(a.out), a.tokens, a.k,
-                     a.n_out, n_units, a.eps, a.rope);
+                     static_cast<const W*>(a.w), static_cast<T*>(a.out), a.tokens, a.k,
+                     a.n_out, n_units, a.eps, a.rope, a.w_scale);
 }
 
 template <typename T, bool kNorm, bool kResidual, int kMode>
@@ -578,17 +680,19 @@ cudaError_t launch_mma_typed(const GemvArgs& a, cudaStream_t stream) {
                      a.n_out, n_units, a.eps, a.rope);
 }
 
-// NT = 1 or 2: the SIMT kernel for that many rows; NT = kMmaTokens: the tensor-core kernel.
-template <typename T, int NT, bool kNorm, bool kResidual, int kMode>
+// NT = 1 or 2: the SIMT kernel for that many rows; NT = kMmaTokens: the tensor-core kernel
+// (16-bit weights only).
+template <typename T, typename W, int NT, bool kNorm, bool kResidual, int kMode>
 cudaError_t launch_variant(const GemvArgs& a, cudaStream_t stream) {
   if constexpr (NT == kMmaTokens) {
+    static_assert(std::is_same_v<W, T>, "the tensor-core kernel reads 16-bit weights only");
     return launch_mma_typed<T, kNorm, kResidual, kMode>(a, stream);
   } else {
-    return launch_typed<T, NT, kNorm, kResidual, kMode>(a, stream);
+    return launch_typed<T, W, NT, kNorm, kResidual, kMode>(a, stream);
   }
 }
 
-template <typename T, int NT>
+template <typename T, typename W, int NT>
 cudaError_t launch_mode(const GemvArgs& a, cudaStream_t stream) {
   const bool norm = a.norm_w != nullptr, res = a.residual != nullptr;
   const bool rope = a.rope.cos_sin != nullptr;
@@ -597,19 +701,19 @@ cudaError_t launch_mode(const GemvArgs& a, cudaStream_t stream) {
     if (!norm || a.silu_mul || D <= 0 || D % 2 ||
         a.n_out != (a.rope.n_heads + 2 * a.rope.n_kv_heads) * D)
       return cudaErrorInvalidValue;
-    return res ? launch_variant<T, NT, true, true, kRope>(a, stream)
-               : launch_variant<T, NT, true, false, kRope>(a, stream);
+    return res ? launch_variant<T, W, NT, true, true, kRope>(a, stream)
+               : launch_variant<T, W, NT, true, false, kRope>(a, stream);
   }
   if (!norm) {
     if (res || a.silu_mul) return cudaErrorInvalidValue;  // not a combination the model uses
-    return launch_variant<T, NT, false, false, kPlain>(a, stream);
+    return launch_variant<T, W, NT, false, false, kPlain>(a, stream);
   }
   if (!res) {
-    return a.silu_mul ? launch_variant<T, NT, true, false, kSilu>(a, stream)
-                      : launch_variant<T, NT, true, false, kPlain>(a, stream);
+    return a.silu_mul ? launch_variant<T, W, NT, true, false, kSilu>(a, stream)
+                      : launch_variant<T, W, NT, true, false, kPlain>(a, stream);
   }
-  return a.silu_mul ? launch_variant<T, NT, true, true, kSilu>(a, stream)
-                    : launch_variant<T, NT, true, true, kPlain>(a, stream);
+  return a.silu_mul ? launch_variant<T, W, NT, true, true, kSilu>(a, stream)
+                    : launch_variant<T, W, NT, true, true, kPlain>(a, stream);
 }
 
 // One and two rows: the kernel beats cuBLAS and the separate norm and activation kernels there
@@ -617,11 +721,16 @@ cudaError_t launch_mode(const GemvArgs& a, cudaStream_t stream) {
 // compute-bound and cuBLAS's GEMMs catch up or win (gemv_kernel.json).
 // Three to eight: the tensor-core kernel (gemv_kernel_mma.json; the Python wrapper dispatches
 // here up to kernels/gemv.py's MMA_MAX_TOKENS).
-template <typename T>
+// FP8 weights (W = __nv_fp8_e4m3): one and two tokens only (the caller checked).
+template <typename T, typename W = T>
 cudaError_t launch_tokens(const GemvArgs& a, cudaStream_t stream) {
-  if (a.tokens <= 1) return launch_mode<T, 1>(a, stream);
-  if (a.tokens == 2) return launch_mode<T, 2>(a, stream);
-  return launch_mode<T, kMmaTokens>(a, stream);
+  if (a.tokens <= 1) return launch_mode<T, W, 1>(a, stream);
+  if (a.tokens == 2) return launch_mode<T, W, 2>(a, stream);
+  if constexpr (std::is_same_v<W, T>) {
+    return launch_mode<T, W, kMmaTokens>(a, stream);
+  } else {
+    return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -630,6 +739,14 @@ cudaError_t launch_gemv(const GemvArgs& a, DType dtype, cudaStream_t stream) {
   if (a.tokens == 0 || a.n_out == 0) return cudaSuccess;
   if (a.tokens > kMmaTokens || a.k % kVec != 0 || a.k <= 0) return cudaErrorInvalidValue;
   if (a.residual != nullptr && a.residual_out == nullptr) return cudaErrorInvalidValue;
+  if (a.w_scale != nullptr) {  // e4m3 weights: one and two tokens, K a multiple of 16
+    if (a.tokens > kFp8MaxTokens || a.k % 16 != 0) return cudaErrorInvalidValue;
+    switch (dtype) {
+      case DType::kBF16: return launch_tokens<__nv_bfloat16, __nv_fp8_e4m3>(a, stream);
+      case DType::kF16: return launch_tokens<__half, __nv_fp8_e4m3>(a, stream);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   switch (dtype) {
     case DType::kBF16: return launch_tokens<__nv_bfloat16>(a, stream);
     case DType::kF16: return launch_tokens<__half>(a, stream);

@@ -20,7 +20,11 @@
 //         head_dim) at slot slots[t] (-1: not written). Each warp computes the row pair (j,
 //         j + head_dim / 2) of one head (three to eight tokens: a lane holds both rows of its
 //         pair), so the rotation needs nothing from another warp.
-// K % 8 == 0 and every pointer 16-byte aligned (checked by the caller); 16-bit dtypes only.
+//   w_scale != nullptr: w is FP8 (e4m3, one byte a weight) and row r's dot product is multiplied
+//         by w_scale[r] (float32) before the epilogue; x, residual, norm_w and out stay in the
+//         16-bit dtype (weight-only quantization, W8A16). One and two tokens, K % 16 == 0, and
+//         compute capability 8.9 or newer (the caller checks; the kernel traps below it).
+// K % 8 == 0 and every pointer 16-byte aligned (checked by the caller); x in a 16-bit dtype.
 // max_ctas bounds the grid (warps then loop over rows): a few CTAs per SM is enough.
 struct GemvRope {
   const float* cos_sin;      // nullptr: no RoPE
@@ -44,6 +48,7 @@ struct GemvArgs {
   int max_ctas;
   bool pdl;  // launch with programmatic dependent launch (pdl.cuh); sm_90 and newer
   GemvRope rope;
+  const float* w_scale;  // nullptr: w in x's dtype; else w is e4m3 with these (rows,) scales
 };
 
 cudaError_t launch_gemv(const GemvArgs& a, DType dtype, cudaStream_t stream);

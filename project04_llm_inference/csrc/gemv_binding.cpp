@@ -1,6 +1,7 @@
 // PyTorch binding of gemv.cu: the current stream and the dtype tag; the Python wrapper
 // (kernels/gemv.py) has already checked devices, dtypes, shapes and alignment.
 #include <c10/cuda/CUDAGuard.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
@@ -21,14 +22,22 @@ void* ptr_or_null(const std::optional<torch::Tensor>& t) {
 }
 
 // out = act(pre(x) @ w^T), or the QKV projection with RoPE and the cache write (cos_sin given);
-// see gemv.h for what each optional tensor switches on.
+// with w_scale, w is e4m3 with one float32 scale a row. See gemv.h for what each optional tensor
+// switches on.
 void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
           std::optional<torch::Tensor> residual, std::optional<torch::Tensor> residual_out,
           std::optional<torch::Tensor> norm_w, bool silu_mul, double eps, int64_t max_ctas,
           bool pdl, std::optional<torch::Tensor> cos_sin, std::optional<torch::Tensor> positions,
           std::optional<torch::Tensor> slots, std::optional<torch::Tensor> k_cache,
-          std::optional<torch::Tensor> v_cache, int64_t n_heads, int64_t n_kv_heads) {
+          std::optional<torch::Tensor> v_cache, int64_t n_heads, int64_t n_kv_heads,
+          std::optional<torch::Tensor> w_scale) {
   const c10::cuda::CUDAGuard guard(x.device());
+  if (w_scale.has_value()) {  // e4m3 weights: the conversion instruction is sm_89's
+    const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+    TORCH_CHECK(prop->major * 10 + prop->minor >= 89,
+                "gemv: FP8 weights need a GPU of compute capability >= 8.9; this GPU has compute "
+                "capability ", prop->major, ".", prop->minor);
+  }
   GemvArgs a;
   a.x = x.data_ptr();
   a.residual = ptr_or_null(residual);
@@ -44,6 +53,7 @@ void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
   a.max_ctas = static_cast<int>(max_ctas);
   a.pdl = pdl;
   a.rope = GemvRope{};
+  a.w_scale = w_scale.has_value() ? w_scale->data_ptr<float>() : nullptr;
   if (cos_sin.has_value()) {  // RoPE + cache write folded in (see gemv.h)
     a.rope.cos_sin = cos_sin->data_ptr<float>();
     a.rope.positions = positions.value().data_ptr<int64_t>();
