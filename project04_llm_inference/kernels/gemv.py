@@ -6,8 +6,15 @@ write after the QKV projection; on a CUDA device, for at most `GEMV_MAX_TOKENS` 
 16-bit dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the other kernels
 (from three tokens up to `MMA_MAX_TOKENS`, on sm_80 and newer, its tensor-core variant). Every
 other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so the CPU
-engine computes exactly what it computed before these kernels existed. An FP8 weight
-(`fp8.Fp8Weight`) always takes the composed path, its projection `fp8.fp8_linear`.
+engine computes exactly what it computed before these kernels existed.
+
+An FP8 weight (`fp8.Fp8Weight`: e4m3 (N, K), one float32 scale per row) takes the kernel's FP8
+variant for one and two tokens (`GEMV_MAX_TOKENS`) of a 16-bit dtype on a GPU of compute
+capability >= 8.9, with K a multiple of 16 (any N): the same folds, half the weight bytes, the
+activations kept in their 16-bit dtype (weight-only, W8A16: no activation quantization error).
+The tensor-core variant reads 16-bit weights only, so from three tokens on an FP8 projection
+takes the composed path, `fp8.fp8_linear` (`torch._scaled_mm` W8A8 where it applies, else the
+dequantizing reference, which is also the CPU path). `fp8_route` says which path a shape takes.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .fp8 import Fp8Weight, fp8_linear
+from .fp8 import MIN_FP8_CAPABILITY, SCALED_MM_ALIGN, Fp8Weight, fp8_linear
 from .norm_act import fused_add_rms_norm, rms_norm, silu_and_mul
 from .pdl import pdl_enabled
 from .rope_cache import check_rope_inputs, rope_and_cache
@@ -48,6 +55,11 @@ MAX_STAGED_BYTES = 160 * 1024
 MMA_MAX_STAGED_BYTES = 144 * 1024
 
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
+# FP8 weights: the kernel's e4m3 variant for up to GEMV_MAX_TOKENS tokens (False: every FP8
+# projection takes fp8.fp8_linear, as before the variant existed; the benchmarks compare both).
+FP8_GEMV = True
+# A 16-byte load holds 16 e4m3 weights, and each row must start on a 16-byte boundary.
+FP8_GEMV_K_ALIGN = 16
 
 
 class RopeWrite(NamedTuple):
@@ -125,21 +137,71 @@ def _fits(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == x.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear(x, weight)` runs the GEMV kernel (the rest goes to cuBLAS)."""
+def fp8_route(
+    tokens: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    device_type: str,
+    capability: tuple[int, int] = (0, 0),
+) -> str:
+    """The path a projection of (tokens, k) activations of `dtype` onto an (n, k) `Fp8Weight`
+    takes (`linear` and `norm_linear`): 'gemv' (the kernel's FP8 variant, W8A16), 'scaled_mm'
+    (`torch._scaled_mm`, W8A8) or 'reference' (the dequantizing reference: the CPU, GPUs below
+    compute capability 8.9, and shapes `_scaled_mm` does not take). `capability` is the CUDA
+    device's; tensors that are not contiguous or 16-byte aligned leave the kernel too."""
+    if device_type != "cuda" or tuple(capability) < MIN_FP8_CAPABILITY or tokens <= 0:
+        return "reference"
+    if (
+        FP8_GEMV
+        and tokens <= GEMV_MAX_TOKENS
+        and dtype in _GEMV_DTYPES
+        and k % FP8_GEMV_K_ALIGN == 0
+        and tokens * k * torch.finfo(dtype).bits // 8 <= MAX_STAGED_BYTES
+    ):
+        return "gemv"
+    if n % SCALED_MM_ALIGN == 0 and k % SCALED_MM_ALIGN == 0:
+        return "scaled_mm"
+    return "reference"
+
+
+def _fits_fp8(w: Fp8Weight, *tensors: torch.Tensor) -> bool:
+    """Whether the kernel's FP8 variant takes w and these activations (x first)."""
+    x = tensors[0]
+    if x.device.type != "cuda" or x.dim() != 2 or x.shape[1] != w.shape[1]:
+        return False
+    route = fp8_route(x.shape[0], *w.shape, x.dtype, "cuda", _capability(x.device.index or 0))
+    if route != "gemv":
+        return False
+    q, s = w.qweight, w.scale
+    if q.device != x.device or s.device != x.device or q.data_ptr() % 16:
+        return False
+    return all(t.dtype == x.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> bool:
+    """Whether `linear(x, weight)` runs the GEMV kernel (the rest goes to cuBLAS, or for an
+    `Fp8Weight` to `fp8.fp8_linear`)."""
+    if isinstance(weight, Fp8Weight):
+        return _fits_fp8(weight, x)
     return _fits(x, weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(T, K) @ (N, K)^T -> (T, N) in x's dtype, float32 accumulation."""
+    """(T, K) @ (N, K)^T -> (T, N) in x's dtype, float32 accumulation. An `Fp8Weight`'s rows
+    are multiplied by their scales after the accumulation (see `fp8_route` for its path)."""
+    scale = None
     if isinstance(weight, Fp8Weight):
-        return fp8_linear(x, weight)
-    _check_matrix("x", x, 2)
-    _check_matrix("weight", weight, 2)
-    if x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x (T, {x.shape[1]}) and weight {tuple(weight.shape)} differ in K")
-    if not _fits(x, weight):
-        return F.linear(x, weight)
+        if not isinstance(x, torch.Tensor) or not _fits_fp8(weight, x):
+            return fp8_linear(x, weight)
+        weight, scale = weight.qweight, weight.scale
+    else:
+        _check_matrix("x", x, 2)
+        _check_matrix("weight", weight, 2)
+        if x.shape[1] != weight.shape[1]:
+            raise ValueError(f"x (T, {x.shape[1]}) and weight {tuple(weight.shape)} differ in K")
+        if not _fits(x, weight):
+            return F.linear(x, weight)
     out = x.new_empty(x.shape[0], weight.shape[0])
     dev = x.device.index or 0
     _ext().gemv(
@@ -160,6 +222,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         None,
         0,
         0,
+        scale,
     )
     return out
 
@@ -211,8 +274,8 @@ def norm_linear(
                 f"rope: weight {tuple(weight.shape)} is not a fused QKV projection of "
                 f"{rope.n_heads} + 2 x {rope.n_kv_heads} heads of cos_sin's head dim {d}"
             )
-    parts = (x, norm_weight, weight) if residual is None else (x, residual, norm_weight, weight)
-    if fp8 or not _fits(*parts):
+    parts = (x, norm_weight) if residual is None else (x, residual, norm_weight)
+    if not (_fits_fp8(weight, *parts) if fp8 else _fits(*parts, weight)):
         if residual is None:
             h, residual = rms_norm(x, norm_weight, eps), x
         else:
@@ -232,7 +295,7 @@ def norm_linear(
     _ext().gemv(
         out,
         x,
-        weight,
+        weight.qweight if fp8 else weight,
         residual,
         res_out,
         norm_weight,
@@ -246,5 +309,6 @@ def norm_linear(
             else (rope.cos_sin, rope.positions, rope.slot_mapping, rope.k_cache, rope.v_cache)
             + (rope.n_heads, rope.n_kv_heads)
         ),
+        weight.scale if fp8 else None,
     )
     return out, (x if residual is None else res_out)

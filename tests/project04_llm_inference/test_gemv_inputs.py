@@ -145,3 +145,44 @@ def test_the_benchmark_config_is_checked_before_any_gpu_work(field, value, match
     check_config(GemvBenchConfig(mma_max_tokens=8, tokens=[3, 4, 5, 6, 7, 8]))
     with pytest.raises(ValueError, match=match):
         check_config(GemvBenchConfig(**{field: value}))
+
+
+# ---- FP8 weights: which path a projection takes ------------------------------------------------
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+H200, A100 = (9, 0), (8, 0)
+
+
+@pytest.mark.parametrize(
+    "tokens,n,k,dtype,device,cap,want",
+    [
+        (1, 3072, 2048, BF16, "cuda", H200, "gemv"),
+        (2, 3072, 2048, F16, "cuda", (8, 9), "gemv"),
+        (1, 201, 1040, BF16, "cuda", H200, "gemv"),  # odd N: the kernel takes any row count
+        (3, 3072, 2048, BF16, "cuda", H200, "scaled_mm"),  # the tensor-core variant: 16-bit only
+        (8, 3072, 2048, BF16, "cuda", H200, "scaled_mm"),
+        (64, 3072, 2048, BF16, "cuda", H200, "scaled_mm"),
+        (3, 201, 1040, BF16, "cuda", H200, "reference"),  # _scaled_mm needs N % 16 == 0
+        (1, 3072, 2056, BF16, "cuda", H200, "reference"),  # K % 16 != 0: neither kernel
+        (1, 3072, 2048, F32, "cuda", H200, "scaled_mm"),  # the kernel stages 16-bit rows only
+        (2, 64, gemv.MAX_STAGED_BYTES // 4 + 16, BF16, "cuda", H200, "scaled_mm"),  # too wide
+        (1, 3072, 2048, BF16, "cuda", A100, "reference"),  # no e4m3 instructions below 8.9
+        (1, 3072, 2048, BF16, "cpu", (0, 0), "reference"),
+        (0, 3072, 2048, BF16, "cuda", H200, "reference"),
+    ],
+)
+def test_fp8_route(tokens, n, k, dtype, device, cap, want):
+    assert gemv.fp8_route(tokens, n, k, dtype, device, cap) == want
+
+
+def test_fp8_gemv_can_be_switched_off(monkeypatch):
+    monkeypatch.setattr(gemv, "FP8_GEMV", False)
+    assert gemv.fp8_route(1, 3072, 2048, BF16, "cuda", H200) == "scaled_mm"
+
+
+def test_fp8_weights_on_the_cpu_take_the_dequantizing_reference():
+    from project04_llm_inference.kernels.fp8 import Fp8Weight, fp8_linear_reference
+
+    x, fw = _t(1, 64), Fp8Weight.from_float(_t(48, 64, seed=1))
+    assert not gemv.gemv_applies(x, fw)
+    assert torch.equal(gemv.linear(x, fw), fp8_linear_reference(x, fw))
