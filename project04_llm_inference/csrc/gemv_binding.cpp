@@ -1,7 +1,6 @@
 // PyTorch binding of gemv.cu: the current stream and the dtype tag; the Python wrapper
 // (kernels/gemv.py) has already checked devices, dtypes, shapes and alignment.
 #include <c10/cuda/CUDAGuard.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
@@ -33,10 +32,13 @@ void gemv(torch::Tensor out, torch::Tensor x, torch::Tensor w,
           std::optional<torch::Tensor> w_scale) {
   const c10::cuda::CUDAGuard guard(x.device());
   if (w_scale.has_value()) {  // e4m3 weights: the conversion instruction is sm_89's
-    const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-    TORCH_CHECK(prop->major * 10 + prop->minor >= 89,
+    int major = 0, minor = 0;
+    const int dev = x.device().index();
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    TORCH_CHECK(major * 10 + minor >= 89,
                 "gemv: FP8 weights need a GPU of compute capability >= 8.9; this GPU has compute "
-                "capability ", prop->major, ".", prop->minor);
+                "capability ", major, ".", minor);
   }
   GemvArgs a;
   a.x = x.data_ptr();
