@@ -2,6 +2,11 @@
 parallelism, each timed next to the plain engine (the first variant) in the same process.
 
 A variant is a precision and a tensor-parallel size ("bf16", "fp8", "bf16-tp2", "fp8-tp2").
+"fp8" is the engine's FP8 dispatch: decode steps of one and two tokens run the GEMV kernel's
+FP8 variant (e4m3 weights, bf16 activations), larger ones `torch._scaled_mm` (W8A8);
+"fp8-scaledmm" (one GPU only) runs `_scaled_mm` at every batch size, as FP8 ran before that
+variant existed, so the two side by side show what the FP8 GEMV buys at batch 1. Each row says
+whether its decode steps took the FP8 GEMV (`fp8_gemv`).
 For each batch size, `batch` requests of `context` random prompt tokens generate `output`
 tokens greedily (ignore_eos); the same requests with one output token time the prefill, and
 the difference is the decode: ms per decode step (the latency a token costs at that batch) and
@@ -29,7 +34,8 @@ class EngineVariantsConfig:
     """Decode latency and throughput of FP8 and tensor-parallel engines against bf16."""
 
     variants: list[str] = field(default_factory=lambda: ["bf16", "fp8"])
-    """'<bf16|fp8>' or '<bf16|fp8>-tp<N>'; the first is the baseline of the ratios."""
+    """'<bf16|fp8>' or '<bf16|fp8>-tp<N>', or 'fp8-scaledmm' (FP8 without the GEMV kernel's
+    FP8 variant); the first is the baseline of the ratios."""
     shape: str = "llama-3.2-1b"
     """dummy-weight shape (project04_llm_inference.config.DUMMY_SHAPES)"""
     batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
@@ -58,10 +64,14 @@ class EngineVariantsConfig:
 
 
 def parse_variant(v: str) -> tuple[str, int]:
-    """'fp8-tp2' -> ('fp8', 2)."""
+    """'fp8-tp2' -> ('fp8', 2); 'fp8-scaledmm' -> ('fp8-scaledmm', 1)."""
+    if v == "fp8-scaledmm":  # the switch is a module flag of this process: no TP workers
+        return v, 1
     m = re.fullmatch(r"(bf16|fp8)(?:-tp([1-9][0-9]*))?", v)
     if m is None:
-        raise ValueError(f"variant {v!r}: expected 'bf16' or 'fp8', optionally '-tp<N>'")
+        raise ValueError(
+            f"variant {v!r}: expected 'bf16' or 'fp8', optionally '-tp<N>', or 'fp8-scaledmm'"
+        )
     return m.group(1), int(m.group(2) or 1)
 
 
@@ -86,23 +96,33 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
     from project04_llm_inference import LLM, EngineArgs
     from project04_llm_inference.config import DUMMY_SHAPES
     from project04_llm_inference.engine.tp_worker import shutdown
+    from project04_llm_inference.kernels import gemv
 
     prec, tp = parse_variant(variant)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     vocab = DUMMY_SHAPES[cfg.shape]["vocab_size"]
-    llm = LLM(
-        EngineArgs(
-            load_format="dummy",
-            dummy_shape=cfg.shape,
-            device="cuda" if cuda else "cpu",
-            max_model_len=cfg.context + cfg.output + 16,
-            max_num_seqs=max(cfg.batch_sizes),
-            quantization="fp8" if prec == "fp8" else "none",
-            tensor_parallel_size=tp,
+    saved_fp8_gemv = gemv.FP8_GEMV
+    gemv.FP8_GEMV = prec != "fp8-scaledmm"  # read at every call, and when graphs are captured
+    try:
+        llm = LLM(
+            EngineArgs(
+                load_format="dummy",
+                dummy_shape=cfg.shape,
+                device="cuda" if cuda else "cpu",
+                max_model_len=cfg.context + cfg.output + 16,
+                max_num_seqs=max(cfg.batch_sizes),
+                quantization="fp8" if prec.startswith("fp8") else "none",
+                tensor_parallel_size=tp,
+            )
         )
-    )
+    except BaseException:
+        gemv.FP8_GEMV = saved_fp8_gemv
+        raise
     rng = random.Random(0)
     rows = []
+    fp8_gemv_route = cuda and prec == "fp8"
+    capability = torch.cuda.get_device_capability() if cuda else (0, 0)
+    hidden = DUMMY_SHAPES[cfg.shape]["hidden_size"]
     try:
         for b in cfg.batch_sizes:
 
@@ -134,11 +154,15 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
                     "collective_ms_per_step": (
                         1e3 * statistics.median(comm) / steps if tp > 1 else None
                     ),
+                    "fp8_gemv": fp8_gemv_route
+                    and gemv.fp8_route(b, hidden, hidden, torch.bfloat16, "cuda", capability)
+                    == "gemv",
                     "decode_s_runs": decode,
                 }
             )
             print({k: v for k, v in rows[-1].items() if k != "decode_s_runs"})
     finally:
+        gemv.FP8_GEMV = saved_fp8_gemv
         shutdown(llm.engine.runner.model)
         del llm
         gc.collect()

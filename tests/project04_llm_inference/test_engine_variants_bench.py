@@ -17,7 +17,8 @@ from project04_llm_inference.bench.engine_variants import (
 def test_variant_names():
     assert parse_variant("bf16") == ("bf16", 1)
     assert parse_variant("fp8-tp4") == ("fp8", 4)
-    for bad in ("int4", "fp8-tp", "fp8-tp0", "bf16-tpx"):
+    assert parse_variant("fp8-scaledmm") == ("fp8-scaledmm", 1)  # FP8 without the FP8 GEMV
+    for bad in ("int4", "fp8-tp", "fp8-tp0", "bf16-tpx", "fp8-scaledmm-tp2"):
         with pytest.raises(ValueError, match="expected 'bf16' or 'fp8'"):
             parse_variant(bad)
 
