@@ -23,10 +23,22 @@ Rows of 3..8 tokens run the tensor-core variant where the engine does (`kernels.
 as `gemv_kernel_mma.json` (the tensor-core study) instead of `gemv_kernel.json`. Each row says which path `ours` took
 (`path`: simt, mma, or cublas where the kernel does not take the shape).
 
+FP8 (`fp8`, on by default; compute capability >= 8.9): each projection again with its weight
+quantized to e4m3 with one scale per row (`kernels.fp8.Fp8Weight`, as `--quantization fp8`
+loads it), in `fp8_rows`: ours is the engine's dispatch (`path`: the GEMV kernel's FP8 variant
+at one and two tokens, `_scaled_mm` from three on), the baseline the `_scaled_mm` path (W8A8:
+the separate norm kernel, the activations quantized per token, `torch._scaled_mm`, then
+silu-and-mul), same process. Bytes = the e4m3 weight, its float32 scales and the activations;
+`copy_share` is ours as a share of the copy bandwidth, `speedup_vs_bf16` the bf16 row's median
+time over this one's (the same projection and tokens with 16-bit weights, timed in the same
+process).
+
 Chain: the four projections of every layer of the model back to back (16 layers: 1.95 GB of
 weights per pass), as a decode step runs them, captured in one CUDA graph per variant and timed
 by replaying it: the GEMV kernel with programmatic dependent launch (the engine's default on
-sm_90), the GEMV kernel with ordinary launches, and the cuBLAS path. What PDL saves shows here
+sm_90), the GEMV kernel with ordinary launches, and the cuBLAS path; with `fp8` and one or two
+tokens, also the GEMV kernel's FP8 variant with PDL on the same weights quantized (`fp8_*`,
+bytes counted in e4m3 plus the scales and the bf16 norm weights). What PDL saves shows here
 and not in the single-projection rows, which time one launch after an L2 flush.
 """
 
@@ -39,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from project04_llm_inference import PROJECT
-from shared.hardware import get_gpu
+from shared.hardware import detect_gpu, get_gpu
 from shared.repeat import DEFAULT_REPEATS, flat, interleave
 
 # (name, weight rows, K, fold): fold = "norm" (RMSNorm with the residual add in front),
@@ -67,6 +79,9 @@ class GemvBenchConfig:
     """rows of the layer-chain timing (empty: skip it)"""
     chain_layers: int = 16
     """layers in the chain (Llama-3.2-1B has 16)"""
+    fp8: bool = True
+    """also time every projection (and the chain) with FP8 weights: the GEMV kernel's FP8
+    variant against the `_scaled_mm` path (needs compute capability >= 8.9, else skipped)"""
     mma_max_tokens: int = 0
     """3..8: steps of 3..N tokens run the tensor-core variant (kernels.gemv.MMA_MAX_TOKENS for
     this run), record gemv_kernel_mma.json; 0: the engine's setting, record gemv_kernel.json"""
@@ -141,6 +156,74 @@ def run_shape(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig
     return row
 
 
+def run_shape_fp8(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig) -> dict:
+    """One projection with e4m3 weights: the engine's dispatch against the `_scaled_mm` path."""
+    from triton.testing import do_bench
+
+    from project04_llm_inference.kernels import gemv
+    from project04_llm_inference.kernels.fp8 import Fp8Weight, fp8_linear
+    from project04_llm_inference.kernels.norm_act import fused_add_rms_norm, silu_and_mul
+
+    dtype = getattr(torch, cfg.dtype)
+    elt = torch.finfo(dtype).bits // 8
+    fw = Fp8Weight.from_float(torch.randn(n, k, device="cuda", dtype=dtype) * 0.02)
+    x = torch.randn(t, k, device="cuda", dtype=dtype)
+    res = torch.randn(t, k, device="cuda", dtype=dtype)
+    nw = 1 + 0.1 * torch.randn(k, device="cuda", dtype=dtype)
+    silu = fold == "norm_silu"
+    n_out = n // 2 if silu else n
+    act_bytes = t * k * elt * (3 if fold else 1) + t * n_out * elt
+    cap = torch.cuda.get_device_capability()
+    row = {
+        "name": name,
+        "tokens": t,
+        "rows": n,
+        "k": k,
+        "fold": fold or "none",
+        "weight": "float8_e4m3fn",
+        "bytes": n * k + 4 * n + act_bytes,  # e4m3 weight, float32 scales, activations
+        "path": gemv.fp8_route(t, n, k, dtype, "cuda", cap),
+    }
+    xs, rs = x.clone(), res.clone()  # the composed path updates its inputs in place
+
+    if fold:
+
+        def ours():
+            return gemv.norm_linear(x, res, nw, fw, 1e-5, silu_mul=silu)[0]
+
+        def scaled_mm():
+            h, _ = fused_add_rms_norm(xs, rs, nw, 1e-5)
+            y = fp8_linear(h, fw)
+            return silu_and_mul(y) if silu else y
+
+        def scaled_mm_fresh():  # on the same inputs as ours, for the difference
+            xs.copy_(x), rs.copy_(res)
+            return scaled_mm()
+    else:
+
+        def ours():
+            return gemv.linear(x, fw)
+
+        def scaled_mm():
+            return fp8_linear(x, fw)
+
+        scaled_mm_fresh = scaled_mm
+    row["max_abs_diff_vs_scaled_mm"] = (
+        (ours().float() - scaled_mm_fresh().float()).abs().max().item()
+    )
+
+    def timed(fn):
+        return lambda: do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+    reps = interleave({"ours": timed(ours), "scaled_mm": timed(scaled_mm)}, cfg.repeats)
+    for key in ("ours", "scaled_mm"):
+        ms = reps.spread(key)
+        row.update(flat(f"{key}_us", ms.map(lambda v: v * 1e3)))
+        row.update(flat(f"{key}_gbps", ms.map(lambda v: row["bytes"] / (v * 1e-3) / 1e9)))
+    row.update(flat("speedup_vs_scaled_mm", reps.ratio("scaled_mm", "ours")))
+    return row
+
+
 def _chain_weights(layers: int, dtype: torch.dtype) -> list[dict]:
     def w(n: int, k: int) -> torch.Tensor:
         return torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
@@ -208,11 +291,34 @@ def run_chain(t: int, weights: list[dict], cfg: GemvBenchConfig) -> dict:
         finally:
             pdl.USE_PDL = saved
 
+    fp8_weights = None
+    if cfg.fp8 and _fp8_capable() and t <= gemv.GEMV_MAX_TOKENS:
+        from project04_llm_inference.kernels.fp8 import Fp8Weight
+
+        fp8_weights = [
+            {
+                key: Fp8Weight.from_float(v) if key in ("qkv", "o", "gate_up", "down") else v
+                for key, v in lw.items()
+            }
+            for lw in weights
+        ]
+
+    def ours_fp8() -> torch.Tensor:
+        h, res = x, None
+        for lw in fp8_weights:
+            _, res = gemv.norm_linear(h, res, lw["norm1"], lw["qkv"], 1e-5)
+            o = gemv.linear(attn, lw["o"])
+            act, res = gemv.norm_linear(o, res, lw["norm2"], lw["gate_up"], 1e-5, silu_mul=True)
+            h = gemv.linear(act, lw["down"])
+        return h + res
+
     variants = {
         "gemv_pdl": capture(ours, True),
         "gemv": capture(ours, False),
         "cublas": capture(cublas, False),
     }
+    if fp8_weights is not None:
+        variants["fp8_gemv_pdl"] = capture(ours_fp8, True)
     ref = variants["gemv"][1].float()
     row = {
         "tokens": t,
@@ -243,7 +349,28 @@ def run_chain(t: int, weights: list[dict], cfg: GemvBenchConfig) -> dict:
         row.update(flat(f"{key}_gbps", ms.map(lambda v: row["bytes"] / (v * 1e-3) / 1e9)))
     row.update(flat("pdl_speedup", reps.ratio("gemv", "gemv_pdl")))
     row.update(flat("pdl_speedup_vs_cublas", reps.ratio("cublas", "gemv_pdl")))
+    if fp8_weights is not None:
+        fp8_bytes = sum(
+            sum(
+                v.qweight.numel() + 4 * v.scale.numel()
+                if hasattr(v, "qweight")
+                else v.numel() * v.element_size()
+                for v in lw.values()
+            )
+            for lw in fp8_weights
+        )
+        fp8_ms = reps.spread("fp8_gemv_pdl")
+        row["fp8_bytes"] = fp8_bytes
+        row.update(flat("fp8_gemv_pdl_us", fp8_ms.map(lambda v: v * 1e3)))
+        row.update(flat("fp8_gemv_pdl_gbps", fp8_ms.map(lambda v: fp8_bytes / (v * 1e-3) / 1e9)))
+        row.update(flat("fp8_speedup_vs_bf16", reps.ratio("gemv_pdl", "fp8_gemv_pdl")))
     return row
+
+
+def _fp8_capable() -> bool:
+    from project04_llm_inference.kernels.fp8 import MIN_FP8_CAPABILITY
+
+    return torch.cuda.get_device_capability() >= MIN_FP8_CAPABILITY
 
 
 def check_config(cfg: GemvBenchConfig) -> None:
@@ -293,6 +420,11 @@ def _run(cfg: GemvBenchConfig) -> dict:
     if mma_on:
         print(f"tensor-core variant on for 3..{gemv.MMA_MAX_TOKENS} tokens")
     torch.manual_seed(cfg.seed)
+    # the copy bandwidth measured for this GPU where the table has one, else the H200's
+    spec = detect_gpu()
+    if spec is None or spec.copy_bandwidth_gbs is None:
+        spec = get_gpu("h200-sxm")
+    copy_ceiling = spec.copy_bandwidth_gbs.value
     rows = []
     for name, n, k, fold in SHAPES_1B:
         for t in cfg.tokens:
@@ -304,6 +436,25 @@ def _run(cfg: GemvBenchConfig) -> dict:
                 f"x{r['speedup_vs_cublas']:.2f}  ({r['path']}, max |diff| "
                 f"{r['max_abs_diff_vs_cublas']:.3g})"
             )
+    fp8_rows = []
+    if cfg.fp8 and not _fp8_capable():
+        print("FP8 rows skipped: they need compute capability >= 8.9")
+    elif cfg.fp8:
+        bf16 = {(r["name"], r["tokens"]): r for r in rows}
+        for name, n, k, fold in SHAPES_1B:
+            if name == "lm_head":  # --quantization fp8 keeps the LM head in the model dtype
+                continue
+            for t in cfg.tokens:
+                r = run_shape_fp8(name, n, k, fold, t, cfg)
+                r["copy_share"] = r["ours_gbps"] / copy_ceiling
+                r["speedup_vs_bf16"] = bf16[name, t]["ours_us"] / r["ours_us"]
+                fp8_rows.append(r)
+                print(
+                    f"{name:8s} T={t} fp8  ours {r['ours_us']:7.1f} us {r['ours_gbps']:6.0f} "
+                    f"GB/s ({100 * r['copy_share']:.0f}% of copy)   _scaled_mm "
+                    f"{r['scaled_mm_us']:7.1f} us   x{r['speedup_vs_scaled_mm']:.2f}, "
+                    f"vs bf16 x{r['speedup_vs_bf16']:.2f}  ({r['path']})"
+                )
     chain = []
     if cfg.chain_tokens:
         weights = _chain_weights(cfg.chain_layers, getattr(torch, cfg.dtype))
@@ -315,13 +466,21 @@ def _run(cfg: GemvBenchConfig) -> dict:
                 f"({r['gemv_pdl_gbps']:.0f} GB/s), GEMV {r['gemv_us']:7.1f} us, cuBLAS "
                 f"{r['cublas_us']:7.1f} us; PDL x{r['pdl_speedup']:.3f}, "
                 f"bitwise equal {r['pdl_bitwise_equal']}"
+                + (
+                    f"; FP8 GEMV+PDL {r['fp8_gemv_pdl_us']:7.1f} us "
+                    f"({r['fp8_gemv_pdl_gbps']:.0f} GB/s, x{r['fp8_speedup_vs_bf16']:.2f} vs bf16)"
+                    if "fp8_gemv_pdl_us" in r
+                    else ""
+                )
             )
         del weights
     reports_dir = str(output_root(cfg.reports_dir))
     results = {
         "rows": rows,
+        "fp8_rows": fp8_rows,
         "chain": chain,
-        "copy_ceiling_gbps": get_gpu("h200-sxm").copy_bandwidth_gbs.value,
+        "copy_ceiling_gbps": copy_ceiling,
+        "copy_ceiling_gpu": spec.name,
         "repeats": cfg.repeats,
         "mma_max_tokens": gemv.MMA_MAX_TOKENS if mma_on else 0,
     }

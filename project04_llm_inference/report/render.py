@@ -440,7 +440,41 @@ def _gemv_kernel_md(rec: dict, mma: bool = False) -> str:
         "plus the activations read and written once.\n\n"
         + _table(rows)
         + "\n"
+        + _gemv_fp8_md(rec)
         + _gemv_chain_md(rec)
+    )
+
+
+def _gemv_fp8_md(rec: dict) -> str:
+    fp8 = rec["results"].get("fp8_rows") or []
+    if not fp8:
+        return ""
+    path = {"gemv": "FP8 GEMV", "scaled_mm": "_scaled_mm", "reference": "reference"}
+    rows = [
+        {
+            "projection": r["name"],
+            "tokens": r["tokens"],
+            "weight": f"{r['rows']} x {r['k']}",
+            "path": path.get(r["path"], r["path"]),
+            "ours (us)": ranged(r, "ours_us", _num),
+            "ours (GB/s)": ranged(r, "ours_gbps", _num),
+            "share of copy bandwidth": r["copy_share"],
+            "_scaled_mm path (us)": ranged(r, "scaled_mm_us", _num),
+            "ours / _scaled_mm speed (x)": ranged(r, "speedup_vs_scaled_mm", _num),
+            "ours / bf16 GEMV speed (x)": r["speedup_vs_bf16"],
+        }
+        for r in fp8
+    ]
+    return (
+        "\nThe same projections with FP8 weights (e4m3, one float32 scale per row, as "
+        "`--quantization fp8` loads them; the LM head stays bf16). Ours: the engine's "
+        "dispatch, the GEMV kernel's FP8 variant (bf16 activations, W8A16) at one and two "
+        "tokens and `torch._scaled_mm` (W8A8) from three on. Baseline, same process: the "
+        "separate norm kernel, `torch._scaled_mm` with per-token activation scales and "
+        "silu-and-mul, as FP8 ran before the variant. Bytes: the e4m3 weight, its scales and "
+        "the activations; the share is of the copy bandwidth of "
+        f"{rec['results'].get('copy_ceiling_gpu', 'the H200')}. The last column: the bf16 "
+        "row's time over this one's.\n\n" + _table(rows) + "\n"
     )
 
 
@@ -470,6 +504,14 @@ def _gemv_chain_md(rec: dict) -> str:
             "PDL speedup (x)": ranged(r, "pdl_speedup", _num),
             "vs cuBLAS path (x)": ranged(r, "pdl_speedup_vs_cublas", _num),
             "PDL output bitwise equal": "yes" if r.get("pdl_bitwise_equal") else "NO",
+            **(
+                {
+                    "FP8 GEMV + PDL (us)": ranged(r, "fp8_gemv_pdl_us", _num),
+                    "FP8 vs bf16 GEMV + PDL (x)": ranged(r, "fp8_speedup_vs_bf16", _num),
+                }
+                if any("fp8_gemv_pdl_us" in c for c in chain)
+                else {}
+            ),
         }
         for r in chain
     ]
@@ -479,7 +521,14 @@ def _gemv_chain_md(rec: dict) -> str:
         "it: the GEMV kernel with programmatic dependent launch (each kernel starts while the "
         "one before it finishes and issues its first weight loads before waiting for its "
         "inputs; the engine's default on sm_90), the same kernel with ordinary launches, and "
-        "the cuBLAS path (cuBLAS with the separate norm and activation kernels).\n\n"
+        "the cuBLAS path (cuBLAS with the separate norm and activation kernels)."
+        + (
+            " FP8: the GEMV kernel's FP8 variant with PDL on the same weights quantized to "
+            "e4m3; its ratio is the bf16 GEMV + PDL time over its own."
+            if any("fp8_gemv_pdl_us" in c for c in chain)
+            else ""
+        )
+        + "\n\n"
         + _table(rows)
         + "\n"
     )
