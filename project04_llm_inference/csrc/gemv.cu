@@ -23,6 +23,9 @@
 //
 // That is the kernel for one and two tokens. For three to eight, gemv_mma_kernel (below) keeps
 // the prologue and the epilogues and runs the product on tensor cores instead (sm_80+).
+// FP8 weights (e4m3, a float32 scale per row; one and two tokens, sm_89+): the same kernel with
+// W = __nv_fp8_e4m3 reads 16 weights per 16-byte load, half the bytes of a 16-bit weight, and
+// multiplies each row's float32 dot product by its scale before the epilogue.
 //
 // Torch-free (launcher declared in gemv.h) so CI compiles it with nvcc alone.
 #include <cuda_bf16.h>
