@@ -228,7 +228,9 @@ class EngineArgs:
     """'fp8': quantize the decoder layers' projection weights to FP8 e4m3 with one scale per
     output channel at load (embedding, LM head and norms keep the model dtype). A CUDA GPU
     needs compute capability >= 8.9 (there the projections run W8A8 through
-    `torch._scaled_mm`, activations scaled per token); the CPU runs a dequantizing reference."""
+    `torch._scaled_mm`, activations scaled per token); the CPU runs a dequantizing reference.
+    A folder stored in FP8 (config.json quant_method 'compressed-tensors' or 'fbgemm_fp8') is
+    read as FP8 as stored, with or without this flag; any other quant_method is refused."""
 
     @property
     def fused_greedy(self) -> bool:

@@ -129,6 +129,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = _param(cfg.hidden_size, **p)
         self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size, **p)
         self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size, **p)
+        # The FP8 KV cache's scales, one per (this layer, KV head): a cached value is
+        # round_e4m3(x / scale). 1 unless the checkpoint gives them (`loader`); unused by a
+        # cache in the model dtype.
+        for name in ("k_scale", "v_scale"):
+            self.register_buffer(name, torch.ones(hkv, dtype=torch.float32, device=device))
 
     @staticmethod
     def _decode_attention(q, meta: AttnMetadata, k_cache, v_cache, scale: float):
