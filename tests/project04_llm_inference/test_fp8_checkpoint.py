@@ -197,3 +197,32 @@ def test_bad_scales_in_an_fp8_folder_are_refused(hf_model_dir, tmp_path):
     folder = write_fp8_folder(hf_model_dir, tmp_path / "neg", extra=neg)
     with pytest.raises(ValueError, match=r"v_scale must hold finite scales > 0"):
         _load(folder)
+
+
+def test_each_tensor_parallel_rank_reads_its_shard_of_weights_and_scales(hf_model_dir, tmp_path):
+    """Loading needs no collective, so two ranks' shards are built here side by side. Column-
+    parallel projections (q|k|v, gate|up) take their rows with their per-channel scales: what
+    quantizing the rank's rows at load gives, bit for bit. Row-parallel ones (o, down) take
+    their columns and keep every output row's whole-row scale: dequantized, the two ranks'
+    shards side by side are the TP=1 weight. Per-head KV scales go with the rank's KV heads."""
+    from project04_llm_inference.model.parallel import TensorParallel
+
+    kv = {"model.layers.0.self_attn.v_scale": torch.tensor([0.25, 0.125])}  # 2 KV heads
+    folder = write_fp8_folder(hf_model_dir, tmp_path / "tp", extra=kv)
+    whole = _load(folder)
+    ranks = []
+    for r in range(2):
+        kw = dict(dtype=torch.float32, device=CPU, max_positions=64, tp=TensorParallel(r, 2))
+        stored = build_model(read_config(folder), model_dir=folder, **kw)
+        at_load = build_model(
+            read_config(hf_model_dir), model_dir=hf_model_dir, quantization="fp8", **kw
+        )
+        for name in ("qkv_proj", "gate_up_proj"):
+            a, b = getattr(stored.layers[1], name), getattr(at_load.layers[1], name)
+            assert torch.equal(a.qweight.view(torch.uint8), b.qweight.view(torch.uint8))
+            assert torch.equal(a.scale, b.scale)
+        assert stored.layers[0].v_scale.tolist() == [[0.25], [0.125]][r]
+        ranks.append(stored)
+    for name in ("o_proj", "down_proj"):
+        parts = [getattr(m.layers[1], name).dequantize() for m in ranks]
+        assert torch.equal(torch.cat(parts, 1), getattr(whole.layers[1], name).dequantize())
