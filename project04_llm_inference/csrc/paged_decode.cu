@@ -57,7 +57,7 @@ struct Stages<128> {
 };
 
 // FP8 cache: a raw e4m3 tile pair is half the bytes, so more stages fit in the 16-bit kernel's
-// shared memory beside each warp's converted 16-bit tile pair: 64 KiB (D = 64) and 80 KiB
+// shared memory beside each warp's converted 16-bit tile pair: 64 KiB (D = 64) and 96 KiB
 // (D = 128) per CTA.
 template <int D>
 struct Fp8Stages;
