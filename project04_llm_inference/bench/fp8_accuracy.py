@@ -149,6 +149,13 @@ def run(cfg: Fp8AccuracyConfig) -> dict:
     if device.type == "cuda" and not cuda:
         raise ValueError("Fp8AccuracyConfig.device: 'cuda' asked for, but torch sees no CUDA GPU")
     check_fp8_device(device)
+    if device.type == "cuda" and cfg.model is None:
+        # the tiny preset's head dim (128 / 4 heads) is not one the CUDA attention kernels take
+        raise ValueError(
+            "Fp8AccuracyConfig.model: on CUDA give a model of head dim 64 or 128 (the attention "
+            "kernels'), e.g. one from `train-code-model --preset full`; the tiny code model "
+            "trained by default has head dim 32"
+        )
     out = output_root(cfg.reports_dir)
     train_record = None
     if cfg.model is None:
