@@ -1,7 +1,10 @@
-"""The engine against itself in other precisions and splits: FP8 weights and tensor
-parallelism, each timed next to the plain engine (the first variant) in the same process.
+"""The engine against itself in other precisions and splits: FP8 weights, an FP8 KV cache and
+tensor parallelism, each timed next to the plain engine (the first variant) in the same process.
 
-A variant is a precision and a tensor-parallel size ("bf16", "fp8", "bf16-tp2", "fp8-tp2").
+A variant is a weight precision, optionally an FP8 KV cache ("-kvfp8") and a tensor-parallel
+size ("bf16", "fp8", "bf16-kvfp8", "fp8-kvfp8", "bf16-tp2", "fp8-kvfp8-tp2"). Each row also
+records the KV pool's size in blocks that `gpu_memory_utilization` left (an FP8 cache's block
+takes half the bytes).
 For each batch size, `batch` requests of `context` random prompt tokens generate `output`
 tokens greedily (ignore_eos); the same requests with one output token time the prefill, and
 the difference is the decode: ms per decode step (the latency a token costs at that batch) and
@@ -29,7 +32,7 @@ class EngineVariantsConfig:
     """Decode latency and throughput of FP8 and tensor-parallel engines against bf16."""
 
     variants: list[str] = field(default_factory=lambda: ["bf16", "fp8"])
-    """'<bf16|fp8>' or '<bf16|fp8>-tp<N>'; the first is the baseline of the ratios."""
+    """'<bf16|fp8>[-kvfp8][-tp<N>]'; the first is the baseline of the ratios."""
     shape: str = "llama-3.2-1b"
     """dummy-weight shape (project04_llm_inference.config.DUMMY_SHAPES)"""
     batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
@@ -57,12 +60,14 @@ class EngineVariantsConfig:
             raise ValueError("EngineVariantsConfig.batch_sizes must be >= 1")
 
 
-def parse_variant(v: str) -> tuple[str, int]:
-    """'fp8-tp2' -> ('fp8', 2)."""
-    m = re.fullmatch(r"(bf16|fp8)(?:-tp([1-9][0-9]*))?", v)
+def parse_variant(v: str) -> tuple[str, int, str]:
+    """'fp8-kvfp8-tp2' -> ('fp8', 2, 'fp8'): weights, TP size, KV cache dtype ('auto' or 'fp8')."""
+    m = re.fullmatch(r"(bf16|fp8)(-kvfp8)?(?:-tp([1-9][0-9]*))?", v)
     if m is None:
-        raise ValueError(f"variant {v!r}: expected 'bf16' or 'fp8', optionally '-tp<N>'")
-    return m.group(1), int(m.group(2) or 1)
+        raise ValueError(
+            f"variant {v!r}: expected 'bf16' or 'fp8', optionally '-kvfp8', then '-tp<N>'"
+        )
+    return m.group(1), int(m.group(3) or 1), "fp8" if m.group(2) else "auto"
 
 
 def _time_generate(llm, prompts, n_out: int) -> float:
@@ -87,7 +92,7 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
     from project04_llm_inference.config import DUMMY_SHAPES
     from project04_llm_inference.engine.tp_worker import shutdown
 
-    prec, tp = parse_variant(variant)
+    prec, tp, kv = parse_variant(variant)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     vocab = DUMMY_SHAPES[cfg.shape]["vocab_size"]
     llm = LLM(
@@ -99,6 +104,7 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
             max_num_seqs=max(cfg.batch_sizes),
             quantization="fp8" if prec == "fp8" else "none",
             tensor_parallel_size=tp,
+            kv_cache_dtype=kv,
         )
     )
     rng = random.Random(0)
@@ -129,6 +135,8 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
                     "variant": variant,
                     "batch": b,
                     "tensor_parallel_size": tp,
+                    "kv_cache_dtype": kv,
+                    "kv_blocks": llm.engine.runner.num_blocks,
                     "decode_ms_per_step": 1e3 * med / steps,
                     "decode_tok_s": b * steps / med,
                     "collective_ms_per_step": (
