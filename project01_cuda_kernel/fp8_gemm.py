@@ -37,6 +37,9 @@ _INT32_LIMIT = 2**31  # the kernel indexes with 32-bit ints
 # The accumulation term of `error_bound`, per unit of sum |a_k b_k| (see there).
 ACCUMULATION_BOUND = 2.0**-10
 BF16_UNIT_ROUNDOFF = 2.0**-8  # round to nearest with 8 significant bits
+# Relative (Frobenius) error slack beside twice the baseline's: a quarter of bfloat16's unit
+# roundoff, for outputs that bfloat16 happens to hold almost exactly.
+REL_ERR_FLOOR = 2.0**-10
 
 
 def available() -> bool:
@@ -149,6 +152,19 @@ def error_bound(a, b, scale_a, scale_b, exact: torch.Tensor) -> torch.Tensor:
     abs_sum = torch.matmul(a.double().abs(), b.double().abs().t()) * s
     rounding = BF16_UNIT_ROUNDOFF * (1 + BF16_UNIT_ROUNDOFF) * exact.abs()
     return rounding + (ACCUMULATION_BOUND + k * 2.0**-24) * abs_sum
+
+
+def relative_error(x: torch.Tensor, exact: torch.Tensor) -> float:
+    """||x - exact||_F / ||exact||_F, in float64."""
+    return ((x.double() - exact).norm() / exact.norm().clamp_min(1e-300)).item()
+
+
+def within_baseline(err: float, baseline_err: float) -> bool:
+    """The house rule for a low-precision kernel: its relative error against the exact product
+    at most twice that of PyTorch's own kernel in the same dtype (`torch._scaled_mm`), plus
+    REL_ERR_FLOOR. Both round the same float32 sums to bfloat16, so their errors are alike; a
+    wrong scale, a lost k-tile or a misplaced tile is many times larger."""
+    return err <= 2 * baseline_err + REL_ERR_FLOOR
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
