@@ -126,7 +126,7 @@ FP8_SOURCE = cc.CSRC / "gemm" / "fp8gemm_10_wgmma_tma.cu"
 def test_fp8_gemm_compiles_for_sm90a_without_spills_and_for_sm80():
     """The FP8 step (a few seconds on 2 cores): no spill, no stack, no wgmma serialisation, at
     most 168 registers (65536 / 384 threads, rounded to 8; setmaxnreg then gives the consumers
-    232 for their 2 x 64 accumulators). On sm_80 its body is guarded and it still builds."""
+    232 for their 3 x 64 accumulators). On sm_80 its body is guarded and it still builds."""
     (r,) = cc.run([FP8_SOURCE], jobs=1)
     assert r.ok and r.no_spill and not r.failures, (r.errors, r.failures)
     (k,) = r.kernels

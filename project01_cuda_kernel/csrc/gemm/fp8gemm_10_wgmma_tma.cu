@@ -9,9 +9,10 @@
 // - Two-level accumulation: the tensor cores' FP8 accumulation keeps fewer bits than float32,
 //   so each 128-wide k-tile (4 instructions, the first with scale-d = 0) goes into a fresh set of
 //   wgmma accumulators that are then added into float32 registers ("promotion" every 128 of K,
-//   as cuBLAS does unless fast accumulation is asked for). That doubles the accumulators: a
-//   consumer warpgroup holds 64x128 of C twice (2 x 64 floats a thread), hence the 128x128 tile
-//   (step 9's 64x256 per warpgroup would need 256 registers).
+//   as cuBLAS does unless fast accumulation is asked for). Two such sets alternate, so the next
+//   k-tile is issued before the last one is added: a consumer warpgroup holds its 64x128 of C
+//   three times (3 x 64 floats a thread), hence the 128x128 tile (step 9's 64x256 per
+//   warpgroup would need 384 registers).
 // - Epilogue: C = scale_a * scale_b * acc, rounded to bfloat16, stored from registers with a
 //   predicate on each row and column: any M and N (odd N stores element by element).
 // Kept from step 9: one producer thread issuing TMA copies into a ring of full/empty mbarriers
@@ -103,35 +104,65 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int cw = wg - 1;  // rows cw*64 .. cw*64+63 of each tile
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const float scale = scale_a[0] * scale_b[0];
-    float acc[kAcc];   // float32 sums over the finished k-tiles
-    float part[kAcc];  // the wgmma accumulators of the k-tile in flight
-    int it = 0;
+    float acc[kAcc];  // float32 sums over the promoted k-tiles
+    float p0[kAcc], p1[kAcc];  // wgmma accumulators of two k-tiles, alternating
+    int it = 0;  // k-tiles started before this tile (the ring position)
+
+    // Wait for k-tile kt of this tile, then issue its four wgmma into p (the first with
+    // scale-d = 0, so p starts from zero) as one commit group.
+    auto issue = [&](float (&p)[kAcc], int kt) {
+      const int s = (it + kt) % kStages;
+      mbar_wait(smem_u32(&full[s]), ((it + kt) / kStages) & 1);
+      // Both operands K-major, 128-byte rows: +32 bytes per k32 inside the swizzled rows.
+      const uint32_t a_base = smem_u32(tiles + s * kStageBytes + cw * 64 * kBK);
+      const uint32_t b_base = smem_u32(tiles + s * kStageBytes + kABytes);
+      wgmma_fence();
+      fence_regs(p);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 32; ++kk) {
+        const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);
+        const uint64_t db = make_desc(b_base + kk * 32, 16, 1024);
+        wgmma_ss_m64n128k32_e4m3(p, da, db, kk > 0);
+      }
+      wgmma_commit();
+    };
+    // After a wgmma_wait that covers k-tile kt: free its stage, add p into acc in float32.
+    auto promote = [&](float (&p)[kAcc], int kt) {
+      fence_regs(p);
+      mbar_arrive(smem_u32(&empty[(it + kt) % kStages]));
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] += p[i];
+    };
+
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       int tm, tn;
       p01::grouped_tile(tile, tiles_m, tiles_n, kGroupM, tm, tn);
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kStages;
-        mbar_wait(smem_u32(&full[s]), (it / kStages) & 1);
-        // Both operands K-major, 128-byte rows: +32 bytes per k32 inside the swizzled rows.
-        const uint32_t a_base = smem_u32(tiles + s * kStageBytes + cw * 64 * kBK);
-        const uint32_t b_base = smem_u32(tiles + s * kStageBytes + kABytes);
-        wgmma_fence();
-        fence_regs(part);
-#pragma unroll
-        for (int kk = 0; kk < kBK / 32; ++kk) {
-          const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);
-          const uint64_t db = make_desc(b_base + kk * 32, 16, 1024);
-          wgmma_ss_m64n128k32_e4m3(part, da, db, kk > 0);  // kk = 0 starts from zero
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(part);
-        mbar_arrive(smem_u32(&empty[s]));  // this stage's tiles are no longer read
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[i] += part[i];
+      // Two k-tiles in flight: k-tile kt is issued before k-tile kt - 1 is promoted, so the
+      // tensor cores have the next group while this warpgroup adds the last one.
+      // k-tile kt goes to p0 when kt is even, p1 when odd.
+      issue(p0, 0);
+      int kt = 1;
+      for (; kt + 1 < k_tiles; kt += 2) {
+        issue(p1, kt);
+        wgmma_wait<1>();  // k-tile kt - 1 (p0) is done
+        promote(p0, kt - 1);
+        issue(p0, kt + 1);
+        wgmma_wait<1>();  // k-tile kt (p1) is done
+        promote(p1, kt);
       }
+      if (kt < k_tiles) {  // one k-tile left to issue (kt = k_tiles - 1, odd)
+        issue(p1, kt);
+        wgmma_wait<1>();
+        promote(p0, kt - 1);
+        wgmma_wait<0>();
+        promote(p1, kt);
+      } else {  // the last k-tile (kt - 1, even) is in p0
+        wgmma_wait<0>();
+        promote(p0, kt - 1);
+      }
+      it += k_tiles;
 
       // Epilogue: warp w holds rows 16w + lane/4 (+8); accumulators 4j..4j+3 cover columns
       // 8j + 2*(lane%4) (+1). With N even a pair is one aligned 4-byte store (it never
