@@ -345,7 +345,8 @@ def make_charts(result: dict, out_dir: Path, footnote: str) -> list[Path]:
         cublas = {
             LADDER_FAMILIES[dt]: (
                 base[(ladder_shape, dt)]["tflops"],
-                f"cuBLAS {dt}: {base[(ladder_shape, dt)]['tflops']:.3g} TFLOP/s",
+                f"{BASELINE_NAMES.get(dt, f'cuBLAS {dt}')}: "
+                f"{base[(ladder_shape, dt)]['tflops']:.3g} TFLOP/s",
             )
             for dt in LADDER_FAMILIES
             if (ladder_shape, dt) in base
