@@ -178,3 +178,18 @@ def test_off_hopper_the_operator_names_the_compute_capability():
     a, b, sa, sb = _inputs(32, 32, 64, seed=15)
     with pytest.raises(_build.CudaUnavailableError, match="compute capability 9.0"):
         fp8_gemm.scaled_matmul(a, b, sa, sb)
+
+
+@needs_hopper
+def test_one_and_two_k_tiles_in_flight_agree_bit_for_bit(monkeypatch):
+    """P01_FP8_PROMOTE=serial (each k-tile promoted before the next is issued) against the
+    default (two in flight): the same wgmma groups promoted in the same order, so the same bits;
+    K = 1040 gives an odd number of k-tiles (9), K = 1024 an even one (8)."""
+    for k in (1040, 1024):
+        a, b, sa, sb = _inputs(257, 385, k, seed=k)
+        monkeypatch.delenv("P01_FP8_PROMOTE", raising=False)
+        overlap = _run(a, b, sa, sb)
+        monkeypatch.setenv("P01_FP8_PROMOTE", "serial")
+        serial = _run(a, b, sa, sb)
+        assert torch.equal(overlap, serial), k
+        _assert_within_bound(serial, a, b, sa, sb, _exact(a, b, sa, sb))

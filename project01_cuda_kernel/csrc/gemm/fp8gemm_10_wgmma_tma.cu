@@ -12,7 +12,8 @@
 //   as cuBLAS does unless fast accumulation is asked for). Two such sets alternate, so the next
 //   k-tile is issued before the last one is added: a consumer warpgroup holds its 64x128 of C
 //   three times (3 x 64 floats a thread), hence the 128x128 tile (step 9's 64x256 per
-//   warpgroup would need 384 registers).
+//   warpgroup would need 384 registers). P01_FP8_PROMOTE=serial picks the instance that waits
+//   for each k-tile before issuing the next, for A/B runs.
 // - Epilogue: C = scale_a * scale_b * acc, rounded to bfloat16, stored from registers with a
 //   predicate on each row and column: any M and N (odd N stores element by element).
 // Kept from step 9: one producer thread issuing TMA copies into a ring of full/empty mbarriers
@@ -22,6 +23,9 @@
 // bytes); M and N edges are zero-filled by TMA and masked in the epilogue.
 // compile-check: no-spill
 #include <cuda_bf16.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "common.cuh"
 #include "common/fp8.cuh"
@@ -52,6 +56,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// kOverlap: two k-tiles in flight per consumer warpgroup (the default); false: each k-tile is
+// waited for and promoted before the next is issued (the first form, kept for A/B runs and as a
+// cross-check: both add the same groups in the same order, so their outputs are bitwise equal).
+template <bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8gemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
                          const __grid_constant__ CUtensorMap tma_b,
@@ -105,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const float scale = scale_a[0] * scale_b[0];
     float acc[kAcc];  // float32 sums over the promoted k-tiles
-    float p0[kAcc], p1[kAcc];  // wgmma accumulators of two k-tiles, alternating
+    float p0[kAcc], p1[kAcc];  // wgmma accumulators of two k-tiles (p1 with kOverlap only)
     int it = 0;  // k-tiles started before this tile (the ring position)
 
     // Wait for k-tile kt of this tile, then issue its four wgmma into p (the first with
@@ -139,28 +147,36 @@ __global__ void __launch_bounds__(kThreads, 1)
       p01::grouped_tile(tile, tiles_m, tiles_n, kGroupM, tm, tn);
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
-      // Two k-tiles in flight: k-tile kt is issued before k-tile kt - 1 is promoted, so the
-      // tensor cores have the next group while this warpgroup adds the last one.
-      // k-tile kt goes to p0 when kt is even, p1 when odd.
-      issue(p0, 0);
-      int kt = 1;
-      for (; kt + 1 < k_tiles; kt += 2) {
-        issue(p1, kt);
-        wgmma_wait<1>();  // k-tile kt - 1 (p0) is done
-        promote(p0, kt - 1);
-        issue(p0, kt + 1);
-        wgmma_wait<1>();  // k-tile kt (p1) is done
-        promote(p1, kt);
-      }
-      if (kt < k_tiles) {  // one k-tile left to issue (kt = k_tiles - 1, odd)
-        issue(p1, kt);
-        wgmma_wait<1>();
-        promote(p0, kt - 1);
-        wgmma_wait<0>();
-        promote(p1, kt);
-      } else {  // the last k-tile (kt - 1, even) is in p0
-        wgmma_wait<0>();
-        promote(p0, kt - 1);
+      if constexpr (kOverlap) {
+        // Two k-tiles in flight: k-tile kt is issued before k-tile kt - 1 is promoted, so the
+        // tensor cores have the next group while this warpgroup adds the last one.
+        // k-tile kt goes to p0 when kt is even, p1 when odd.
+        issue(p0, 0);
+        int kt = 1;
+        for (; kt + 1 < k_tiles; kt += 2) {
+          issue(p1, kt);
+          wgmma_wait<1>();  // k-tile kt - 1 (p0) is done
+          promote(p0, kt - 1);
+          issue(p0, kt + 1);
+          wgmma_wait<1>();  // k-tile kt (p1) is done
+          promote(p1, kt);
+        }
+        if (kt < k_tiles) {  // one k-tile left to issue (kt = k_tiles - 1, odd)
+          issue(p1, kt);
+          wgmma_wait<1>();
+          promote(p0, kt - 1);
+          wgmma_wait<0>();
+          promote(p1, kt);
+        } else {  // the last k-tile (kt - 1, even) is in p0
+          wgmma_wait<0>();
+          promote(p0, kt - 1);
+        }
+      } else {
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          issue(p0, kt);
+          wgmma_wait<0>();
+          promote(p0, kt);
+        }
       }
       it += k_tiles;
 
@@ -211,6 +227,13 @@ bool make_map(CUtensorMap* map, const void* ptr, int rows, int k, int box_rows) 
   return r == CUDA_SUCCESS;
 }
 
+// Two k-tiles in flight (the default) or, with P01_FP8_PROMOTE=serial in the environment, one
+// (the first form, kept for A/B runs).
+bool fp8_promote_serial() {
+  const char* v = std::getenv("P01_FP8_PROMOTE");
+  return v != nullptr && std::strcmp(v, "serial") == 0;
+}
+
 }  // namespace
 
 cudaError_t fp8gemm_10_wgmma_tma(const void* a, const void* b, const float* scale_a,
@@ -230,13 +253,13 @@ cudaError_t fp8gemm_10_wgmma_tma(const void* a, const void* b, const float* scal
   CUtensorMap map_a, map_b;
   if (!make_map(&map_a, a, m, k, kBM) || !make_map(&map_b, b, n, k, kBN))
     return cudaErrorInvalidValue;
+  auto kernel = fp8_promote_serial() ? fp8gemm_wgmma_kernel<false> : fp8gemm_wgmma_kernel<true>;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(fp8gemm_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kSmemBytes);
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const int tiles = p01::ceil_div(m, kBM) * p01::ceil_div(n, kBN);
-  fp8gemm_wgmma_kernel<<<tiles < sms ? tiles : sms, kThreads, kSmemBytes, stream>>>(
+  kernel<<<tiles < sms ? tiles : sms, kThreads, kSmemBytes, stream>>>(
       map_a, map_b, scale_a, scale_b, static_cast<__nv_bfloat16*>(c), m, n, k);
   return cudaGetLastError();
 }
