@@ -270,7 +270,7 @@ def gemm_operands(base: int = 0, **model) -> list[Operand]:
         b_base = st + kABytes
         da = make_desc(a_base + kk * 32, 16, 1024)
         db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024)
-        # wgmma_ss_m64n256k16: imm-trans-a = 0, imm-trans-b = 1
+        # wgmma_ss_m64nNk16_kn<T, 256>: imm-trans-a = 0, imm-trans-b = 1
         ops.append(
             Operand(
                 f"gemm A cw{cw} kk{kk}",
@@ -320,7 +320,7 @@ def fwd_operands(d: int, base: int = 0, **model) -> list[Operand]:
             ch, off = kk // 4, (kk % 4) * 32
             da = make_desc(q_base + ch * kBM * 128 + off, 16, 1024)
             db = make_desc(k + ch * kBN * 128 + off, 16, 1024)
-            # wgmma_ss_m64n128k16: imm-trans-a = imm-trans-b = 0
+            # wgmma_ss_m64nNk16_kk<T, 128>: imm-trans-a = imm-trans-b = 0
             ops.append(
                 Operand(
                     f"fwd{d} S=QK^T A=Q cw{cw} kk{kk}",
@@ -627,10 +627,19 @@ MIRRORED = {
         "d |= 1ull << 62;",
     ],
     "common/wgmma.cuh": [
-        '", %128, %129, p, 1, 1, 0, 1;\\n}\\n"',  # ss m64n256k16: trans-a 0, trans-b 1
-        '", %64, %65, p, 1, 1, 0, 0;\\n}\\n"',  # ss m64n128k16: 0, 0
-        '", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\\n}\\n"',  # rs n64: trans-b 1
-        '", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\\n}\\n"',  # rs n128: trans-b 1
+        # the transpose immediates (imm-trans-a, imm-trans-b) of each form and N
+        '", %" #DA ", %" #DB ", p, 1, 1, " TRANS ";\\n}\\n"',
+        '", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, 1;\\n}\\n"',  # rs: 1
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_kk, T, PTX, 64, P01_WGMMA_REGS_32, "
+        'P01_WGMMA_OUT32(d, 0), 32, 33, 34, "0, 0")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_kk, T, PTX, 128, P01_WGMMA_REGS_64, "
+        'P01_WGMMA_OUT64(d, 0), 64, 65, 66, "0, 0")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_kn, T, PTX, 256, P01_WGMMA_REGS_128, "
+        'P01_WGMMA_OUT128(d), 128, 129, 130, "0, 1")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_mn, T, PTX, 32, P01_WGMMA_REGS_16, "
+        'P01_WGMMA_OUT16(d), 16, 17, 18, "1, 1")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_mn, T, PTX, 64, P01_WGMMA_REGS_32, "
+        'P01_WGMMA_OUT32(d, 0), 32, 33, 34, "1, 1")',
     ],
     "gemm/hgemm_09_wgmma_tma.cu": [
         "constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;",
@@ -654,9 +663,6 @@ MIRRORED = {
         "pa[kk][i] = TypeTraits<T>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);",
     ],
     "attention/flash_bwd_hopper.cuh": [
-        '", %32, %33, p, 1, 1, 0, 0;\\n}\\n"',  # ss m64n64k16 kk: trans 0/0
-        '", %32, %33, p, 1, 1, 1, 1;\\n}\\n"',  # ss m64n64k16 mn: trans 1/1
-        '", %16, %17, p, 1, 1, 1, 1;\\n}\\n"',  # ss m64n32k16 mn: trans 1/1
         "static constexpr int kBN = 64 * kConsumers;",
         "static constexpr int kBM = 64;",
         "v = k + C::kKVBytes;",

@@ -62,62 +62,11 @@
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
 
-// ---- the wgmma forms this kernel adds (both input types) -------------------------------------
-// "{%0, ..., %15}": a 16-float accumulator (m64n32).
-#define P01_WGMMA_REGS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-#define P01_WGMMA_OUT16(d) P01_WGMMA_OUT8(d, 0), P01_WGMMA_OUT8(d, 8)
-
-namespace p01::sm90 {
-
-// ss m64n64k16, A and B K-major (S^T = K Q^T, dP^T = V dO^T): imm-trans-a = imm-trans-b = 0.
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_m64n64k16_kk(float (&d)[32], uint64_t desc_a,
-                                                      uint64_t desc_b, int scale_d);
-// ss m64nNk16, A M-major and B N-major (dQ = dS K with dS read from the dS^T tile):
-// imm-trans-a = imm-trans-b = 1. N = 64 (32 floats) or 32 (16 floats).
-template <typename T, int N>
-__device__ __forceinline__ void wgmma_ss_m64nNk16_mn(float (&d)[N / 2], uint64_t desc_a,
-                                                     uint64_t desc_b, int scale_d);
-
-#define P01_WGMMA_BWD_FORMS(T, PTX)                                                              \
-  template <>                                                                                    \
-  __device__ __forceinline__ void wgmma_ss_m64n64k16_kk<T>(float (&d)[32], uint64_t desc_a,      \
-                                                           uint64_t desc_b, int scale_d) {       \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " P01_WGMMA_REGS_32 \
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                               \
-                 : P01_WGMMA_OUT32(d, 0)                                                         \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
-  }                                                                                              \
-  template <>                                                                                    \
-  __device__ __forceinline__ void wgmma_ss_m64nNk16_mn<T, 64>(float (&d)[32], uint64_t desc_a,   \
-                                                              uint64_t desc_b, int scale_d) {    \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " P01_WGMMA_REGS_32 \
-                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"                                               \
-                 : P01_WGMMA_OUT32(d, 0)                                                         \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
-  }                                                                                              \
-  template <>                                                                                    \
-  __device__ __forceinline__ void wgmma_ss_m64nNk16_mn<T, 32>(float (&d)[16], uint64_t desc_a,   \
-                                                              uint64_t desc_b, int scale_d) {    \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX " " P01_WGMMA_REGS_16 \
-                 ", %16, %17, p, 1, 1, 1, 1;\n}\n"                                               \
-                 : P01_WGMMA_OUT16(d)                                                            \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
-  }
-
-P01_WGMMA_BWD_FORMS(__nv_bfloat16, "bf16")
-P01_WGMMA_BWD_FORMS(__half, "f16")
-
-#undef P01_WGMMA_BWD_FORMS
-
-}  // namespace p01::sm90
-
 namespace flash::hopper_bwd {
 
-using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh, wgmma.cuh)
+// mbarrier, TMA, setmaxnreg, proxy-fence and wgmma wrappers; ld_shared_f32x2 and
+// named_barrier_sync (common/sm80.cuh, re-exported by sm90.cuh). No PTX is written here.
+using namespace p01::sm90;
 
 template <int D>
 struct Config {
@@ -203,24 +152,9 @@ struct Smem {
     }
     mbar_init(dq_full(), C::kConsumers * 128);
     mbar_init(dq_empty(), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
 };
-
-// Two floats from shared memory (8-byte aligned), ordered after the mbarrier waits before it.
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Generic-proxy shared-memory writes (the dS^T tile) made visible to the async proxy (wgmma).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // The query blocks a CTA of keys n0 .. n0 + kBN - 1 walks: [m_begin, m_blocks).
 template <int D>
@@ -351,8 +285,8 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
-      wgmma_ss_m64n64k16_kk<T>(st, make_desc(k_wg + c * kBN * 128 + off, 16, 1024),
-                               make_desc(q_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+      wgmma_ss_m64nNk16_kk<T, 64>(st, make_desc(k_wg + c * kBN * 128 + off, 16, 1024),
+                                  make_desc(q_base + c * kBM * 128 + off, 16, 1024), kk > 0);
     }
     wgmma_commit();
     mbar_wait(sm.do_full(s), phase);
@@ -360,8 +294,8 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int c = kk / 4, off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16_kk<T>(dpt, make_desc(v_wg + c * kBN * 128 + off, 16, 1024),
-                               make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+      wgmma_ss_m64nNk16_kk<T, 64>(dpt, make_desc(v_wg + c * kBN * 128 + off, 16, 1024),
+                                  make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);
     }
     wgmma_commit();
 
@@ -563,11 +497,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   const int m_begin = first_query_block<D>(p, n_block * C::kBN);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    setmaxnreg_dec<C::kProducerRegs>();
     producer<D, kDqTma>(sm, p, n_block, head, batch, m_begin, m_blocks, &tma_q, &tma_k, &tma_v,
                         &tma_do, &tma_dq);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    setmaxnreg_inc<C::kConsumerRegs>();
     consumer<T, D, kDqTma>(sm, p, n_block, head, batch, m_begin, m_blocks, wg - 1);
   }
 #else

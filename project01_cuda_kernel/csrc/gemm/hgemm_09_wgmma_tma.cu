@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(smem_u32(&full[s]), 1);                   // the producer's expect_tx arrive
       mbar_init(smem_u32(&empty[s]), kConsumers * 128);  // every consumer thread
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // Producer warpgroup: 40 registers are plenty for one thread issuing copies.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       int it = 0;
       for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    setmaxnreg_inc<232>();
     const int cw = wg - 1;  // rows cw*64 .. cw*64+63 of each tile
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     float acc[128];
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // A: +32 bytes per k16 inside the swizzled 128-byte rows; B: +16 k-rows of 128 bytes.
           const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);
           const uint64_t db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024);
-          wgmma_ss_m64n256k16<T>(acc, da, db, 1);
+          wgmma_ss_m64nNk16_kn<T, kBN>(acc, da, db, 1);
         }
         wgmma_commit();
         fence_regs(acc);
