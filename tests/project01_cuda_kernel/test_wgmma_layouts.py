@@ -699,13 +699,20 @@ def test_backward_stores_ds_before_the_rs_product_that_takes_it():
     """PTX ISA (wgmma.wait_group): accessing the A-fragment registers of a wgmma.mma_async before
     a wait_group that covers it is undefined behaviour, reads included. The dS^T stores read da,
     the A operand of dK += dS^T Q, so they come before that product is issued (as in
-    FlashAttention-3); the wait after dQ covers dK before da is touched again."""
+    FlashAttention-3); the wait after dQ (issue_dq_wait_all) covers dK before da is touched
+    again."""
     text = (CSRC / "attention" / "flash_bwd_hopper.cuh").read_text()
     store = text.index("*reinterpret_cast<uint32_t*>(ds_tile + row * 128 + chunk) = da[")
     dk = text.index("wgmma_rs_m64nNk16<T, D>(dk, da[kk],")
-    wait = text.index("wgmma_wait<0>();", dk)
-    assert text.index("da[kk][i] = TypeTraits<T>::pack(") < store < dk < wait
-    assert "da[" not in text[dk + 40 : wait]
+    assert text.index("da[kk][i] = TypeTraits<T>::pack(") < store < dk
+    wait_fn = text[text.index("void issue_dq_wait_all(") :]
+    wait_fn = wait_fn[: wait_fn.index("\n}\n")]
+    assert wait_fn.index("wgmma_wait<0>();") < wait_fn.index("fence_regs(da);")
+    consumer = text[text.index("__device__ __forceinline__ void consumer(") :]
+    dk_at = consumer.find("wgmma_rs_m64nNk16<T, D>(dk, da[kk],")  # inline, or in its function
+    dk_at = dk_at if dk_at >= 0 else consumer.index("store_dst_issue_dk<T, D>(")
+    wait_at = consumer.index("issue_dq_wait_all<T, D>(", dk_at)
+    assert "da[" not in consumer[dk_at + 40 : wait_at]
 
 
 def test_sources_still_match_the_model():

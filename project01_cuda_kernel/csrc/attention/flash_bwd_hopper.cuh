@@ -239,10 +239,117 @@ __device__ __forceinline__ void producer(const Smem<D>& sm, const BwdParams& p, 
   }
 }
 
+// ---- consumer: the products of one query block --------------------------------------------------
+// S^T = K_cw Q^T and dP^T = V_cw dO^T, both 64 keys x 64 query rows, k over D: issued (two
+// commit groups), not waited for. k_wg / v_wg: this warpgroup's 64 K / V rows; q_base / do_base:
+// stage s of the Q / dO ring.
+template <typename T, int D>
+__device__ __forceinline__ void issue_st_dpt(const Smem<D>& sm, int s, uint32_t phase,
+                                             uint32_t k_wg, uint32_t v_wg, uint32_t q_base,
+                                             uint32_t do_base, float (&st)[32], float (&dpt)[32]) {
+  constexpr int kBM = Config<D>::kBM, kBN = Config<D>::kBN;
+  mbar_wait(sm.q_full(s), phase);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
+    wgmma_ss_m64nNk16_kk<T, 64>(st, make_desc(k_wg + c * kBN * 128 + off, 16, 1024),
+                                make_desc(q_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+  mbar_wait(sm.do_full(s), phase);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int c = kk / 4, off = (kk % 4) * 32;
+    wgmma_ss_m64nNk16_kk<T, 64>(dpt, make_desc(v_wg + c * kBN * 128 + off, 16, 1024),
+                                make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// dQ[:, cw * kDqCols ..] = dS K over the block's 128 keys: A = dS, M-major (the dS^T tile),
+// B = K, N-major; k16 step kk = keys 16kk .. 16kk + 15 (rows of both tiles). dS's M = 64 is
+// one swizzle row, so its LBO is unused by the documented MN-major layout; it is given the
+// SBO's value (1024) so that an A operand reading the two the other way round (no kernel of
+// ours has run imm-trans-a = 1 on a GPU yet) would read the same elements. Then waits for every
+// product of the block: dV, dK and dQ are complete, pa and da free.
+template <typename T, int D>
+__device__ __forceinline__ void issue_dq_wait_all(uint32_t ds_base, uint32_t k_dq,
+                                                  float (&dq)[Config<D>::kDqCols / 2],
+                                                  float (&dv)[D / 2], float (&dk)[D / 2],
+                                                  uint32_t (&pa)[4][4], uint32_t (&da)[4][4]) {
+  constexpr int kBN = Config<D>::kBN, kDqCols = Config<D>::kDqCols;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk)
+    wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),
+                                     make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(dv);
+  fence_regs(dk);
+  fence_regs(dq);
+  fence_regs(pa);
+  fence_regs(da);
+}
+
+// ---- consumer: the dQ accumulation --------------------------------------------------------------
+// The A/B form (kDqTma = false): dq_accum += scale * dQ with float32 atomics straight from
+// registers, rows m0 + 16 warp + g (+ 8). dq_accum: this (batch, head)'s (Sq, D) rows.
+template <int D>
+__device__ __forceinline__ void dq_atomic_add(const BwdParams& p, int cw, int warp, int g, int t,
+                                              int m0, float* dq_accum,
+                                              const float (&dq)[Config<D>::kDqCols / 2]) {
+  constexpr int kDqCols = Config<D>::kDqCols;
+  const int qrow = m0 + warp * 16 + g;
+#pragma unroll
+  for (int j = 0; j < kDqCols / 8; ++j) {
+    const int col = cw * kDqCols + 8 * j + 2 * t;
+    if (qrow < p.seqlen_q)
+      atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow) * D + col,
+                       dq[4 * j] * p.softmax_scale, dq[4 * j + 1] * p.softmax_scale);
+    if (qrow + 8 < p.seqlen_q)
+      atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow + 8) * D + col,
+                       dq[4 * j + 2] * p.softmax_scale, dq[4 * j + 3] * p.softmax_scale);
+  }
+}
+
+// ---- consumer: the epilogue ---------------------------------------------------------------------
+// dK (times scale) and dV of this thread's keys, straight from registers into query head `head`
+// of dk/dv (the binding sums them per group under grouped-query attention).
+template <typename T, int D>
+__device__ __forceinline__ void epilogue(const BwdParams& p, int key0, int t, int head,
+                                         int batch, const float (&dk)[D / 2],
+                                         const float (&dv)[D / 2]) {
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int col = 8 * j + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+            TypeTraits<T>::pack(dk[4 * j + 2 * r] * p.softmax_scale,
+                                dk[4 * j + 2 * r + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+            TypeTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+}
+
 // ---- consumer -----------------------------------------------------------------------------------
 // Accumulator layout of m64nNk16 (per warp w of the warpgroup, g = lane / 4, t = lane % 4):
 // d[4j + 0..1] = row 16w + g, columns 8j + 2t + 0..1; d[4j + 2..3] = row 16w + g + 8, same
 // columns. For S^T, dP^T, dV and dK the rows are this warpgroup's keys; for dQ the query rows.
+// A consumer thread's place, fixed for the whole kernel: warpgroup cw (0 or 1) owns keys key_lo ..
+// key_lo + 63 of the block, warp `warp` of it rows 16 warp .. 16 warp + 15 of the accumulators,
+// lane (g, t) keys key0 = key_lo + 16 warp + g and key0 + 8. The functions above take these as
+// scalars: handing them over in a struct, even by value, changed the registers ptxas assigned
+// (sass-diff), and splitting the consumer is meant to leave its machine code as it was.
 template <typename T, int D, bool kDqTma>
 __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, int n_block,
                                          int head, int batch, int m_begin, int m_blocks, int cw) {
@@ -278,26 +385,8 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
     const uint32_t q_base = smem_u32(sm.q + s * C::kQBytes);
     const uint32_t do_base = smem_u32(sm.dO + s * C::kQBytes);
 
-    // S^T = K_cw Q^T and dP^T = V_cw dO^T, both 64 keys x 64 query rows, k over D.
     float st[32], dpt[32];
-    mbar_wait(sm.q_full(s), phase);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
-      wgmma_ss_m64nNk16_kk<T, 64>(st, make_desc(k_wg + c * kBN * 128 + off, 16, 1024),
-                                  make_desc(q_base + c * kBM * 128 + off, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
-    mbar_wait(sm.do_full(s), phase);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = kk / 4, off = (kk % 4) * 32;
-      wgmma_ss_m64nNk16_kk<T, 64>(dpt, make_desc(v_wg + c * kBN * 128 + off, 16, 1024),
-                                  make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+    issue_st_dpt<T, D>(sm, s, phase, k_wg, v_wg, q_base, do_base, st, dpt);
 
     // P^T = exp2(S^T * scale log2 e - lse log2 e), 0 where the key is past Sk or (causal) after
     // the query row; rows past Sq have lse = +inf, hence P = 0.
@@ -389,25 +478,8 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
     fence_proxy_async_smem();
     named_barrier_sync(1, C::kConsumers * 128);  // both warpgroups' dS^T rows are written
 
-    // dQ[:, cw * kDqCols ..] = dS K over the block's 128 keys: A = dS, M-major (the dS^T tile),
-    // B = K, N-major; k16 step kk = keys 16kk .. 16kk + 15 (rows of both tiles). dS's M = 64 is
-    // one swizzle row, so its LBO is unused by the documented MN-major layout; it is given the
-    // SBO's value (1024) so that an A operand reading the two the other way round (no kernel of
-    // ours has run imm-trans-a = 1 on a GPU yet) would read the same elements.
     float dq[kDqCols / 2];
-    const uint32_t ds_base = smem_u32(ds_tile);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-      wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),
-                                      make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dv);
-    fence_regs(dk);
-    fence_regs(dq);
-    fence_regs(pa);
-    fence_regs(da);
+    issue_dq_wait_all<T, D>(smem_u32(ds_tile), k_dq, dq, dv, dk, pa, da);
     mbar_arrive(sm.q_empty(s));  // Q, dO, lse and D of this stage are read
 
     if constexpr (kDqTma) {
@@ -444,38 +516,10 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
       mbar_arrive(sm.dq_full());
       continue;
     }
-    // dq_accum += scale * dQ (float32 atomics), rows m0 + 16 warp + g (+ 8).
-    const int qrow = m0 + warp * 16 + g;
-#pragma unroll
-    for (int j = 0; j < kDqCols / 8; ++j) {
-      const int col = cw * kDqCols + 8 * j + 2 * t;
-      if (qrow < p.seqlen_q)
-        atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow) * D + col,
-                         dq[4 * j] * p.softmax_scale, dq[4 * j + 1] * p.softmax_scale);
-      if (qrow + 8 < p.seqlen_q)
-        atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow + 8) * D + col,
-                         dq[4 * j + 2] * p.softmax_scale, dq[4 * j + 3] * p.softmax_scale);
-    }
+    dq_atomic_add<D>(p, cw, warp, g, t, m0, dq_accum, dq);
   }
 
-  // dK (times scale) and dV of this thread's keys, query head `head` of dk/dv.
-  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
-  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key0 + 8 * r;
-    if (key < p.seqlen_k) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const int col = 8 * j + 2 * t;
-        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
-            TypeTraits<T>::pack(dk[4 * j + 2 * r] * p.softmax_scale,
-                                dk[4 * j + 2 * r + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
-            TypeTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-      }
-    }
-  }
+  epilogue<T, D>(p, key0, t, head, batch, dk, dv);
 }
 
 // ---- the kernel ---------------------------------------------------------------------------------
