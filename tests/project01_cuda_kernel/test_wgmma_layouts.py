@@ -680,14 +680,15 @@ MIRRORED = {
         "make_desc(v_wg + c * kBN * 128 + off, 16, 1024),",
         "make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);",
         "pa[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);",
-        "make_desc(do_base + kk * 16 * 128, kBM * 128, 1024), 1);",
+        "make_desc(b_base + kk * 16 * 128, kBM * 128, 1024), 1);",  # dV: b_base = do_base
+        "issue_rs_product<T, D>(dv, pa, do_base);",
         "da[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);",
-        "make_desc(q_base + kk * 16 * 128, kBM * 128, 1024), 1);",
+        "issue_rs_product<T, D>(dk, da, q_base);",
         "const int row = cw * 64 + warp * 16 + g;",
-        "const int chunk = (j ^ (row & 7)) * 16 + 4 * t;",
-        "*reinterpret_cast<uint32_t*>(ds_tile + row * 128 + chunk) = da[j / 2][(j & 1) * 2];",
-        "*reinterpret_cast<uint32_t*>(ds_tile + (row + 8) * 128 + chunk) =",
-        "da[j / 2][(j & 1) * 2 + 1];",
+        "store_dst(ds_tile + row * 128, ds_tile + (row + 8) * 128, row & 7, t, da);",
+        "const int chunk = (j ^ swz) * 16 + 4 * t;",
+        "*reinterpret_cast<uint32_t*>(row_g + chunk) = da[j / 2][(j & 1) * 2];",
+        "*reinterpret_cast<uint32_t*>(row_g8 + chunk) = da[j / 2][(j & 1) * 2 + 1];",
         "unsigned char* ds_tile = sm.ds + (it & 1) * C::kDsBytes;",
         "wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),",
         "make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);",
@@ -702,17 +703,18 @@ def test_backward_stores_ds_before_the_rs_product_that_takes_it():
     FlashAttention-3); the wait after dQ (issue_dq_wait_all) covers dK before da is touched
     again."""
     text = (CSRC / "attention" / "flash_bwd_hopper.cuh").read_text()
-    store = text.index("*reinterpret_cast<uint32_t*>(ds_tile + row * 128 + chunk) = da[")
-    dk = text.index("wgmma_rs_m64nNk16<T, D>(dk, da[kk],")
-    assert text.index("da[kk][i] = TypeTraits<T>::pack(") < store < dk
+    consumer = text[text.index("__device__ __forceinline__ void consumer(") :]
+    pack = consumer.index("compute_dst<T>(dpt, dpre2, st, da);")  # writes da
+    store = consumer.index("store_dst(ds_tile + row * 128,")  # reads da
+    dk = consumer.index("issue_rs_product<T, D>(dk, da, q_base);")  # dK's A operand is da
+    wait = consumer.index("issue_dq_wait_all<T, D>(", dk)
+    assert pack < store < dk < wait
+    assert "da" not in consumer[dk + 40 : wait].replace("da[4][4]", "")
     wait_fn = text[text.index("void issue_dq_wait_all(") :]
     wait_fn = wait_fn[: wait_fn.index("\n}\n")]
     assert wait_fn.index("wgmma_wait<0>();") < wait_fn.index("fence_regs(da);")
-    consumer = text[text.index("__device__ __forceinline__ void consumer(") :]
-    dk_at = consumer.find("wgmma_rs_m64nNk16<T, D>(dk, da[kk],")  # inline, or in its function
-    dk_at = dk_at if dk_at >= 0 else consumer.index("store_dst_issue_dk<T, D>(")
-    wait_at = consumer.index("issue_dq_wait_all<T, D>(", dk_at)
-    assert "da[" not in consumer[dk_at + 40 : wait_at]
+    store_fn = text[text.index("void store_dst(") :]
+    assert "wgmma" not in store_fn[: store_fn.index("\n}\n")]  # plain stores, no product
 
 
 def test_sources_still_match_the_model():
