@@ -643,8 +643,8 @@ MIRRORED = {
     ],
     "gemm/hgemm_09_wgmma_tma.cu": [
         "constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;",
-        "tma_load_2d(smem_u32(st), &tma_a, kt * kBK, tm * kBM, bar);",
-        "tma_load_2d(smem_u32(st + kABytes + j * kBBoxBytes), &tma_b, tn * kBN + j * 64,",
+        "tma_load_2d(smem_u32(st), tma_a, kt * kBK, tm * kBM, bar);",
+        "tma_load_2d(smem_u32(st + kABytes + j * kBBoxBytes), tma_b, tn * kBN + j * 64, kt * kBK,",
         "const uint32_t a_base = smem_u32(tiles + s * kStageBytes + cw * 64 * 128);",
         "const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);",
         "const uint64_t db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024);",
