@@ -202,7 +202,10 @@ def checkout_csrc(rev: str, dest: Path, csrc: Path = CSRC) -> Path:
         msg = tar.stderr.decode(errors="replace").strip().splitlines()
         raise ValueError(f"git cannot read {prefix} at {rev!r}: {msg[-1] if msg else 'unknown'}")
     with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as t:
-        t.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuse links and absolute paths
+            t.extractall(dest, filter="data")
+        else:  # the archive is git's own, of tracked files under one folder
+            t.extractall(dest)
     return dest / prefix
 
 

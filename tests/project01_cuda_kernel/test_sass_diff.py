@@ -4,6 +4,7 @@ and, with nvcc and cuobjdump (slow), that it calls a refactor identical and a re
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytest
 
@@ -129,3 +130,17 @@ def test_a_forceinline_refactor_is_identical_and_a_real_change_is_not(tmp_path):
 def test_an_unknown_revision_is_one_clear_error():
     with pytest.raises(ValueError, match="not a git revision"):
         sd.resolve("no-such-revision-anywhere")
+
+
+def _in_git_checkout() -> bool:
+    if shutil.which("git") is None:
+        return False
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=sd.CSRC, capture_output=True)
+    return r.returncode == 0
+
+
+@pytest.mark.skipif(not _in_git_checkout(), reason="not a git checkout: no revision to read")
+def test_a_revision_of_csrc_is_written_out_whole(tmp_path):
+    root = sd.checkout_csrc("HEAD", tmp_path)
+    assert (root / "common" / "sm90.cuh").is_file()
+    assert {p.name for p in root.rglob("*.cu")} >= {"hgemm_09_wgmma_tma.cu", "sgemm_01_naive.cu"}
