@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(smem_u32(&full[s]), 1);                  // the producer's expect_tx arrive
       mbar_init(smem_u32(&empty[s]), kConsumers * 128);  // every consumer thread
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // Producer warpgroup: 40 registers are plenty for one thread issuing copies.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
       int it = 0;
       for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    setmaxnreg_inc<232>();
     const int cw = wg - 1;  // rows cw*64 .. cw*64+63 of each tile
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const float scale = scale_a[0] * scale_b[0];
