@@ -7,6 +7,7 @@ python -m project01_cuda_kernel bench-attention        # FlashAttention against 
 python -m project01_cuda_kernel profile-gemm           # Nsight Compute (needs ncu)
 python -m project01_cuda_kernel profile-attention
 python -m project01_cuda_kernel compile-check          # no GPU: every .cu for sm_90a, ptxas
+python -m project01_cuda_kernel sass-diff --base main  # no GPU: each kernel's SASS, main vs now
 python -m project01_cuda_kernel report                 # tables and charts from the JSON alone
 """
 
@@ -48,7 +49,7 @@ class AllConfig:
 
 def commands() -> dict[str, tuple[type, Callable[..., int]]]:
     """Command name -> (its config class, the function that runs it and returns an exit code)."""
-    from . import compile_check, report
+    from . import compile_check, report, sass_diff
     from .bench import attention as bench_attention
     from .bench import gemm as bench_gemm
     from .profile import attention as profile_attention
@@ -61,6 +62,7 @@ def commands() -> dict[str, tuple[type, Callable[..., int]]]:
         "profile-gemm": (profile_gemm.GemmProfileConfig, profile_gemm.main),
         "profile-attention": (profile_attention.AttentionProfileConfig, profile_attention.main),
         "compile-check": (compile_check.CompileCheckConfig, compile_check.main),
+        "sass-diff": (sass_diff.SassDiffConfig, sass_diff.main),
         "report": (report.ReportConfig, report.main),
     }
 

@@ -63,6 +63,7 @@ _SOURCES = (
     "gemm/sgemm_07_warptiling.cu",
     "gemm/hgemm_08_mma_sync.cu",
     "gemm/hgemm_09_wgmma_tma.cu",
+    "gemm/fp8gemm_10_wgmma_tma.cu",  # step 10, FP8 (fp8_gemm.py), in the same extension
 )
 _INT32_LIMIT = 2**31  # the kernels index with 32-bit ints
 

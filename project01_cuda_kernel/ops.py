@@ -44,6 +44,9 @@
   kernels need row-major operands).
 - `project01::matmul_out(Tensor a, Tensor b, str kernel, Tensor(a!) out) -> ()`: the same product
   written into `out` (every element); no autograd, like torch's own out= variants.
+- `project01::scaled_matmul(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b) -> Tensor`: the
+  FP8 step (`fp8_gemm.scaled_matmul`): (scale_a a) (scale_b b)^T in bfloat16 for a (M, K) and
+  b (N, K) float8_e4m3fn, one-element float32 scales. Not differentiable.
 
 Each operator has two implementations and a fake (shape) function:
 
@@ -71,7 +74,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import attention, gemm
+from . import attention, fp8_gemm, gemm
 
 __all__ = [
     "flash_attn_bwd",
@@ -80,6 +83,7 @@ __all__ = [
     "flash_attn_varlen_fwd",
     "matmul",
     "matmul_out",
+    "scaled_matmul",
 ]
 
 
@@ -746,3 +750,26 @@ def _matmul_backward(ctx, dc):
 
 
 matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup_context)
+
+
+# --------------------------------------------------------------------------------------------
+# FP8 GEMM (step 10)
+
+
+@torch.library.custom_op("project01::scaled_matmul", mutates_args=(), device_types="cuda")
+def scaled_matmul(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor) -> Tensor:
+    """(scale_a a) (scale_b b)^T in bfloat16 with the FP8 kernel (compute capability 9.0)."""
+    fp8_gemm.check_inputs(a, b, scale_a, scale_b)
+    return fp8_gemm.launch(a, b, scale_a, scale_b, fp8_gemm.new_output(a, b))
+
+
+@scaled_matmul.register_kernel("cpu")
+def _scaled_matmul_cpu(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor) -> Tensor:
+    fp8_gemm.check_inputs(a, b, scale_a, scale_b)
+    return fp8_gemm.reference(a, b, scale_a, scale_b).contiguous()
+
+
+@scaled_matmul.register_fake
+def _scaled_matmul_fake(a, b, scale_a, scale_b):
+    fp8_gemm.check_inputs(a, b, scale_a, scale_b)
+    return fp8_gemm.new_output(a, b)

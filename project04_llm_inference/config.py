@@ -119,6 +119,7 @@ _ENGINE_CHOICES = {
     "device": ("auto", "cuda", "cpu"),
     "speculative_method": ("none", "ngram", "draft"),
     "quantization": ("none", "fp8"),
+    "kv_cache_dtype": ("auto", "fp8", "fp8_e4m3"),
 }
 
 
@@ -228,7 +229,15 @@ class EngineArgs:
     """'fp8': quantize the decoder layers' projection weights to FP8 e4m3 with one scale per
     output channel at load (embedding, LM head and norms keep the model dtype). A CUDA GPU
     needs compute capability >= 8.9 (there the projections run W8A8 through
-    `torch._scaled_mm`, activations scaled per token); the CPU runs a dequantizing reference."""
+    `torch._scaled_mm`, activations scaled per token); the CPU runs a dequantizing reference.
+    A folder stored in FP8 (config.json quant_method 'compressed-tensors' or 'fbgemm_fp8') is
+    read as FP8 as stored, with or without this flag; any other quant_method is refused."""
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3"] = "auto"
+    """'auto': the KV cache holds the model dtype. 'fp8' (or 'fp8_e4m3'): K and V are stored as
+    float8_e4m3fn, one byte an element (twice the tokens in the same memory), with one float32
+    scale per layer and KV head: the checkpoint's k_scale / v_scale when it has them, else 1
+    (vLLM's default). Written as x / scale rounded to e4m3 (saturating at +-448 x scale), read
+    back as e4m3 x scale with attention in float32 on the CPU and the 16-bit dtype on a GPU."""
 
     @property
     def fused_greedy(self) -> bool:

@@ -14,6 +14,11 @@ read once, C written once) and the roofline position against the GPU's datasheet
 (shared.hardware). The record's environment holds the GPU's clocks, temperature and power at
 the start and the end.
 
+The FP8 step (fp8gemm_10_wgmma_tma, Hopper only) is measured the same way at its own square
+sizes (`--fp8-sizes`, default 4096 and 8192) against `torch._scaled_mm` (cuBLASLt FP8) with
+per-tensor scales and bfloat16 output (bench/fp8_gemm.py); its rows carry dtype
+"float8_e4m3fn" and its baseline rows sit beside cuBLAS's.
+
     python -m project01_cuda_kernel bench-gemm                  # the full sweep
     python -m project01_cuda_kernel bench-gemm --quick          # small sizes, a smoke run
 
@@ -34,6 +39,7 @@ from typing import Literal
 from project01_cuda_kernel import PROJECT
 from shared.repeat import DEFAULT_REPEATS, Spread, flat
 
+from ..fp8_gemm import FP8_GEMM_KERNELS, REL_ERR_FLOOR
 from ..gemm import GEMM_KERNELS
 from .interleaved import time_interleaved, timing_fields
 
@@ -43,8 +49,15 @@ TRANSFORMER_SHAPES = ((8192, 5632, 2048), (8192, 2048, 5632))
 # Slow early steps are only timed up to this many FLOPs (naive at 8192^3 takes seconds a call).
 MAX_FLOPS = {1: 2 * 4096**3, 2: 2 * 4096**3, 3: 2 * 4096**3}
 # Error slack where cuBLAS is near exact: float32 gets 2 sqrt(K) 2^-24 (a sequential K-term sum's
-# rounding), bfloat16/float16 a fixed floor.
-ERR_FLOOR = {"float32": "2*sqrt(K)*2^-24", "bfloat16": 1e-3, "float16": 1e-4}
+# rounding), bfloat16/float16 a fixed floor, the FP8 step (bfloat16 output) fp8_gemm's floor.
+ERR_FLOOR = {
+    "float32": "2*sqrt(K)*2^-24",
+    "bfloat16": 1e-3,
+    "float16": 1e-4,
+    "float8_e4m3fn": REL_ERR_FLOOR,
+}
+FP8_SIZES = (4096, 8192)  # the FP8 step's square sizes against torch._scaled_mm
+FP8_QUICK_SIZES = (512,)
 
 
 def err_floor(dtype_name: str, k: int) -> float:
@@ -52,7 +65,8 @@ def err_floor(dtype_name: str, k: int) -> float:
 
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-GemmKernel = Literal[GEMM_KERNELS]  # the ladder's kernel names, as command-line choices
+ALL_KERNELS = GEMM_KERNELS + FP8_GEMM_KERNELS
+GemmKernel = Literal[ALL_KERNELS]  # the ladder's kernel names, as command-line choices
 
 
 @dataclass
@@ -68,6 +82,9 @@ class GemmBenchConfig:
     """ladder kernels (None: every one that runs on this GPU)"""
     half_dtypes: tuple[Literal["bf16", "fp16"], ...] = ("bf16",)
     """dtypes of the tensor-core kernels"""
+    fp8_sizes: tuple[int, ...] = FP8_SIZES
+    """square sizes M = N = K of the FP8 step against torch._scaled_mm, each a multiple of 16
+    (empty: no FP8 groups; --quick: 512); Hopper only"""
     warmup_ms: float = 25.0
     """warm-up time before each measurement, ms"""
     rep_ms: float = 100.0
@@ -87,9 +104,14 @@ class GemmBenchConfig:
             if s < 1:
                 raise ValueError(f"--sizes: expected integers >= 1, got {s}")
         self.shape_list()
+        for s in self.fp8_sizes:
+            if s < 16 or s % 16:
+                raise ValueError(
+                    f"--fp8-sizes: expected multiples of 16 (the FP8 kernel's K rule), got {s}"
+                )
         for k in self.kernels or ():
-            if k not in GEMM_KERNELS:
-                raise ValueError(f"--kernels: unknown kernel {k!r}; choose from {GEMM_KERNELS}")
+            if k not in ALL_KERNELS:
+                raise ValueError(f"--kernels: unknown kernel {k!r}; choose from {ALL_KERNELS}")
         for name in ("warmup_ms", "rep_ms"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
@@ -131,7 +153,9 @@ def _row(kind, kernel, dtype_name, shape, timings, err, torch_err, spec, tdtype)
 
     m, n, k = shape
     flops = matmul_flops(m, n, k)
-    nbytes = matmul_bytes(m, n, k, dtype_bytes(tdtype))
+    # FP8 inputs give a bfloat16 product (2 bytes); every other dtype writes its own.
+    out_bytes = 2 if dtype_name.startswith("float8") else None
+    nbytes = matmul_bytes(m, n, k, dtype_bytes(tdtype), out_bytes)
     row = {
         "kind": kind,
         "kernel": kernel,
@@ -265,6 +289,13 @@ def _measure_group(shape, dt, kernels: list[str], args: GemmBenchConfig, spec):
     return time_shape(shape, dt, checked, timers, args.repeats, cublas_err=cublas_err, spec=spec)
 
 
+def fp8_sizes_of(args: GemmBenchConfig) -> list[int]:
+    """The FP8 step's square sizes in this run: none unless its kernel is selected."""
+    if args.kernels is not None and not set(args.kernels) & set(FP8_GEMM_KERNELS):
+        return []
+    return list(FP8_QUICK_SIZES if args.quick else args.fp8_sizes)
+
+
 def measure(args: GemmBenchConfig) -> dict:
     """cuBLAS and every ladder kernel at every shape and dtype of `args`, on this GPU: the
     record's results."""
@@ -273,8 +304,9 @@ def measure(args: GemmBenchConfig) -> dict:
     from shared.hardware import detect_gpu
     from shared.progress import progress
 
-    from .. import gemm
+    from .. import fp8_gemm, gemm
     from .._build import require_cuda
+    from .fp8_gemm import measure_fp8_group
 
     require_cuda()
     torch.backends.cuda.matmul.allow_tf32 = False  # cuBLAS float32 on CUDA cores, like ours
@@ -282,11 +314,13 @@ def measure(args: GemmBenchConfig) -> dict:
     spec = detect_gpu()
     sizes = [256, 512] if args.quick else args.sizes
     shapes = [(s, s, s) for s in sizes] + ([] if args.quick else args.shape_list())
-    kernels = args.kernels or list(gemm.available_kernels())
+    kernels = [k for k in args.kernels or gemm.available_kernels() if k in GEMM_KERNELS]
     half = [getattr(torch, DTYPE_NAMES[d]) for d in args.half_dtypes]
     dtypes = [torch.float32, *half]
 
     def ladder_at(shape, dt) -> list[str]:
+        if dt == fp8_gemm.IN_DTYPE:
+            return [fp8_gemm.KERNEL]
         flops = 2 * shape[0] * shape[1] * shape[2]
         return [
             kernel
@@ -296,6 +330,11 @@ def measure(args: GemmBenchConfig) -> dict:
         ]
 
     groups = [(shape, dt) for shape in shapes for dt in dtypes]
+    fp8_groups = [(s, s, s) for s in fp8_sizes_of(args)]
+    if fp8_groups and not fp8_gemm.available():
+        print(f"{fp8_gemm.KERNEL}: skipped: needs compute capability 9.0 (Hopper)", flush=True)
+        fp8_groups = []
+    groups += [(shape, fp8_gemm.IN_DTYPE) for shape in fp8_groups]
     n_ladder = sum(len(ladder_at(shape, dt)) for shape, dt in groups)
     t0 = time.perf_counter()
     print(
@@ -308,8 +347,9 @@ def measure(args: GemmBenchConfig) -> dict:
     with progress(len(groups), "gemm", unit="group", every=1, stream=sys.stdout) as bar:
         for shape, dt in groups:
             dn = str(dt).removeprefix("torch.")
+            measure_group = measure_fp8_group if dt == fp8_gemm.IN_DTYPE else _measure_group
             try:
-                base, ladder = _measure_group(shape, dt, ladder_at(shape, dt), args, spec)
+                base, ladder = measure_group(shape, dt, ladder_at(shape, dt), args, spec)
             except Exception as e:  # a fault poisons what follows, never what was measured
                 why = f"not measured: {type(e).__name__}: {e}"[:300]
                 base, ladder = (
@@ -411,6 +451,7 @@ def run(args: GemmBenchConfig) -> Path:
         "shapes": result.pop("shapes"),
         "kernels": list(args.kernels) if args.kernels else None,
         "half_dtypes": list(args.half_dtypes),
+        "fp8_sizes": fp8_sizes_of(args),
         "warmup_ms": args.warmup_ms,
         "rep_ms": args.rep_ms,
         "repeats": args.repeats,
@@ -426,7 +467,8 @@ def run(args: GemmBenchConfig) -> Path:
         PROJECT,
         "gemm",
         result,
-        baseline="cuBLAS through torch.matmul (TF32 off), same process, same inputs, "
+        baseline="cuBLAS through torch.matmul (TF32 off); for the FP8 step cuBLASLt through "
+        "torch._scaled_mm (per-tensor scales, bfloat16 output); same process, same inputs, "
         "alternating with the ladder",
         config=config,
         reports_dir=reports_dir,

@@ -36,7 +36,18 @@ def _short_label(r: dict) -> str:
 LADDER_FAMILIES = {  # the ladder chart's bar colours and legend, by dtype
     "float32": "float32 steps (CUDA cores)",
     "bfloat16": "bfloat16 steps (tensor cores)",
+    "float8_e4m3fn": "FP8 step (tensor cores, e4m3, bfloat16 out)",
 }
+FP8 = "float8_e4m3fn"
+# The baseline's name in the ladder table, by dtype (cuBLAS unless said).
+BASELINE_NAMES = {FP8: "cuBLASLt float8_e4m3fn (torch._scaled_mm)"}
+
+
+def kernel_dtype(kernel: str) -> str:
+    """The dtype a ladder kernel is tabled in: float32 (steps 1-7), bfloat16 (8-9), FP8 (10)."""
+    if kernel.startswith("sgemm_"):
+        return "float32"
+    return FP8 if kernel.startswith("fp8gemm_") else "bfloat16"
 
 
 def _caption(record: dict) -> str:
@@ -55,18 +66,20 @@ def _pick(rows: list[dict], **match) -> dict | None:
 def render_ladder(gemm: dict) -> str:
     from shared.results import markdown_table
 
+    from .. import fp8_gemm
     from ..gemm import KERNEL_NOTES
 
+    notes = {**KERNEL_NOTES, fp8_gemm.KERNEL: fp8_gemm.KERNEL_NOTE}
     res = gemm["results"]
     rows, base = res["rows"], res["baseline"]
     table = []
     kernels = sorted({r["kernel"] for r in rows}, key=gemm_step)
     for kernel in kernels:
-        dtype = "float32" if kernel.startswith("sgemm_") else "bfloat16"
+        dtype = kernel_dtype(kernel)
         entry = {
             "step": gemm_step(kernel),
             "kernel": f"`{kernel}`",
-            "what changed": KERNEL_NOTES.get(kernel, ""),
+            "what changed": notes.get(kernel, ""),
         }
         for size in (4096, 8192):
             shape = f"{size}x{size}x{size}"
@@ -85,14 +98,14 @@ def render_ladder(gemm: dict) -> str:
         entry["% of roof 4096³"] = ranged(r4, "pct_of_roof", _G)
         entry["rel. error 4096³"] = r4.get("rel_err")
         table.append(entry)
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", FP8):
         b4 = _pick(base, shape="4096x4096x4096", dtype=dtype)
         b8 = _pick(base, shape="8192x8192x8192", dtype=dtype)
         if b4 or b8:
             table.append(
                 {
                     "step": "",
-                    "kernel": f"cuBLAS {dtype}",
+                    "kernel": BASELINE_NAMES.get(dtype, f"cuBLAS {dtype}"),
                     "what changed": "baseline, same run",
                     "TFLOP/s 4096³": ranged(b4, "tflops", _G),
                     "% cuBLAS 4096³": 100.0 if b4 else None,
@@ -106,9 +119,20 @@ def render_ladder(gemm: dict) -> str:
     note = (
         "float32 steps (1-7) are compared with cuBLAS float32 (TF32 off), tensor-core steps with "
         "cuBLAS bfloat16; '% of roof' is achieved FLOP/s over the roofline's attainable FLOP/s "
-        "at the minimum-bytes intensity (datasheet peaks)." + _repeats_note(res)
+        "at the minimum-bytes intensity (datasheet peaks)." + _fp8_note(res) + _repeats_note(res)
     )
     return "\n".join([markdown_table(table, floatfmt=",.3g"), "", note, "", _caption(gemm)])
+
+
+def _fp8_note(res: dict) -> str:
+    """A sentence on the FP8 step, for a record that holds it (none otherwise)."""
+    if not any(r.get("dtype") == FP8 for r in res["rows"]):
+        return ""
+    return (
+        " The FP8 step (10) takes float8 e4m3 A (M, K) and B (N, K) with per-tensor scales and "
+        "writes bfloat16; it is compared with cuBLASLt FP8 through torch._scaled_mm on the same "
+        "inputs, and its roofline uses the FP8 peak (1-byte inputs, 2-byte output)."
+    )
 
 
 def _repeats_note(res: dict) -> str:
@@ -321,7 +345,8 @@ def make_charts(result: dict, out_dir: Path, footnote: str) -> list[Path]:
         cublas = {
             LADDER_FAMILIES[dt]: (
                 base[(ladder_shape, dt)]["tflops"],
-                f"cuBLAS {dt}: {base[(ladder_shape, dt)]['tflops']:.3g} TFLOP/s",
+                f"{BASELINE_NAMES.get(dt, f'cuBLAS {dt}')}: "
+                f"{base[(ladder_shape, dt)]['tflops']:.3g} TFLOP/s",
             )
             for dt in LADDER_FAMILIES
             if (ladder_shape, dt) in base
@@ -346,6 +371,7 @@ def make_charts(result: dict, out_dir: Path, footnote: str) -> list[Path]:
         ("sgemm_07_warptiling", "float32"),
         ("hgemm_08_mma_sync", "bfloat16"),
         ("hgemm_09_wgmma_tma", "bfloat16"),
+        ("fp8gemm_10_wgmma_tma", FP8),
     ):
         pts = [
             (r["m"], r["tflops"])
@@ -354,14 +380,15 @@ def make_charts(result: dict, out_dir: Path, footnote: str) -> list[Path]:
         ]
         if pts:
             series[f"{name} ({dt})"] = ([p[0] for p in pts], [p[1] for p in pts])
-    for dt in ("float32", "bfloat16"):
+    for dt in ("float32", "bfloat16", FP8):
         pts = [
             (s, base[(_shape_label(s, s, s), dt)]["tflops"])
             for s in squares
             if (_shape_label(s, s, s), dt) in base
         ]
         if pts:
-            series[f"cuBLAS ({dt})"] = ([p[0] for p in pts], [p[1] for p in pts])
+            label = BASELINE_NAMES.get(dt, f"cuBLAS ({dt})")
+            series[label] = ([p[0] for p in pts], [p[1] for p in pts])
     if series:
         paths.append(
             line_chart(
@@ -378,7 +405,9 @@ def make_charts(result: dict, out_dir: Path, footnote: str) -> list[Path]:
     spec = result.get("gpu_spec")
     if spec:
         bw = spec["bandwidth_gbs"] * 1e9
-        for dt, key in (("bfloat16", "bf16"), ("float32", "fp32")):
+        for dt, key in (("bfloat16", "bf16"), ("float32", "fp32"), (FP8, "fp8")):
+            if key not in spec["peak_tflops"]:
+                continue
             chosen = [
                 r
                 for r in rows + result["baseline"]

@@ -1,12 +1,14 @@
-"""The engine against itself in other precisions and splits: FP8 weights and tensor
-parallelism, each timed next to the plain engine (the first variant) in the same process.
+"""The engine against itself in other precisions and splits: FP8 weights, an FP8 KV cache and
+tensor parallelism, each timed next to the plain engine (the first variant) in the same process.
 
-A variant is a precision and a tensor-parallel size ("bf16", "fp8", "bf16-tp2", "fp8-tp2").
-"fp8" is the engine's FP8 dispatch: decode steps of one and two tokens run the GEMV kernel's
-FP8 variant (e4m3 weights, bf16 activations), larger ones `torch._scaled_mm` (W8A8);
-"fp8-scaledmm" (one GPU only) runs `_scaled_mm` at every batch size, as FP8 ran before that
-variant existed, so the two side by side show what the FP8 GEMV buys at batch 1. Each row says
-whether its decode steps took the FP8 GEMV (`fp8_gemv`).
+A variant is a weight precision, optionally an FP8 KV cache ("-kvfp8") and a tensor-parallel
+size ("bf16", "fp8", "bf16-kvfp8", "fp8-kvfp8", "bf16-tp2", "fp8-kvfp8-tp2"). Each row also
+records the KV pool's size in blocks that `gpu_memory_utilization` left (an FP8 cache's block
+takes half the bytes). FP8 weights: "fp8" is the engine's dispatch, decode steps of one and
+two tokens on the GEMV kernel's FP8 variant (e4m3 weights, bf16 activations) and larger ones
+on `torch._scaled_mm` (W8A8); "fp8-scaledmm" (one GPU only) runs `_scaled_mm` at every batch
+size, as FP8 ran before that variant existed, so the two side by side show what the FP8 GEMV
+buys at batch 1. Each row says whether its decode steps took the FP8 GEMV (`fp8_gemv`).
 For each batch size, `batch` requests of `context` random prompt tokens generate `output`
 tokens greedily (ignore_eos); the same requests with one output token time the prefill, and
 the difference is the decode: ms per decode step (the latency a token costs at that batch) and
@@ -34,8 +36,8 @@ class EngineVariantsConfig:
     """Decode latency and throughput of FP8 and tensor-parallel engines against bf16."""
 
     variants: list[str] = field(default_factory=lambda: ["bf16", "fp8"])
-    """'<bf16|fp8>' or '<bf16|fp8>-tp<N>', or 'fp8-scaledmm' (FP8 without the GEMV kernel's
-    FP8 variant); the first is the baseline of the ratios."""
+    """'<bf16|fp8|fp8-scaledmm>[-kvfp8][-tp<N>]' ('fp8-scaledmm': FP8 weights without the GEMV
+    kernel's FP8 variant, one GPU only); the first is the baseline of the ratios."""
     shape: str = "llama-3.2-1b"
     """dummy-weight shape (project04_llm_inference.config.DUMMY_SHAPES)"""
     batch_sizes: list[int] = field(default_factory=lambda: [1, 64])
@@ -63,16 +65,17 @@ class EngineVariantsConfig:
             raise ValueError("EngineVariantsConfig.batch_sizes must be >= 1")
 
 
-def parse_variant(v: str) -> tuple[str, int]:
-    """'fp8-tp2' -> ('fp8', 2); 'fp8-scaledmm' -> ('fp8-scaledmm', 1)."""
-    if v == "fp8-scaledmm":  # the switch is a module flag of this process: no TP workers
-        return v, 1
-    m = re.fullmatch(r"(bf16|fp8)(?:-tp([1-9][0-9]*))?", v)
-    if m is None:
+def parse_variant(v: str) -> tuple[str, int, str]:
+    """'fp8-kvfp8-tp2' -> ('fp8', 2, 'fp8'): weights, TP size, KV cache dtype ('auto' or 'fp8');
+    'fp8-scaledmm' -> ('fp8-scaledmm', 1, 'auto')."""
+    m = re.fullmatch(r"(bf16|fp8(?:-scaledmm)?)(-kvfp8)?(?:-tp([1-9][0-9]*))?", v)
+    # fp8-scaledmm's switch is a module flag of this process: TP workers would not see it
+    if m is None or (m.group(1) == "fp8-scaledmm" and int(m.group(3) or 1) > 1):
         raise ValueError(
-            f"variant {v!r}: expected 'bf16' or 'fp8', optionally '-tp<N>', or 'fp8-scaledmm'"
+            f"variant {v!r}: expected 'bf16' or 'fp8' (or 'fp8-scaledmm', one GPU), optionally "
+            "'-kvfp8', then '-tp<N>'"
         )
-    return m.group(1), int(m.group(2) or 1)
+    return m.group(1), int(m.group(3) or 1), "fp8" if m.group(2) else "auto"
 
 
 def _time_generate(llm, prompts, n_out: int) -> float:
@@ -98,7 +101,7 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
     from project04_llm_inference.engine.tp_worker import shutdown
     from project04_llm_inference.kernels import gemv
 
-    prec, tp = parse_variant(variant)
+    prec, tp, kv = parse_variant(variant)
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     vocab = DUMMY_SHAPES[cfg.shape]["vocab_size"]
     saved_fp8_gemv = gemv.FP8_GEMV
@@ -113,6 +116,7 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
                 max_num_seqs=max(cfg.batch_sizes),
                 quantization="fp8" if prec.startswith("fp8") else "none",
                 tensor_parallel_size=tp,
+                kv_cache_dtype=kv,
             )
         )
     except BaseException:
@@ -149,6 +153,8 @@ def run_variant(cfg: EngineVariantsConfig, variant: str) -> list[dict]:
                     "variant": variant,
                     "batch": b,
                     "tensor_parallel_size": tp,
+                    "kv_cache_dtype": kv,
+                    "kv_blocks": llm.engine.runner.num_blocks,
                     "decode_ms_per_step": 1e3 * med / steps,
                     "decode_tok_s": b * steps / med,
                     "collective_ms_per_step": (

@@ -1,12 +1,16 @@
-"""What FP8 weights cost in accuracy: the same model's logits, greedy choices and perplexity on
-held-out text, with float32 (CPU) or bfloat16 (GPU) weights against FP8 e4m3 weights
-(per-output-channel scales, the engine's `--quantization fp8`).
+"""What FP8 costs in accuracy: the same model's logits, greedy choices and perplexity on held-out
+text, with float32 (CPU) or bfloat16 (GPU) weights and KV cache against three FP8 variants:
+FP8 e4m3 weights (per-output-channel scales, the engine's `--quantization fp8`), an FP8 KV cache
+(per-(layer, KV head) scales, `--kv-cache-dtype fp8`) and both together.
 
 The text is the code model's held-out files (every 20th file of the standard library corpus it
 trains on, never seen in training), tokenized by the model's own tokenizer and cut into windows;
 each window is one prefill through the engine's model over a paged KV cache, logits at every
-position. Reported: the max and mean absolute logit error, the share of positions whose argmax
-(the greedy next token) is unchanged, and both perplexities with the relative change. With no
+position; the window's K and V are written to the cache and read back from it, so an FP8 cache's
+rounding reaches every position after the first. Reported per variant: the max and mean
+absolute logit error, the share of positions whose argmax (the greedy next token) is unchanged,
+and both perplexities with the relative change. The KV scales are the checkpoint's `k_scale` /
+`v_scale` where it has them, else 1 (the engine's rule). With no
 `--model`, the repo's code model is trained first (`train-code-model`'s tiny preset, a short run)
 into the run's folder. On the CPU the FP8 path is the dequantizing reference (weights-only); on
 a GPU of compute capability >= 8.9 it is `torch._scaled_mm` (W8A8, per-token activation scales).
@@ -26,7 +30,8 @@ PROJECT = "project04_llm_inference"
 
 @dataclass
 class Fp8AccuracyConfig:
-    """Accuracy of FP8 weights against the model's own dtype, on held-out code (JSON record)."""
+    """Accuracy of FP8 weights, an FP8 KV cache and both against the model's own dtype, on
+    held-out code (JSON record)."""
 
     model: str | None = None
     """Hugging Face model folder with tokenizer.json; none: train the code model (tiny) first."""
@@ -71,15 +76,19 @@ def heldout_ids(model_dir: Path, n_tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
-def window_logits(model, ids: torch.Tensor, block_size: int = 16) -> torch.Tensor:
-    """(W,) token ids -> (W, vocab) float32 logits: one prefill over a fresh paged cache."""
+def window_logits(
+    model, ids: torch.Tensor, block_size: int = 16, kv_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """(W,) token ids -> (W, vocab) float32 logits: one prefill over a fresh paged cache of
+    kv_dtype (default: the model's dtype; float8_e4m3fn: the FP8 cache)."""
     from ..model.llama import AttnMetadata
 
     cfg, dev, w = model.cfg, model.norm.device, ids.shape[0]
     blocks = -(-w // block_size)
     shape = (blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+    kv_dtype = kv_dtype or model.norm.dtype
     kv = [
-        tuple(torch.zeros(shape, dtype=model.norm.dtype, device=dev) for _ in "kv")
+        tuple(torch.zeros(shape, dtype=kv_dtype, device=dev) for _ in "kv")
         for _ in range(cfg.num_hidden_layers)
     ]
     i32 = dict(dtype=torch.int32, device=dev)
@@ -98,12 +107,13 @@ def window_logits(model, ids: torch.Tensor, block_size: int = 16) -> torch.Tenso
     return model.compute_logits(model(ids.to(dev), meta, kv))
 
 
-def compare(base, fp8, windows: list[torch.Tensor]) -> dict:
-    """Logit errors, greedy agreement and perplexities of fp8 against base over the windows."""
+def compare(base, fp8, windows: list[torch.Tensor], kv_dtype: torch.dtype | None = None) -> dict:
+    """Logit errors, greedy agreement and perplexities of fp8 (its KV cache of kv_dtype, default
+    its own dtype) against base (its own dtype) over the windows."""
     max_err, abs_sum, n_logits, agree, n_pos = 0.0, 0.0, 0, 0, 0
     nll = {"base": 0.0, "fp8": 0.0}
     for ids in windows:
-        a, b = window_logits(base, ids), window_logits(fp8, ids)
+        a, b = window_logits(base, ids), window_logits(fp8, ids, kv_dtype=kv_dtype)
         d = (a - b).abs()
         max_err = max(max_err, float(d.max()))
         abs_sum += float(d.double().sum())
@@ -130,6 +140,7 @@ def run(cfg: Fp8AccuracyConfig) -> dict:
     """Train (or take) the model, score both precisions, save the JSON record, return it."""
     from shared.results import output_root, save_result
 
+    from ..kernels.fp8 import FP8_DTYPE
     from ..model.loader import build_model, read_config
     from ..model.quant import check_fp8_device
 
@@ -138,6 +149,13 @@ def run(cfg: Fp8AccuracyConfig) -> dict:
     if device.type == "cuda" and not cuda:
         raise ValueError("Fp8AccuracyConfig.device: 'cuda' asked for, but torch sees no CUDA GPU")
     check_fp8_device(device)
+    if device.type == "cuda" and cfg.model is None:
+        # the tiny preset's head dim (128 / 4 heads) is not one the CUDA attention kernels take
+        raise ValueError(
+            "Fp8AccuracyConfig.model: on CUDA give a model of head dim 64 or 128 (the attention "
+            "kernels'), e.g. one from `train-code-model --preset full`; the tiny code model "
+            "trained by default has head dim 32"
+        )
     out = output_root(cfg.reports_dir)
     train_record = None
     if cfg.model is None:
@@ -162,24 +180,39 @@ def run(cfg: Fp8AccuracyConfig) -> dict:
     common = dict(model_dir=model_dir, dtype=dtype, device=device, max_positions=cfg.window)
     base = build_model(hf, **common)
     fp8 = build_model(hf, quantization="fp8", **common)
+    variants = {
+        "weights": compare(base, fp8, windows),
+        "kv_cache": compare(base, base, windows, kv_dtype=FP8_DTYPE),
+        "weights+kv_cache": compare(base, fp8, windows, kv_dtype=FP8_DTYPE),
+    }
+    unit = all(
+        bool((layer.k_scale == 1).all() and (layer.v_scale == 1).all()) for layer in base.layers
+    )
     results = {
         "model": str(model_dir),
         "baseline_dtype": str(dtype).removeprefix("torch."),
         "fp8_path": "torch._scaled_mm W8A8" if device.type == "cuda" else "dequantized weights",
+        "kv_cache_path": "CUDA kernels, e4m3 tiles converted in shared memory"
+        if device.type == "cuda"
+        else "reference, dequantized in float32",
+        "kv_scales": "1 (none in the checkpoint)" if unit else "the checkpoint's k_scale/v_scale",
         "windows": n,
         "window": cfg.window,
-        **compare(base, fp8, windows),
+        "variants": variants,
     }
     if train_record is not None:
         results["code_model"] = {
             k: train_record[k] for k in ("params", "train_loss", "heldout_loss", "train_seconds")
         }
-    print({k: round(v, 6) if isinstance(v, float) else v for k, v in results.items()})
+    for name, row in variants.items():
+        print(name, {k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()})
     path = save_result(
         PROJECT,
         "fp8_accuracy",
         results,
-        baseline=f"the same model with {results['baseline_dtype']} weights, same process",
+        baseline=(
+            f"the same model with {results['baseline_dtype']} weights and KV cache, same process"
+        ),
         config=asdict(cfg),
         reports_dir=str(out),
     )

@@ -15,6 +15,11 @@ Bytes = K and V of every context token read once + q + out; GB/s = bytes / media
 (`triton.testing.do_bench`, which flushes L2 between runs), against the copy bandwidth of
 `shared.hardware`. Shapes whose two caches (paged + contiguous) would not fit are skipped.
 
+With `--kv-cache-dtype fp8` the paged cache holds the same values rounded to float8_e4m3fn
+(scales 1; the kernel's FP8 variant), its bytes counted at one per element, against SDPA over
+the same bfloat16 contiguous cache: the ratio is what an FP8 cache buys the decode step. That
+record is `decode_attention_kvfp8.json`.
+
 Each shape is timed in `repeats` repetitions (default 5), ours and SDPA alternating
 (`shared.repeat.interleave`); every figure is the median over repetitions with `_min`, `_max`
 and `_reps` beside it, the speedup the median of the per-repetition ratios. The record's
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +58,8 @@ class KernelBenchConfig:
     """tokens per KV-cache block"""
     dtype: str = "bfloat16"
     """bfloat16 or float16"""
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    """'auto': the paged cache in `dtype`; 'fp8': in float8_e4m3fn (SDPA keeps `dtype`)"""
     seed: int = 0
     """seed of the random cache and queries"""
     memory_fraction: float = 0.6
@@ -89,12 +97,19 @@ def run_shape(b: int, s: int, cfg: KernelBenchConfig) -> dict:
 
     dtype, hq, hkv, d = getattr(torch, cfg.dtype), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     elt = torch.finfo(dtype).bits // 8
-    kv_bytes = 2 * b * s * hkv * d * elt  # K and V, every context token once
-    row = {"batch": b, "context": s, "bytes": kv_bytes + 2 * b * hq * d * elt}
+    fp8 = cfg.kv_cache_dtype == "fp8"
+    kv_bytes = 2 * b * s * hkv * d * elt  # K and V, every context token once (16-bit)
+    ours_kv_bytes = kv_bytes // elt if fp8 else kv_bytes  # the paged cache's: 1 byte in FP8
+    row = {"batch": b, "context": s, "bytes": ours_kv_bytes + 2 * b * hq * d * elt}
+    row["sdpa_bytes"] = kv_bytes + 2 * b * hq * d * elt
     free, _ = torch.cuda.mem_get_info()
     if 2 * kv_bytes > cfg.memory_fraction * free:
         return {**row, "skipped": f"needs {2 * kv_bytes / 2**30:.1f} GiB for two caches"}
     (k, v), (k_cache, v_cache), tables = _caches(b, s, cfg, dtype)
+    scales = (None, None)
+    if fp8:  # randn values: scale 1 keeps them in e4m3's normal range
+        k_cache, v_cache = k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn)
+        scales = (torch.ones(hkv, device="cuda"), torch.ones(hkv, device="cuda"))
     q = torch.randn(b, hq, d, device="cuda", dtype=dtype)
     lens = torch.full((b,), s, dtype=torch.int32, device="cuda")
     scale = d**-0.5
@@ -102,7 +117,7 @@ def run_shape(b: int, s: int, cfg: KernelBenchConfig) -> dict:
     row["partition_size"], row["num_splits"] = split_plan(b, hkv, s, sms)
 
     def ours():
-        return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, s)
+        return paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, s, *scales)
 
     def sdpa():
         return F.scaled_dot_product_attention(q[:, :, None], k, v, scale=scale, enable_gqa=True)
@@ -137,7 +152,8 @@ def run_shape(b: int, s: int, cfg: KernelBenchConfig) -> dict:
         ms = reps.spread(key)
         if ms is not None:
             row.update(flat(f"{key}_ms", ms))
-            row.update(flat(f"{key}_gbps", ms.map(lambda t: row["bytes"] / (t * 1e-3) / 1e9)))
+            n = row["bytes"] if key == "ours" else row["sdpa_bytes"]
+            row.update(flat(f"{key}_gbps", ms.map(lambda t, n=n: n / (t * 1e-3) / 1e9)))
     speedup = reps.ratio("sdpa", "ours")
     if speedup is not None:
         row.update(flat("speedup_vs_sdpa", speedup))
@@ -170,7 +186,7 @@ def run(cfg: KernelBenchConfig) -> dict:
     }
     path = save_result(
         PROJECT,
-        "decode_attention",
+        "decode_attention_kvfp8" if cfg.kv_cache_dtype == "fp8" else "decode_attention",
         results,
         baseline="SDPA (enable_gqa=True, backend of its choice) over a contiguous cache, same process",
         config={**asdict(cfg), "timing": "cuda_graph"},

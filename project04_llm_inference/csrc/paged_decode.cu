@@ -19,6 +19,12 @@
 // size, number of splits) comes from host integers only; context lengths are read on the device,
 // so one launch can be captured in a CUDA graph and replayed with new lengths. A split past its
 // sequence's end returns at once; the combine kernel counts a sequence's splits from its length.
+//
+// An FP8 cache (C = fp8_t: float8_e4m3fn, one float32 scale per KV head, fp8_kv.cuh): the ring
+// holds the raw e4m3 tiles (half the bytes of a 16-bit tile, so more stages fit), and each
+// landed tile is converted by its warp into a 16-bit swizzled tile (exact), which the unchanged
+// MMA loop reads. The CTA's one KV head has one k_scale, folded into the score scale, and one
+// v_scale, applied to the output. With C = T the code is the 16-bit kernel's.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,6 +33,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "fp8_kv.cuh"
 #include "pdl.cuh"
 
 namespace {
@@ -49,17 +56,42 @@ struct Stages<128> {
   static constexpr int value = 3;
 };
 
+// FP8 cache: a raw e4m3 tile pair is half the bytes, so more stages fit in the 16-bit kernel's
+// shared memory beside each warp's converted 16-bit tile pair: 64 KiB (D = 64) and 96 KiB
+// (D = 128) per CTA.
 template <int D>
+struct Fp8Stages;
+template <>
+struct Fp8Stages<64> {
+  static constexpr int value = 6;
+};
+template <>
+struct Fp8Stages<128> {
+  static constexpr int value = 4;
+};
+
+template <int D, bool kFp8 = false>
 constexpr int split_smem_bytes() {
+  if constexpr (kFp8) {  // per warp: the e4m3 ring, then one converted bf16/fp16 K and V tile
+    return kWarps * (Fp8Stages<D>::value * 2 * kTileTokens * D + 2 * kTileTokens * D * 2);
+  }
   return kWarps * Stages<D>::value * 2 * kTileTokens * D * 2;  // bf16/fp16 elements
 }
 
-template <typename T>
-struct DecodeParams {
+// An FP8 cache's per-KV-head scales; a 16-bit cache's parameters have none (an empty base), so
+// their layout, and the 16-bit kernels' code, are what they were before the FP8 variant.
+struct Fp8Scales {
+  const float* k_scale;  // (Hkv,)
+  const float* v_scale;
+};
+struct NoScales {};
+
+template <typename T, typename C = T>
+struct DecodeParams : std::conditional_t<std::is_same_v<C, T>, NoScales, Fp8Scales> {
   const T* q;  // (B, Hq, D), row stride q_stride_b, head stride q_stride_h, dims contiguous
   int64_t q_stride_b, q_stride_h;
-  const T* k_cache;  // (num_blocks, block_size, Hkv, D) contiguous
-  const T* v_cache;
+  const C* k_cache;  // (num_blocks, block_size, Hkv, D) contiguous
+  const C* v_cache;
   const int* block_tables;  // (B, max_blocks), row stride bt_stride
   int64_t bt_stride;
   int max_blocks;
@@ -91,10 +123,11 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 
 // kTwoRows: G > 8 query heads per kv head use the mma's rows 8..15 as well; otherwise those rows
 // are zero and their accumulators are never kept, which saves registers.
-template <typename T, int D, bool kTwoRows>
+template <typename T, int D, bool kTwoRows, typename C = T>
 __global__ void __launch_bounds__(kWarps * 32)
-    paged_decode_split_kernel(const DecodeParams<T> p) {
-  constexpr int kStages = Stages<D>::value;
+    paged_decode_split_kernel(const DecodeParams<T, C> p) {
+  constexpr bool kFp8 = !std::is_same_v<C, T>;
+  constexpr int kStages = kFp8 ? Fp8Stages<D>::value : Stages<D>::value;
   constexpr int kChunks = D / 8;  // 16-byte chunks per token row
   constexpr int kTileElems = kTileTokens * D;
   constexpr int kRows = kTwoRows ? 2 : 1;
@@ -108,6 +141,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int quad_row = lane / 4, quad_col = lane % 4;  // mma fragment coordinates
   const int G = p.group;
   const bool single = p.num_splits == 1;
+  float scale_log2 = p.scale_log2;  // an FP8 cache: times this KV head's k_scale
+  if constexpr (kFp8) scale_log2 *= p.k_scale[kvh];
 
   // Tokens beyond the block table's reach are ignored, so a wrong length never reads out of it.
   const int ctx = min(p.context_lens[b], p.max_blocks << p.block_shift);
@@ -141,11 +176,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
 
-  T* ring = reinterpret_cast<T*>(smem_raw) + warp * kStages * 2 * kTileElems;
+  // 16-bit cache: the warp's ring of K/V tiles. FP8: the warp's converted tile pair, then (past
+  // every warp's) its ring of raw e4m3 tile pairs.
+  T* ring = reinterpret_cast<T*>(smem_raw) + warp * (kFp8 ? 1 : kStages) * 2 * kTileElems;
+  fp8_t* raw_ring = reinterpret_cast<fp8_t*>(reinterpret_cast<T*>(smem_raw) +
+                                             kWarps * 2 * kTileElems) +
+                    warp * kStages * 2 * kTileElems;
   const int* table = p.block_tables + b * p.bt_stride;
   const int64_t token_stride = (int64_t)p.n_kv_heads * D;  // elements between a head's tokens
-  const T* k_head = p.k_cache + kvh * D;
-  const T* v_head = p.v_cache + kvh * D;
+  const C* k_head = p.k_cache + kvh * D;
+  const C* v_head = p.v_cache + kvh * D;
   const int offset_mask = (1 << p.block_shift) - 1;
 
   // Block ids of 32 upcoming tiles, one per lane, so a tile's copy never waits on the table.
@@ -160,6 +200,21 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int tok0 = start + kTileTokens * (warp + kWarps * j);
     // A 16-token tile never straddles a block: block sizes are powers of two >= 16.
     const int64_t row0 = ((int64_t)block << p.block_shift) + (tok0 & offset_mask);
+    if constexpr (kFp8) {  // raw e4m3 rows, D bytes each, unswizzled (read once, by chunks)
+      constexpr int kRawChunks = D / 16;  // 16-byte chunks per token row
+      fp8_t* rk = raw_ring + (j % kStages) * 2 * kTileElems;
+      fp8_t* rv = rk + kTileElems;
+#pragma unroll
+      for (int i = 0; i < kTileTokens * kRawChunks / 32; ++i) {
+        const int c = lane + 32 * i;
+        const int row = c / kRawChunks, chunk = c % kRawChunks;
+        const bool valid = tok0 + row < end;
+        const int64_t off = (row0 + row) * token_stride + chunk * 16;
+        cp_async16(smem_addr(rk + c * 16), valid ? k_head + off : k_head, valid);
+        cp_async16(smem_addr(rv + c * 16), valid ? v_head + off : v_head, valid);
+      }
+      return;
+    }
     T* sk = ring + (j % kStages) * 2 * kTileElems;
     T* sv = sk + kTileElems;
 #pragma unroll
@@ -194,7 +249,23 @@ __global__ void __launch_bounds__(kWarps * 32)
     cp_async_commit();
     cp_async_wait<kStages - 1>();  // tile j has landed
     __syncwarp();
-    const T* sk = ring + (j % kStages) * 2 * kTileElems;
+    if constexpr (kFp8) {  // e4m3 -> the 16-bit dtype (exact), into the swizzled tile pair
+      constexpr int kRawChunks = D / 16;
+      const fp8_t* rk = raw_ring + (j % kStages) * 2 * kTileElems;
+#pragma unroll
+      for (int i = 0; i < 2 * kTileTokens * kRawChunks / 32; ++i) {
+        const int c = lane + 32 * i;  // K's chunks, then V's
+        const int kv = c / (kTileTokens * kRawChunks), cc = c % (kTileTokens * kRawChunks);
+        const int row = cc / kRawChunks, chunk = cc % kRawChunks;
+        uint4 lo, hi;
+        fp8x16_to_16bit<T>(*reinterpret_cast<const uint4*>(rk + c * 16), lo, hi);
+        T* dst = ring + kv * kTileElems;
+        *reinterpret_cast<uint4*>(dst + swizzled<D>(row, 2 * chunk)) = lo;
+        *reinterpret_cast<uint4*>(dst + swizzled<D>(row, 2 * chunk + 1)) = hi;
+      }
+      __syncwarp();
+    }
+    const T* sk = ring + (kFp8 ? 0 : j % kStages) * 2 * kTileElems;
     const T* sv = sk + kTileElems;
     const int tok0 = start + kTileTokens * (warp + kWarps * j);
 
@@ -225,7 +296,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int tok = tok0 + 8 * (e / 2) + 2 * quad_col + (e % 2);
-        x[e] = tok < end ? x[e] * p.scale_log2 : -INFINITY;
+        x[e] = tok < end ? x[e] * scale_log2 : -INFINITY;
         row_max = fmaxf(row_max, x[e]);
       }
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
@@ -299,6 +370,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       acc += scale * s_out[(w * 16 + g) * D + d];
     }
     const int64_t head = (int64_t)b * p.n_heads + kvh * G + g;
+    if constexpr (kFp8) acc *= p.v_scale[kvh];  // O = P (s_v V_e4m3) = s_v (P V_e4m3)
     if (single) {
       p.out[head * D + d] = from_float<T>(acc / sum);
     } else {
@@ -310,8 +382,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // Merge a sequence's split partials: one CTA per (query head, sequence), one thread per dim.
-template <typename T>
-__global__ void paged_decode_combine_kernel(const DecodeParams<T> p, int D) {
+template <typename T, typename C = T>
+__global__ void paged_decode_combine_kernel(const DecodeParams<T, C> p, int D) {
   p04::allow_next_kernel();
   p04::wait_previous_kernel();
   const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x;
@@ -337,14 +409,16 @@ __global__ void paged_decode_combine_kernel(const DecodeParams<T> p, int D) {
 }
 
 // Every kernel the binding launches, instantiated here so that this file alone compiles them all.
-#define P04_DECODE_KERNELS(T)                                                            \
-  template __global__ void paged_decode_split_kernel<T, 64, false>(const DecodeParams<T>);  \
-  template __global__ void paged_decode_split_kernel<T, 64, true>(const DecodeParams<T>);   \
-  template __global__ void paged_decode_split_kernel<T, 128, false>(const DecodeParams<T>); \
-  template __global__ void paged_decode_split_kernel<T, 128, true>(const DecodeParams<T>);  \
-  template __global__ void paged_decode_combine_kernel<T>(const DecodeParams<T>, int);
-P04_DECODE_KERNELS(__nv_bfloat16)
-P04_DECODE_KERNELS(__half)
+#define P04_DECODE_KERNELS(T, C)                                                                 \
+  template __global__ void paged_decode_split_kernel<T, 64, false, C>(const DecodeParams<T, C>);  \
+  template __global__ void paged_decode_split_kernel<T, 64, true, C>(const DecodeParams<T, C>);   \
+  template __global__ void paged_decode_split_kernel<T, 128, false, C>(const DecodeParams<T, C>); \
+  template __global__ void paged_decode_split_kernel<T, 128, true, C>(const DecodeParams<T, C>);  \
+  template __global__ void paged_decode_combine_kernel<T, C>(const DecodeParams<T, C>, int);
+P04_DECODE_KERNELS(__nv_bfloat16, __nv_bfloat16)
+P04_DECODE_KERNELS(__half, __half)
+P04_DECODE_KERNELS(__nv_bfloat16, p04::fp8_t)
+P04_DECODE_KERNELS(__half, p04::fp8_t)
 #undef P04_DECODE_KERNELS
 
 }  // namespace
@@ -359,48 +433,51 @@ P04_DECODE_KERNELS(__half)
 
 namespace {
 
-template <typename T, int D, bool kTwoRows>
-void launch(const DecodeParams<T>& p, int batch, bool pdl, cudaStream_t stream) {
-  constexpr int smem = split_smem_bytes<D>();
-  auto kernel = paged_decode_split_kernel<T, D, kTwoRows>;
+template <typename T, int D, bool kTwoRows, typename C>
+void launch(const DecodeParams<T, C>& p, int batch, bool pdl, cudaStream_t stream) {
+  constexpr int smem = split_smem_bytes<D, !std::is_same_v<C, T>>();
+  auto kernel = paged_decode_split_kernel<T, D, kTwoRows, C>;
   // Above 48 KiB of dynamic shared memory needs an opt-in (a function attribute, not a stream
   // operation, so it is allowed while a CUDA graph is being captured).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(p.num_splits, p.n_kv_heads, batch);
   C10_CUDA_CHECK(p04::launch(kernel, grid, dim3(kWarps * 32), smem, stream, pdl, p));
   if (p.num_splits > 1) {
-    C10_CUDA_CHECK(p04::launch(paged_decode_combine_kernel<T>, dim3(p.n_heads, batch), dim3(D), 0,
-                               stream, pdl, p, D));
+    C10_CUDA_CHECK(p04::launch(paged_decode_combine_kernel<T, C>, dim3(p.n_heads, batch), dim3(D),
+                               0, stream, pdl, p, D));
   }
 }
 
-template <typename T>
-void dispatch(const DecodeParams<T>& p, int batch, int head_dim, bool pdl,
+template <typename T, typename C>
+void dispatch(const DecodeParams<T, C>& p, int batch, int head_dim, bool pdl,
               cudaStream_t stream) {
   const bool two_rows = p.group > 8;
   if (head_dim == 64) {
-    two_rows ? launch<T, 64, true>(p, batch, pdl, stream)
-             : launch<T, 64, false>(p, batch, pdl, stream);
+    two_rows ? launch<T, 64, true, C>(p, batch, pdl, stream)
+             : launch<T, 64, false, C>(p, batch, pdl, stream);
   } else if (head_dim == 128) {
-    two_rows ? launch<T, 128, true>(p, batch, pdl, stream)
-             : launch<T, 128, false>(p, batch, pdl, stream);
+    two_rows ? launch<T, 128, true, C>(p, batch, pdl, stream)
+             : launch<T, 128, false, C>(p, batch, pdl, stream);
   } else {
     TORCH_CHECK(false, "paged_decode: head_dim must be 64 or 128, got ", head_dim);
   }
 }
 
-template <typename T>
-DecodeParams<T> make_params(const torch::Tensor& out, const torch::Tensor& q,
-                            const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                            const torch::Tensor& block_tables, const torch::Tensor& context_lens,
-                            double scale, int64_t partition_size, int64_t num_splits,
-                            const torch::Tensor& part_out, const torch::Tensor& part_ml) {
-  DecodeParams<T> p;
+template <typename T, typename C = T>
+DecodeParams<T, C> make_params(const torch::Tensor& out, const torch::Tensor& q,
+                               const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables,
+                               const torch::Tensor& context_lens, double scale,
+                               int64_t partition_size, int64_t num_splits,
+                               const torch::Tensor& part_out, const torch::Tensor& part_ml,
+                               const std::optional<torch::Tensor>& k_scale = std::nullopt,
+                               const std::optional<torch::Tensor>& v_scale = std::nullopt) {
+  DecodeParams<T, C> p;
   p.q = reinterpret_cast<const T*>(q.data_ptr());
   p.q_stride_b = q.stride(0);
   p.q_stride_h = q.stride(1);
-  p.k_cache = reinterpret_cast<const T*>(k_cache.data_ptr());
-  p.v_cache = reinterpret_cast<const T*>(v_cache.data_ptr());
+  p.k_cache = reinterpret_cast<const C*>(k_cache.data_ptr());
+  p.v_cache = reinterpret_cast<const C*>(v_cache.data_ptr());
   p.block_tables = block_tables.data_ptr<int>();
   p.bt_stride = block_tables.stride(0);
   p.max_blocks = static_cast<int>(block_tables.size(1));
@@ -415,6 +492,10 @@ DecodeParams<T> make_params(const torch::Tensor& out, const torch::Tensor& q,
   p.block_shift = __builtin_ctz(static_cast<unsigned>(k_cache.size(1)));
   p.partition_size = static_cast<int>(partition_size);
   p.num_splits = static_cast<int>(num_splits);
+  if constexpr (!std::is_same_v<C, T>) {
+    p.k_scale = k_scale->data_ptr<float>();
+    p.v_scale = v_scale->data_ptr<float>();
+  }
   return p;
 }
 
@@ -425,7 +506,8 @@ DecodeParams<T> make_params(const torch::Tensor& out, const torch::Tensor& q,
 void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                   torch::Tensor v_cache, torch::Tensor block_tables, torch::Tensor context_lens,
                   double scale, int64_t partition_size, int64_t num_splits,
-                  torch::Tensor part_out, torch::Tensor part_ml, bool pdl) {
+                  torch::Tensor part_out, torch::Tensor part_ml, bool pdl,
+                  std::optional<torch::Tensor> k_scale, std::optional<torch::Tensor> v_scale) {
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda(), "paged_decode: tensors must be on a CUDA device");
   TORCH_CHECK(partition_size % kTileTokens == 0, "paged_decode: partition_size % 16 != 0");
   const int batch = static_cast<int>(q.size(0));
@@ -433,6 +515,27 @@ void paged_decode(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int head_dim = static_cast<int>(q.size(2));
+  if (k_cache.scalar_type() == at::kFloat8_e4m3fn) {
+    TORCH_CHECK(v_cache.scalar_type() == at::kFloat8_e4m3fn && k_scale.has_value() &&
+                    v_scale.has_value() && k_scale->scalar_type() == at::kFloat &&
+                    v_scale->scalar_type() == at::kFloat &&
+                    k_scale->numel() == k_cache.size(2) && v_scale->numel() == k_cache.size(2),
+                "paged_decode: an FP8 cache needs float32 k_scale and v_scale of Hkv values");
+    if (q.scalar_type() == at::kBFloat16) {
+      dispatch(make_params<__nv_bfloat16, p04::fp8_t>(out, q, k_cache, v_cache, block_tables,
+                                                      context_lens, scale, partition_size,
+                                                      num_splits, part_out, part_ml, k_scale,
+                                                      v_scale),
+               batch, head_dim, pdl, stream);
+    } else {
+      TORCH_CHECK(q.scalar_type() == at::kHalf, "paged_decode: q must be bfloat16 or float16");
+      dispatch(make_params<__half, p04::fp8_t>(out, q, k_cache, v_cache, block_tables,
+                                               context_lens, scale, partition_size, num_splits,
+                                               part_out, part_ml, k_scale, v_scale),
+               batch, head_dim, pdl, stream);
+    }
+    return;
+  }
   if (q.scalar_type() == at::kBFloat16) {
     dispatch(make_params<__nv_bfloat16>(out, q, k_cache, v_cache, block_tables, context_lens,
                                         scale, partition_size, num_splits, part_out, part_ml),

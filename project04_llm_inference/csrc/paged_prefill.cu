@@ -28,20 +28,31 @@
 //   5. O / l staged in shared memory, written with 16-byte stores, rows scattered back to
 //      (token, head).
 // Key tiles past the tile's last query position are never loaded (causal early exit).
+//
+// An FP8 cache (kFp8: float8_e4m3fn, one float32 scale per KV head, fp8_kv.cuh): step 2 gathers
+// the raw e4m3 rows (half the bytes) into two raw stages, and after each tile lands the CTA
+// converts it (exactly) into one 16-bit swizzled K/V tile pair, which the unchanged MMA code
+// reads; the KV head's k_scale is folded into the score scale and its v_scale into 1 / l. The
+// shared memory is the 16-bit kernel's: two raw stages and one converted pair take as many
+// bytes as two 16-bit stages. Without kFp8 the code is the 16-bit kernel's.
 // Torch-free: the launcher is declared in paged_prefill.h, bound in paged_prefill_binding.cpp.
 // compile-check: no-spill
 #include <float.h>
 
+#include <type_traits>
+
 #include "common.cuh"
+#include "fp8_kv.cuh"
 #include "paged_prefill.h"
 
 namespace p04 {
 
 
 // The block-table gather of one K/V tile: which rows this thread copies and their cache slots.
-template <int BN, int D, int NTHREADS>
+// kElemBytes: 2 for a 16-bit cache (copied into swizzled tiles), 1 for e4m3 (raw rows).
+template <int BN, int D, int NTHREADS, int kElemBytes = 2>
 struct KVGather {
-  static constexpr int kChunksPerRow = D / 8;                 // 16-byte chunks per key row
+  static constexpr int kChunksPerRow = D * kElemBytes / 16;  // 16-byte chunks per key row
   static constexpr int kRowsPerPass = NTHREADS / kChunksPerRow;  // key rows per CTA-wide pass
   static constexpr int kPasses = BN / kRowsPerPass;
   static_assert(NTHREADS % kChunksPerRow == 0 && BN % kRowsPerPass == 0, "uneven tile copy");
@@ -79,10 +90,49 @@ struct KVGather {
       cp_async16(dv + step, v + off, valid);
     }
   }
+
+  // cp.async the e4m3 K and V rows of one tile, unswizzled: row r at r * D bytes.
+  static __device__ __forceinline__ void copy_raw(fp8_t* s_k, fp8_t* s_v, const fp8_t* k,
+                                                  const fp8_t* v, const int (&s)[kPasses],
+                                                  int64_t slot_stride, int tid) {
+    const int row = tid / kChunksPerRow;
+    const int col = (tid % kChunksPerRow) * 16;
+    const uint32_t dk = smem_addr(s_k + row * D + col);
+    const uint32_t dv = smem_addr(s_v + row * D + col);
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const bool valid = s[i] >= 0;
+      const int64_t off = valid ? static_cast<int64_t>(s[i]) * slot_stride + col : 0;
+      const uint32_t step = i * kRowsPerPass * D;
+      cp_async16(dk + step, k + off, valid);
+      cp_async16(dv + step, v + off, valid);
+    }
+  }
 };
 
-template <typename T, int D, int NWARPS, int MT, int BN>
-__global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const PrefillParams p) {
+// The CTA converts one raw e4m3 K/V tile pair (BN rows of D bytes each, K then V) into the
+// swizzled 16-bit pair at s_kv (K tile, then V tile): 16 bytes in, two 16-byte chunks out.
+template <typename T, int BN, int D, int NTHREADS>
+__device__ __forceinline__ void convert_fp8_tiles(T* s_kv, const fp8_t* raw, int tid) {
+  constexpr int kRawChunks = D / 16;                       // per row
+  constexpr int kTileChunks = BN * kRawChunks;             // per tile
+  static_assert((2 * kTileChunks) % NTHREADS == 0, "uneven tile conversion");
+#pragma unroll
+  for (int i = 0; i < 2 * kTileChunks / NTHREADS; ++i) {
+    const int c = tid + i * NTHREADS;
+    const int kv = c / kTileChunks, cc = c % kTileChunks;
+    const int row = cc / kRawChunks, col = (cc % kRawChunks) * 16;
+    uint4 lo, hi;
+    fp8x16_to_16bit<T>(*reinterpret_cast<const uint4*>(raw + c * 16), lo, hi);
+    T* dst = s_kv + kv * BN * D;
+    *reinterpret_cast<uint4*>(dst + swizzle<D>(row, col)) = lo;
+    *reinterpret_cast<uint4*>(dst + swizzle<D>(row, col + 8)) = hi;
+  }
+}
+
+template <typename T, int D, int NWARPS, int MT, int BN, bool kFp8 = false>
+__global__ void __launch_bounds__(NWARPS * 32, 2)
+    paged_prefill_kernel(const std::conditional_t<kFp8, PrefillFp8Params, PrefillParams> p) {
   constexpr int WROWS = 16 * NWARPS;  // packed rows of one m-tile across all warps
   constexpr int BM = WROWS * MT;      // packed rows per CTA
   constexpr int NTHREADS = NWARPS * 32;
@@ -92,7 +142,8 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const Pre
   constexpr bool kQInRegs = (MT == 1);
   constexpr int kStageElems = 2 * BN * D;  // K tile then V tile
   constexpr int RB = D * 2;                // bytes per tile row
-  using Gather = KVGather<BN, D, NTHREADS>;
+  using Gather = KVGather<BN, D, NTHREADS, kFp8 ? 1 : 2>;
+  using C = std::conditional_t<kFp8, fp8_t, T>;  // the cache's element
   static_assert(!kQInRegs || BM <= 2 * BN, "MT = 1 stages the Q tile in K/V stage 1");
 
   const int tid = threadIdx.x;
@@ -153,13 +204,16 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const Pre
 
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   T* smem = reinterpret_cast<T*>(smem_raw);
+  // 16-bit cache: two K/V stages at s_kv. FP8: one converted pair at s_kv (where an MT = 1
+  // kernel stages Q first), then two raw e4m3 stages.
   T* const s_kv = kQInRegs ? smem : smem + BM * D;
-  T* const s_q = kQInRegs ? smem + kStageElems : smem;
+  T* const s_q = kQInRegs ? smem + (kFp8 ? 0 : kStageElems) : smem;
   T* const s_o = smem;  // MT = 1: stage 0 after the loop; MT = 2: Q's space (own rows only)
+  fp8_t* const s_raw = reinterpret_cast<fp8_t*>(s_kv + kStageElems);  // FP8 only
 
   const T* q = static_cast<const T*>(p.q);
-  const T* kc = static_cast<const T*>(p.k_cache) + static_cast<int64_t>(kvh) * D;
-  const T* vc = static_cast<const T*>(p.v_cache) + static_cast<int64_t>(kvh) * D;
+  const C* kc = static_cast<const C*>(p.k_cache) + static_cast<int64_t>(kvh) * D;
+  const C* vc = static_cast<const C*>(p.v_cache) + static_cast<int64_t>(kvh) * D;
 
   // ---- prologue: Q tile (gathered as (token, head) rows) and K/V tile 0 in one group --------
   {
@@ -182,7 +236,13 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const Pre
   }
   int slots[Gather::kPasses];
   Gather::slots(slots, bt, 0, ctx, p.max_blocks, p.log2_block_size, tid);
-  if (n_blocks > 0) Gather::copy(s_kv, s_kv + BN * D, kc, vc, slots, p.slot_stride, tid);
+  if (n_blocks > 0) {
+    if constexpr (kFp8) {
+      Gather::copy_raw(s_raw, s_raw + BN * D, kc, vc, slots, p.slot_stride, tid);
+    } else {
+      Gather::copy(s_kv, s_kv + BN * D, kc, vc, slots, p.slot_stride, tid);
+    }
+  }
   cp_async_commit();
   if (n_blocks > 1) Gather::slots(slots, bt, BN, ctx, p.max_blocks, p.log2_block_size, tid);
   cp_async_wait<0>();
@@ -227,13 +287,19 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const Pre
     row_max[mt][0] = row_max[mt][1] = -INFINITY;
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  float scale_log2 = p.softmax_scale * kLog2e;
+  if constexpr (kFp8) scale_log2 *= p.k_scale[kvh];  // S = s_k (Q K_e4m3^T)
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int stage = nb & 1;
     if (nb + 1 < n_blocks) {
-      T* dst = s_kv + (stage ^ 1) * kStageElems;
-      Gather::copy(dst, dst + BN * D, kc, vc, slots, p.slot_stride, tid);
+      if constexpr (kFp8) {
+        fp8_t* dst = s_raw + (stage ^ 1) * 2 * BN * D;
+        Gather::copy_raw(dst, dst + BN * D, kc, vc, slots, p.slot_stride, tid);
+      } else {
+        T* dst = s_kv + (stage ^ 1) * kStageElems;
+        Gather::copy(dst, dst + BN * D, kc, vc, slots, p.slot_stride, tid);
+      }
       // Block-table reads for tile nb + 2: in flight while tile nb is multiplied.
       if (nb + 2 < n_blocks) {
         Gather::slots(slots, bt, (nb + 2) * BN, ctx, p.max_blocks, p.log2_block_size, tid);
@@ -242,8 +308,12 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const Pre
     cp_async_commit();  // empty on the last tile, which keeps the wait count uniform
     cp_async_wait<1>();
     __syncthreads();
+    if constexpr (kFp8) {  // the landed raw stage -> the 16-bit pair (exact)
+      convert_fp8_tiles<T, BN, D, NTHREADS>(s_kv, s_raw + stage * 2 * BN * D, tid);
+      __syncthreads();
+    }
 
-    const uint32_t k_addr = smem_addr(s_kv + stage * kStageElems);
+    const uint32_t k_addr = smem_addr(s_kv + (kFp8 ? 0 : stage) * kStageElems);
     const uint32_t v_addr = k_addr + BN * RB;
     const int n0 = nb * BN;
 
@@ -359,7 +429,11 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const Pre
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const float l = quad_sum(row_sum[mt][rr]);
-      inv_sum[rr] = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key (bad metadata) gets zeros
+      if constexpr (kFp8) {  // O = s_v (P V_e4m3) / l
+        inv_sum[rr] = l > 0.f ? p.v_scale[kvh] / l : 0.f;
+      } else {
+        inv_sum[rr] = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key (bad metadata) gets zeros
+      }
     }
     const int r_base = mt * WROWS + warp * 16;
 #pragma unroll
@@ -387,12 +461,12 @@ __global__ void __launch_bounds__(NWARPS * 32, 2) paged_prefill_kernel(const Pre
   }
 }
 
-template <typename T, int D, int NWARPS, int MT, int BN>
-cudaError_t launch(const PrefillParams& p, int64_t total_rows, int n_kv_heads,
-                   cudaStream_t stream) {
+template <typename T, int D, int NWARPS, int MT, int BN, bool kFp8, typename P>
+cudaError_t launch(const P& p, int64_t total_rows, int n_kv_heads, cudaStream_t stream) {
   constexpr int BM = 16 * NWARPS * MT;
+  // FP8: one converted 16-bit pair plus two raw e4m3 pairs, the bytes of two 16-bit pairs
   constexpr size_t smem_bytes = ((MT == 1 ? 0 : BM * D) + 2 * 2 * BN * D) * sizeof(T);
-  auto kernel = paged_prefill_kernel<T, D, NWARPS, MT, BN>;
+  auto kernel = paged_prefill_kernel<T, D, NWARPS, MT, BN, kFp8>;
   if constexpr (smem_bytes > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
@@ -408,21 +482,32 @@ cudaError_t launch(const PrefillParams& p, int64_t total_rows, int n_kv_heads,
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t dispatch_head_dim(const PrefillParams& p, int head_dim, int64_t total_rows,
-                              int n_kv_heads, cudaStream_t stream) {
+template <typename T, bool kFp8, typename P>
+cudaError_t dispatch_head_dim(const P& p, int head_dim, int64_t total_rows, int n_kv_heads,
+                              cudaStream_t stream) {
   // D = 64: 4 warps x 2 m-tiles = 128 packed rows, 64-key tiles, Q re-read from shared (48 KB).
   // D = 128: 4 warps x 1 m-tile = 64 rows with Q in registers, 64-key tiles (64 KB): two m-tiles
   // a warp at D = 128 would need more than 255 registers.
-  if (head_dim == 64) return launch<T, 64, 4, 2, 64>(p, total_rows, n_kv_heads, stream);
-  if (head_dim == 128) return launch<T, 128, 4, 1, 64>(p, total_rows, n_kv_heads, stream);
+  if (head_dim == 64) return launch<T, 64, 4, 2, 64, kFp8>(p, total_rows, n_kv_heads, stream);
+  if (head_dim == 128) return launch<T, 128, 4, 1, 64, kFp8>(p, total_rows, n_kv_heads, stream);
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_paged_prefill(const PrefillParams& p, bool fp16, int head_dim,
+cudaError_t launch_paged_prefill(const PrefillParams& p, const float* k_scale,
+                                 const float* v_scale, bool fp16, int head_dim,
                                  int64_t total_rows, int n_kv_heads, cudaStream_t stream) {
-  return fp16 ? dispatch_head_dim<__half>(p, head_dim, total_rows, n_kv_heads, stream)
-              : dispatch_head_dim<__nv_bfloat16>(p, head_dim, total_rows, n_kv_heads, stream);
+  if (k_scale != nullptr) {
+    PrefillFp8Params f;
+    static_cast<PrefillParams&>(f) = p;
+    f.k_scale = k_scale;
+    f.v_scale = v_scale;
+    return fp16 ? dispatch_head_dim<__half, true>(f, head_dim, total_rows, n_kv_heads, stream)
+                : dispatch_head_dim<__nv_bfloat16, true>(f, head_dim, total_rows, n_kv_heads,
+                                                         stream);
+  }
+  return fp16 ? dispatch_head_dim<__half, false>(p, head_dim, total_rows, n_kv_heads, stream)
+              : dispatch_head_dim<__nv_bfloat16, false>(p, head_dim, total_rows, n_kv_heads,
+                                                        stream);
 }
 
 }  // namespace p04

@@ -24,9 +24,18 @@ struct PrefillParams {
   float softmax_scale;
 };
 
+// An FP8 cache's launch: the same parameters and the KV heads' scales (a struct of its own, so
+// the 16-bit kernels' parameters, and their code, stay as they were).
+struct PrefillFp8Params : PrefillParams {
+  const float* k_scale;  // (Hkv,)
+  const float* v_scale;
+};
+
 // Launch on `stream`: grid (upper bound on the query tiles, n_kv_heads). total_rows = T * G, the
-// packed (token, head-in-group) rows of the whole batch. Returns the launch's error, if any.
-cudaError_t launch_paged_prefill(const PrefillParams& p, bool fp16, int head_dim,
+// packed (token, head-in-group) rows of the whole batch. k_scale / v_scale non-null: k_cache and
+// v_cache hold float8_e4m3fn with these per-KV-head scales. Returns the launch's error, if any.
+cudaError_t launch_paged_prefill(const PrefillParams& p, const float* k_scale,
+                                 const float* v_scale, bool fp16, int head_dim,
                                  int64_t total_rows, int n_kv_heads, cudaStream_t stream);
 
 }  // namespace p04

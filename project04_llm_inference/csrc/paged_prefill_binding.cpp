@@ -19,7 +19,8 @@ void check_cuda(const at::Tensor& t, const char* name, const at::Tensor& q) {
 at::Tensor paged_prefill_fwd(const at::Tensor& q, const at::Tensor& k_cache,
                              const at::Tensor& v_cache, const at::Tensor& block_tables,
                              const at::Tensor& cu_seqlens_q, const at::Tensor& context_lens,
-                             double softmax_scale) {
+                             double softmax_scale, const std::optional<at::Tensor>& k_scale,
+                             const std::optional<at::Tensor>& v_scale) {
   check_cuda(q, "q", q);
   check_cuda(k_cache, "k_cache", q);
   check_cuda(v_cache, "v_cache", q);
@@ -28,8 +29,10 @@ at::Tensor paged_prefill_fwd(const at::Tensor& q, const at::Tensor& k_cache,
   check_cuda(context_lens, "context_lens", q);
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16,
               "q must be float16 or bfloat16");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "k_cache and v_cache must have q's dtype");
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK((fp8 || k_cache.scalar_type() == q.scalar_type()) &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "k_cache and v_cache must have q's dtype, or both be float8_e4m3fn");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "q must be (T, Hq, D) and k_cache, v_cache (num_blocks, block_size, Hkv, D)");
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
@@ -56,6 +59,14 @@ at::Tensor paged_prefill_fwd(const at::Tensor& q, const at::Tensor& k_cache,
               "cu_seqlens_q must be contiguous (N + 1,)");
   TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == N && context_lens.is_contiguous(),
               "context_lens must be contiguous (N,)");
+  if (fp8) {
+    TORCH_CHECK(k_scale.has_value() && v_scale.has_value(), "an FP8 cache needs k_scale, v_scale");
+    for (const at::Tensor* s : {&*k_scale, &*v_scale}) {
+      check_cuda(*s, "k_scale / v_scale", q);
+      TORCH_CHECK(s->scalar_type() == at::kFloat && s->numel() == Hkv && s->is_contiguous(),
+                  "k_scale and v_scale must be contiguous float32 (Hkv,)");
+    }
+  }
   const int64_t G = Hq / Hkv;
   TORCH_CHECK(T * G < INT32_MAX && N < INT32_MAX && k_cache.size(0) * bs < INT32_MAX,
               "sizes exceed 32-bit indexing");
@@ -84,7 +95,8 @@ at::Tensor paged_prefill_fwd(const at::Tensor& q, const at::Tensor& k_cache,
   p.log2_block_size = __builtin_ctzll(static_cast<unsigned long long>(bs));
   p.softmax_scale = static_cast<float>(softmax_scale);
   const cudaError_t err = p04::launch_paged_prefill(
-      p, q.scalar_type() == at::kHalf, static_cast<int>(D), T * G, static_cast<int>(Hkv),
+      p, fp8 ? k_scale->data_ptr<float>() : nullptr, fp8 ? v_scale->data_ptr<float>() : nullptr,
+      q.scalar_type() == at::kHalf, static_cast<int>(D), T * G, static_cast<int>(Hkv),
       c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "paged_prefill: ", cudaGetErrorString(err));
   return out;
@@ -94,5 +106,6 @@ at::Tensor paged_prefill_fwd(const at::Tensor& q, const at::Tensor& k_cache,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill_fwd", &paged_prefill_fwd,
-        "Chunked-prefill attention over a paged KV cache (see kernels/reference.py)");
+        "Chunked-prefill attention over a paged KV cache, 16-bit or FP8 with per-KV-head "
+        "scales (see kernels/reference.py)");
 }

@@ -13,6 +13,11 @@
 //
 // Each thread moves 16 bytes of x1 and 16 bytes of x2 (8 bf16/fp16 or 4 float32 dims), so the
 // 4 (D = 64, bf16) or 8 (D = 128) threads of one head read its whole row in 16-byte loads.
+//
+// An FP8 cache (C = fp8_t, float8_e4m3fn): the rotated k and the v rows, already rounded to T,
+// are divided by their KV head's scale (k_scale, v_scale: (Hkv,) float32) and stored as e4m3
+// (fp8_kv.cuh), 8 (bf16/fp16) or 4 (float32) bytes per thread's store. The 16-bit cache
+// (C = T) is the same code as before the FP8 variant existed.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,13 +25,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fp8_kv.cuh"
 #include "pdl.cuh"
 
 namespace {
 
 constexpr int kThreads = 128;
 
-template <typename T>
+template <typename T, typename C = T>
 struct RopeParams {
   T* q;  // (T, Hq, D), token stride q_stride (elements)
   T* k;  // (T, Hkv, D), token stride k_stride
@@ -34,10 +40,12 @@ struct RopeParams {
   int64_t q_stride, k_stride, v_stride;
   const int64_t* positions;  // (T,)
   const float* cos_sin;      // (max_positions, D) contiguous
-  T* k_cache;                // (num_blocks, block_size, Hkv, D) contiguous: slot s at s * Hkv * D
-  T* v_cache;
+  C* k_cache;                // (num_blocks, block_size, Hkv, D) contiguous: slot s at s * Hkv * D
+  C* v_cache;
   const int64_t* slot_mapping;  // (T,)
   int n_heads, n_kv_heads, head_dim;
+  const float* k_scale;  // (Hkv,): an FP8 cache's scales (unused when C = T)
+  const float* v_scale;
 };
 
 template <typename T>
@@ -62,8 +70,16 @@ __device__ __forceinline__ T from_float(float x) {
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) rope_and_cache_kernel(const RopeParams<T> p) {
+// kVec values of T, widened to float (the FP8 store divides them by the scale in float32).
+template <typename T, int N>
+__device__ __forceinline__ void widen(const T (&e)[N], float (&f)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) f[i] = to_float(e[i]);
+}
+
+template <typename T, typename C>
+__global__ void __launch_bounds__(kThreads) rope_and_cache_kernel(const RopeParams<T, C> p) {
+  constexpr bool kFp8 = !std::is_same_v<C, T>;
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
   union Vec {
     uint4 raw;
@@ -105,9 +121,18 @@ __global__ void __launch_bounds__(kThreads) rope_and_cache_kernel(const RopePara
     *reinterpret_cast<uint4*>(x + col) = a.raw;
     *reinterpret_cast<uint4*>(x + half + col) = b.raw;
     if (is_k && slot >= 0) {
-      T* dst = p.k_cache + cache_row + (int64_t)kh * D;
-      *reinterpret_cast<uint4*>(dst + col) = a.raw;
-      *reinterpret_cast<uint4*>(dst + half + col) = b.raw;
+      C* dst = p.k_cache + cache_row + (int64_t)kh * D;
+      if constexpr (kFp8) {
+        const float s = p.k_scale[kh];
+        float fa[kVec], fb[kVec];
+        widen(a.e, fa);
+        widen(b.e, fb);
+        p04::store_fp8(dst + col, fa, s);
+        p04::store_fp8(dst + half + col, fb, s);
+      } else {
+        *reinterpret_cast<uint4*>(dst + col) = a.raw;
+        *reinterpret_cast<uint4*>(dst + half + col) = b.raw;
+      }
     }
   }
 
@@ -117,15 +142,27 @@ __global__ void __launch_bounds__(kThreads) rope_and_cache_kernel(const RopePara
   for (int i = threadIdx.x; i < n_vec; i += kThreads) {
     const int h = i / (D / kVec), col = (i % (D / kVec)) * kVec;
     const T* src = p.v + t * p.v_stride + (int64_t)h * D + col;
-    *reinterpret_cast<uint4*>(p.v_cache + cache_row + (int64_t)h * D + col) =
-        *reinterpret_cast<const uint4*>(src);
+    if constexpr (kFp8) {
+      Vec x;
+      x.raw = *reinterpret_cast<const uint4*>(src);
+      float f[kVec];
+      widen(x.e, f);
+      p04::store_fp8(p.v_cache + cache_row + (int64_t)h * D + col, f, p.v_scale[h]);
+    } else {
+      *reinterpret_cast<uint4*>(p.v_cache + cache_row + (int64_t)h * D + col) =
+          *reinterpret_cast<const uint4*>(src);
+    }
   }
 }
 
 // Every kernel the binding launches, instantiated here so that this file alone compiles them all.
-template __global__ void rope_and_cache_kernel<float>(const RopeParams<float>);
-template __global__ void rope_and_cache_kernel<__nv_bfloat16>(const RopeParams<__nv_bfloat16>);
-template __global__ void rope_and_cache_kernel<__half>(const RopeParams<__half>);
+#define P04_ROPE_KERNELS(T)                                                                 \
+  template __global__ void rope_and_cache_kernel<T, T>(const RopeParams<T, T>);             \
+  template __global__ void rope_and_cache_kernel<T, p04::fp8_t>(const RopeParams<T, p04::fp8_t>);
+P04_ROPE_KERNELS(float)
+P04_ROPE_KERNELS(__nv_bfloat16)
+P04_ROPE_KERNELS(__half)
+#undef P04_ROPE_KERNELS
 
 }  // namespace
 
@@ -139,12 +176,12 @@ template __global__ void rope_and_cache_kernel<__half>(const RopeParams<__half>)
 
 namespace {
 
-template <typename T>
+template <typename T, typename C>
 void launch(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v,
             const torch::Tensor& positions, const torch::Tensor& cos_sin, torch::Tensor& k_cache,
-            torch::Tensor& v_cache, const torch::Tensor& slot_mapping, bool pdl,
-            cudaStream_t stream) {
-  RopeParams<T> p;
+            torch::Tensor& v_cache, const torch::Tensor& slot_mapping, const float* k_scale,
+            const float* v_scale, bool pdl, cudaStream_t stream) {
+  RopeParams<T, C> p;
   p.q = reinterpret_cast<T*>(q.data_ptr());
   p.k = reinterpret_cast<T*>(k.data_ptr());
   p.v = reinterpret_cast<const T*>(v.data_ptr());
@@ -153,14 +190,38 @@ void launch(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v,
   p.v_stride = v.stride(0);
   p.positions = positions.data_ptr<int64_t>();
   p.cos_sin = cos_sin.data_ptr<float>();
-  p.k_cache = reinterpret_cast<T*>(k_cache.data_ptr());
-  p.v_cache = reinterpret_cast<T*>(v_cache.data_ptr());
+  p.k_cache = reinterpret_cast<C*>(k_cache.data_ptr());
+  p.v_cache = reinterpret_cast<C*>(v_cache.data_ptr());
   p.slot_mapping = slot_mapping.data_ptr<int64_t>();
   p.n_heads = static_cast<int>(q.size(1));
   p.n_kv_heads = static_cast<int>(k.size(1));
   p.head_dim = static_cast<int>(q.size(2));
-  C10_CUDA_CHECK(p04::launch(rope_and_cache_kernel<T>, dim3(static_cast<unsigned>(q.size(0))),
-                             dim3(kThreads), 0, stream, pdl, p));
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  C10_CUDA_CHECK(p04::launch(rope_and_cache_kernel<T, C>,
+                             dim3(static_cast<unsigned>(q.size(0))), dim3(kThreads), 0, stream,
+                             pdl, p));
+}
+
+template <typename T>
+void launch_for_cache(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v,
+                      const torch::Tensor& positions, const torch::Tensor& cos_sin,
+                      torch::Tensor& k_cache, torch::Tensor& v_cache,
+                      const torch::Tensor& slot_mapping, const std::optional<torch::Tensor>& k_scale,
+                      const std::optional<torch::Tensor>& v_scale, bool pdl, cudaStream_t stream) {
+  if (k_cache.scalar_type() == at::kFloat8_e4m3fn) {
+    TORCH_CHECK(k_scale.has_value() && v_scale.has_value() &&
+                    k_scale->scalar_type() == at::kFloat && v_scale->scalar_type() == at::kFloat &&
+                    k_scale->numel() == k.size(1) && v_scale->numel() == k.size(1),
+                "rope_and_cache: an FP8 cache needs float32 k_scale and v_scale of Hkv values");
+    launch<T, p04::fp8_t>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+                          k_scale->data_ptr<float>(), v_scale->data_ptr<float>(), pdl, stream);
+  } else {
+    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type(),
+                "rope_and_cache: the cache must have q's dtype or float8_e4m3fn");
+    launch<T, T>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, nullptr, nullptr,
+                 pdl, stream);
+  }
 }
 
 }  // namespace
@@ -169,23 +230,24 @@ void launch(torch::Tensor& q, torch::Tensor& k, const torch::Tensor& v,
 // (kernels/rope_cache.py); this entry point only launches.
 void rope_and_cache(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor positions,
                     torch::Tensor cos_sin, torch::Tensor k_cache, torch::Tensor v_cache,
-                    torch::Tensor slot_mapping, bool pdl) {
+                    torch::Tensor slot_mapping, std::optional<torch::Tensor> k_scale,
+                    std::optional<torch::Tensor> v_scale, bool pdl) {
   TORCH_CHECK(q.is_cuda() && k_cache.is_cuda(), "rope_and_cache: tensors must be on a CUDA device");
   if (q.size(0) == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   switch (q.scalar_type()) {
     case at::kBFloat16:
-      launch<__nv_bfloat16>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl,
-                      stream);
+      launch_for_cache<__nv_bfloat16>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+                                      k_scale, v_scale, pdl, stream);
       break;
     case at::kHalf:
-      launch<__half>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl,
-               stream);
+      launch_for_cache<__half>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+                               k_scale, v_scale, pdl, stream);
       break;
     case at::kFloat:
-      launch<float>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl,
-              stream);
+      launch_for_cache<float>(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+                              k_scale, v_scale, pdl, stream);
       break;
     default:
       TORCH_CHECK(false, "rope_and_cache: q must be bfloat16, float16 or float32");
@@ -194,6 +256,7 @@ void rope_and_cache(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &rope_and_cache,
-        "RoPE on q (T, Hq, D) and k (T, Hkv, D) in place; rotated k and v into the paged cache");
+        "RoPE on q (T, Hq, D) and k (T, Hkv, D) in place; rotated k and v into the paged cache "
+        "(16-bit, or e4m3 with per-KV-head scales)");
 }
 #endif  // TORCH_EXTENSION_NAME

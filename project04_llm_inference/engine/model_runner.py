@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..config import EngineArgs
+from ..kernels.fp8 import FP8_DTYPE
 from ..model.llama import AttnMetadata, LlamaForCausalLM
 from .decode_runs import DecodeRuns, MultiRun
 from .inputs import build_rows, fill_tables, input_tokens
@@ -44,6 +45,11 @@ __all__ = [
 ]
 
 
+def kv_cache_dtype(args: EngineArgs, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: the model's, or float8_e4m3fn (`--kv-cache-dtype fp8`)."""
+    return model_dtype if args.kv_cache_dtype == "auto" else FP8_DTYPE
+
+
 @dataclass
 class DeviceTokens:
     """Each sequence's newest token as sampled by work still queued on the device."""
@@ -58,6 +64,7 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
         self.cfg = model.cfg
         self.device = model.norm.device
         self.dtype = model.norm.dtype
+        self.kv_dtype = kv_cache_dtype(args, self.dtype)
         self.block_size = args.block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // self.block_size)
@@ -76,7 +83,7 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
 
     def bytes_per_block(self) -> int:
         c = self.cfg
-        elem = torch.empty((), dtype=self.dtype).element_size()
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()  # bytes: 1 for FP8
         return 2 * c.num_hidden_layers * self.block_size * c.num_key_value_heads * c.head_dim * elem
 
     @torch.inference_mode()
@@ -124,8 +131,8 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
         shape = (num_blocks, self.block_size, c.num_key_value_heads, c.head_dim)
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
             )
             for _ in range(c.num_hidden_layers)
         ]

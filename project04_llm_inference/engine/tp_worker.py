@@ -157,7 +157,7 @@ def _serve(model, spec: dict, device: torch.device, inbox) -> None:
                 shape = (call["num_blocks"], spec["block_size"], cfg.num_key_value_heads)
                 shape += (cfg.head_dim,)
                 kv = [
-                    tuple(torch.zeros(shape, dtype=spec["dtype"], device=device) for _ in "kv")
+                    tuple(torch.zeros(shape, dtype=spec["kv_dtype"], device=device) for _ in "kv")
                     for _ in range(cfg.num_hidden_layers)
                 ]
             ids, meta = _unpack_call(call, device)
@@ -233,6 +233,7 @@ def load_model(args, hf_config: dict, *, dtype, device, max_positions: int):
     rank 0's shard as a `TensorParallelModel` with the other ranks started and loaded."""
     from ..model.loader import build_model
     from ..model.parallel import check_tensor_parallel
+    from .model_runner import kv_cache_dtype
 
     size = args.tensor_parallel_size
     model_dir = None if args.load_format == "dummy" else args.model
@@ -258,6 +259,7 @@ def load_model(args, hf_config: dict, *, dtype, device, max_positions: int):
         device=device.type,
         block_size=args.block_size,
         quantization=args.quantization,
+        kv_dtype=kv_cache_dtype(args, dtype),
         parent=os.getpid(),
         threads=max(1, torch.get_num_threads() // size),
         **common,

@@ -4,7 +4,10 @@ Same signature and meaning as `reference.paged_decode_attention`. The CUDA path 
 value on the host, so it can be captured in a CUDA graph: the split plan (`split_plan`) comes
 from host integers only (batch, kv heads, `max_context_len` or the block table's reach, SM count)
 and each sequence's length is read on the device. Only metadata is validated (device, dtype,
-rank, shapes, strides): a bad argument raises ValueError/TypeError naming it.
+rank, shapes, strides): a bad argument raises ValueError/TypeError naming it. An FP8 cache
+(float8_e4m3fn, per-KV-head `k_scale` / `v_scale`) is read by the same kernel's FP8 variant,
+which converts each K/V tile to the 16-bit dtype in shared memory and applies the scales once
+per CTA (`kv_quant.py`).
 
 Importing this module needs no GPU and no compiler; the extension is built on the first CUDA call.
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .kv_quant import check_kv_cache
 from .pdl import pdl_enabled
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
@@ -70,7 +74,15 @@ def _check_tensor(name: str, x, ndim: int, what: str) -> None:
 
 
 def check_decode_inputs(
-    q, k_cache, v_cache, block_tables, context_lens, softmax_scale, max_context_len
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    softmax_scale,
+    max_context_len,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
     """Validate metadata only (never values): raise ValueError/TypeError naming the argument."""
     _check_tensor("q", q, 3, "(B, Hq, D)")
@@ -87,9 +99,6 @@ def check_decode_inputs(
         )
     if not q.dtype.is_floating_point:
         raise TypeError(f"q must be a floating-point tensor, got {q.dtype}")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if x.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
     for name, x in (("block_tables", block_tables), ("context_lens", context_lens)):
         if x.dtype != torch.int32:
             raise TypeError(f"{name} must be torch.int32, got {x.dtype}")
@@ -101,6 +110,7 @@ def check_decode_inputs(
         )
     if dk != d:
         raise ValueError(f"k_cache must have q's head dim {d} in dim 3, got {dk}")
+    check_kv_cache(q, k_cache, v_cache, k_scale, v_scale)
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"q's {hq} heads must be a multiple of k_cache's {hkv} kv heads")
     if block_tables.shape[0] != b or context_lens.shape[0] != b:
@@ -152,19 +162,18 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # (B,) int32: tokens in the cache, the new one included
     softmax_scale: float,
     max_context_len: int | None = None,  # host-side upper bound (the CUDA kernel's split plan)
+    k_scale: torch.Tensor | None = None,  # (Hkv,) float32: an FP8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each sequence's newest token over its whole cached context: (B, Hq, D).
 
     A sequence with context length 0 (a padded batch slot) gets zeros. On CUDA,
     `max_context_len` (default: the block table's reach) must bound every context length: the
     split plan covers that many tokens (rounded up to whole partitions) and no more."""
-    check_decode_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, softmax_scale, max_context_len
-    )
+    args = (q, k_cache, v_cache, block_tables, context_lens, softmax_scale, max_context_len)
+    check_decode_inputs(*args, k_scale, v_scale)
     if q.device.type != "cuda":
-        return reference.paged_decode_attention(
-            q, k_cache, v_cache, block_tables, context_lens, softmax_scale, max_context_len
-        )
+        return reference.paged_decode_attention(*args, k_scale, v_scale)
     b, hq, d = q.shape
     reach = block_tables.shape[1] * k_cache.shape[1]  # tokens the block table can address
     upper = reach if max_context_len is None else min(max_context_len, reach)
@@ -188,5 +197,7 @@ def paged_decode_attention(
         part_out,
         part_ml,
         pdl_enabled(q.device),
+        k_scale,
+        v_scale,
     )
     return out

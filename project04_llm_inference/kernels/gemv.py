@@ -6,7 +6,9 @@ write after the QKV projection; on a CUDA device, for at most `GEMV_MAX_TOKENS` 
 16-bit dtype, each is one launch of the GEMV kernel instead of cuBLAS plus the other kernels
 (from three tokens up to `MMA_MAX_TOKENS`, on sm_80 and newer, its tensor-core variant). Every
 other case (CPU tensors, prefill, large batches, odd sizes) takes the composed path, so the CPU
-engine computes exactly what it computed before these kernels existed.
+engine computes exactly what it computed before these kernels existed. An FP8 KV cache is
+written by `rope_and_cache` after the projection (the GEMV kernel's fused cache write stores the
+model dtype only).
 
 An FP8 weight (`fp8.Fp8Weight`: e4m3 (N, K), one float32 scale per row) takes the kernel's FP8
 variant for one and two tokens (`GEMV_MAX_TOKENS`) of a 16-bit dtype on a GPU of compute
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .fp8 import MIN_FP8_CAPABILITY, SCALED_MM_ALIGN, Fp8Weight, fp8_linear
+from .kv_quant import is_fp8
 from .norm_act import fused_add_rms_norm, rms_norm, silu_and_mul
 from .pdl import pdl_enabled
 from .rope_cache import check_rope_inputs, rope_and_cache
@@ -73,6 +76,8 @@ class RopeWrite(NamedTuple):
     k_cache: torch.Tensor  # (num_blocks, block_size, Hkv, D)
     v_cache: torch.Tensor
     slot_mapping: torch.Tensor  # (T,) int64; -1: not written
+    k_scale: torch.Tensor | None = None  # (Hkv,) float32: an FP8 cache's scales
+    v_scale: torch.Tensor | None = None
 
 
 def qkv_views(qkv: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int):
@@ -274,6 +279,11 @@ def norm_linear(
                 f"rope: weight {tuple(weight.shape)} is not a fused QKV projection of "
                 f"{rope.n_heads} + 2 x {rope.n_kv_heads} heads of cos_sin's head dim {d}"
             )
+    if rope is not None and is_fp8(rope.k_cache):
+        # the projection (GEMV or cuBLAS), then RoPE and the quantizing cache write
+        out, residual = norm_linear(x, residual, norm_weight, weight, eps)
+        rope_and_cache(*qkv_views(out, rope.n_heads, rope.n_kv_heads, d), *rope[2:])
+        return out, residual
     parts = (x, norm_weight) if residual is None else (x, residual, norm_weight)
     if not (_fits_fp8(weight, *parts) if fp8 else _fits(*parts, weight)):
         if residual is None:

@@ -2,7 +2,9 @@
 
 CUDA tensors go to `csrc/paged_prefill.cu` (FlashAttention-2 style, K/V gathered through the
 block table, the GQA group's query heads packed into one tile's rows); CPU tensors go to the
-PyTorch reference. Both follow `reference.paged_prefill_attention`'s contract.
+PyTorch reference. Both follow `reference.paged_prefill_attention`'s contract. An FP8 cache
+(float8_e4m3fn, per-KV-head `k_scale` / `v_scale`) is gathered as e4m3 and converted to the
+16-bit dtype in shared memory, the scales applied once per CTA (`kv_quant.py`).
 
 Only metadata is checked here (types, dtypes, ranks, shapes, devices, layout): reading device
 values (lengths, block ids) would synchronise the host and break CUDA-graph capture. The kernel's
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .kv_quant import check_kv_cache
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
@@ -41,7 +44,16 @@ def build() -> None:
 
 
 def check_inputs(
-    q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q, softmax_scale
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    cu_seqlens_q,
+    context_lens,
+    max_seqlen_q,
+    softmax_scale,
+    k_scale=None,
+    v_scale=None,
 ) -> float:
     """Validate the metadata of `paged_prefill_attention`'s arguments; return the scale.
 
@@ -62,9 +74,6 @@ def check_inputs(
     if q.dtype not in allowed:
         names = ", ".join(str(d) for d in allowed)
         raise TypeError(f"q must have dtype in ({names}) on {q.device.type}, got {q.dtype}")
-    for name in ("k_cache", "v_cache"):
-        if tensors[name].dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {tensors[name].dtype}")
     for name in _INDEX_ARGS:
         if tensors[name].dtype != torch.int32:
             raise TypeError(f"{name} must be torch.int32, got {tensors[name].dtype}")
@@ -90,6 +99,7 @@ def check_inputs(
         raise ValueError(f"k_cache's head_dim must equal q's ({d}), got {dk}")
     if hkv < 1 or hq % hkv:
         raise ValueError(f"q's heads ({hq}) must be a multiple of the cache's n_kv_heads ({hkv})")
+    check_kv_cache(q, k_cache, v_cache, k_scale, v_scale)
     if block_tables.dim() != 2:
         raise ValueError(
             f"block_tables must be (N, max_blocks_per_seq), got shape {tuple(block_tables.shape)}"
@@ -145,19 +155,18 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,  # (N,) int32: cached tokens of sequence i, its queries included
     max_seqlen_q: int,  # host-side: the longest query chunk
     softmax_scale: float,
+    k_scale: torch.Tensor | None = None,  # (Hkv,) float32: an FP8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Chunked-prefill attention, causal aligned bottom-right: (T, Hq, D) in q's dtype.
 
     Sequence i's query tokens are the last q_len_i positions of its context of context_lens[i]
     tokens; query j sits at position context_len - q_len + j and sees keys 0..that position.
     Rows of q past cu_seqlens_q[N] are left unwritten, as in the reference."""
-    scale = check_inputs(
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q, softmax_scale
-    )
+    args = (q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q)
+    scale = check_inputs(*args, softmax_scale, k_scale, v_scale)
     if q.device.type != "cuda":
-        return reference.paged_prefill_attention(
-            q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, max_seqlen_q, scale
-        )
+        return reference.paged_prefill_attention(*args, scale, k_scale, v_scale)
     # The grid is bounded by T and N (host ints), so max_seqlen_q is not needed by the kernel.
     return _ext().paged_prefill_fwd(
         _kernel_layout(q),
@@ -167,4 +176,6 @@ def paged_prefill_attention(
         cu_seqlens_q.contiguous(),
         context_lens.contiguous(),
         scale,
+        k_scale,
+        v_scale,
     )

@@ -7,11 +7,16 @@ Cache layout (one tensor per layer and per K/V, vLLM's "flash" layout):
     k_cache, v_cache: (num_blocks, block_size, n_kv_heads, head_dim)
 A token's slot is `block_id * block_size + offset`; a sequence's block table lists its block ids
 in order, so its token at position p lives in slot `block_table[p // bs] * bs + p % bs`.
+The caches hold the model's dtype, or float8_e4m3fn with per-KV-head scales `k_scale`,
+`v_scale` (Hkv,) float32 (`kv_quant.py`): written as x / scale rounded to e4m3, read as
+e4m3 * scale, attention in float32 either way.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .kv_quant import dequantize_kv, is_fp8, quantize_kv
 
 
 def rope_cos_sin_cache(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
@@ -39,23 +44,33 @@ def rope_and_cache(
     k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # (T,) int64; -1 = a padding token, not written
+    k_scale: torch.Tensor | None = None,  # (Hkv,) float32: an FP8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Apply RoPE to q and k in place and write the rotated k and v into their cache slots."""
+    """Apply RoPE to q and k in place and write the rotated k and v into their cache slots
+    (an FP8 cache: k / k_scale and v / v_scale per head, rounded to e4m3)."""
     q.copy_(apply_rope(q, positions, cos_sin))
     k.copy_(apply_rope(k, positions, cos_sin))
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
     bs = k_cache.shape[1]
     blocks, offsets = slots // bs, slots % bs
+    if is_fp8(k_cache):
+        k_cache[blocks, offsets] = quantize_kv(k[valid], k_scale)
+        v_cache[blocks, offsets] = quantize_kv(v[valid], v_scale)
+        return
     k_cache[blocks, offsets] = k[valid].to(k_cache.dtype)
     v_cache[blocks, offsets] = v[valid].to(v_cache.dtype)
 
 
-def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, n: int) -> torch.Tensor:
-    """The first n tokens of one sequence from the paged cache: (n, Hkv, D)."""
+def _gather_context(
+    cache: torch.Tensor, block_table: torch.Tensor, n: int, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The first n tokens of one sequence from the paged cache: (n, Hkv, D), float32 (an FP8
+    cache dequantized with its per-head scale)."""
     bs = cache.shape[1]
     n_blocks = (n + bs - 1) // bs
-    return cache[block_table[:n_blocks].long()].flatten(0, 1)[:n]
+    return dequantize_kv(cache[block_table[:n_blocks].long()].flatten(0, 1)[:n], scale)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -82,6 +97,8 @@ def paged_decode_attention(
     context_lens: torch.Tensor,  # (B,) int32: tokens in the cache, the new one included
     softmax_scale: float,
     max_context_len: int | None = None,  # host-side upper bound (the CUDA kernel's split plan)
+    k_scale: torch.Tensor | None = None,  # (Hkv,) float32: an FP8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each sequence's newest token over its whole cached context: (B, Hq, D).
 
@@ -91,8 +108,8 @@ def paged_decode_attention(
     for b, n in enumerate(lens):
         if n <= 0:
             continue
-        k = _gather_context(k_cache, block_tables[b], n)
-        v = _gather_context(v_cache, block_tables[b], n)
+        k = _gather_context(k_cache, block_tables[b], n, k_scale)
+        v = _gather_context(v_cache, block_tables[b], n, v_scale)
         out[b] = _attend(q[b : b + 1], k, v, softmax_scale)[0].to(q.dtype)
     return out
 
@@ -106,6 +123,8 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,  # (N,) int32: cached tokens of sequence i, its queries included
     max_seqlen_q: int,  # host-side: the longest query chunk
     softmax_scale: float,
+    k_scale: torch.Tensor | None = None,  # (Hkv,) float32: an FP8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Chunked-prefill attention, causal aligned bottom-right: (T, Hq, D).
 
@@ -118,8 +137,8 @@ def paged_prefill_attention(
         lo, hi = cu[i], cu[i + 1]
         if hi == lo:
             continue
-        k = _gather_context(k_cache, block_tables[i], n)
-        v = _gather_context(v_cache, block_tables[i], n)
+        k = _gather_context(k_cache, block_tables[i], n, k_scale)
+        v = _gather_context(v_cache, block_tables[i], n, v_scale)
         out[lo:hi] = _attend(q[lo:hi], k, v, softmax_scale).to(q.dtype)
     return out
 

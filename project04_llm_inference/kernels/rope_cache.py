@@ -4,7 +4,9 @@ Same signature and meaning as `reference.rope_and_cache`: q and k are rotated in
 rotated k and v land in their cache slots (slot -1: rotated, not written). q, k and v may be
 views into a fused qkv projection output (T, (Hq + 2 Hkv) * D): any token stride, heads and dims
 contiguous within a token. Only metadata is validated (never values, so a CUDA graph can capture
-the call): a bad argument raises ValueError/TypeError naming it.
+the call): a bad argument raises ValueError/TypeError naming it. An FP8 cache (float8_e4m3fn)
+takes per-KV-head scales `k_scale`, `v_scale` (Hkv,) float32 and stores x / scale rounded to
+e4m3 (`kv_quant.py`), on both paths.
 
 Importing this module needs no GPU and no compiler; the extension is built on the first CUDA call.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from . import reference
+from .kv_quant import check_kv_cache
 from .pdl import pdl_enabled
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
@@ -36,7 +39,9 @@ def _check_tensor(name: str, x, ndim: int, what: str) -> None:
         raise ValueError(f"{name} must be {ndim}-D {what}, got shape {tuple(x.shape)}")
 
 
-def check_rope_inputs(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping) -> None:
+def check_rope_inputs(
+    q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None
+) -> None:
     """Validate metadata only (never values): raise ValueError/TypeError naming the argument."""
     _check_tensor("q", q, 3, "(T, Hq, D)")
     _check_tensor("k", k, 3, "(T, Hkv, D)")
@@ -60,7 +65,7 @@ def check_rope_inputs(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mappin
             raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
     if not q.dtype.is_floating_point:
         raise TypeError(f"q must be a floating-point tensor, got {q.dtype}")
-    for name, x in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
     for name, x in (("positions", positions), ("slot_mapping", slot_mapping)):
@@ -90,6 +95,7 @@ def check_rope_inputs(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mappin
         raise ValueError(
             f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}"
         )
+    check_kv_cache(q, k_cache, v_cache, k_scale, v_scale)
     if q.device.type != "cuda":
         return
     # What the CUDA kernel needs on top of the reference's contract: 16-byte loads of x1 and x2.
@@ -127,15 +133,16 @@ def rope_and_cache(
     k_cache: torch.Tensor,  # (num_blocks, block_size, Hkv, D)
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # (T,) int64; -1 = a padding token, not written
+    k_scale: torch.Tensor | None = None,  # (Hkv,) float32: an FP8 cache's scales
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Apply RoPE to q and k in place and write the rotated k and v into their cache slots.
 
     On CUDA, positions must lie in [0, max_positions) and slots below num_blocks * block_size:
     they are read on the device only, so they are not checked."""
-    check_rope_inputs(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+    args = (q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    check_rope_inputs(*args)
     if q.device.type != "cuda":
-        reference.rope_and_cache(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)
+        reference.rope_and_cache(*args)
         return
-    _ext().rope_and_cache(
-        q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, pdl_enabled(q.device)
-    )
+    _ext().rope_and_cache(*args, pdl_enabled(q.device))

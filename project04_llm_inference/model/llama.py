@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .. import kernels
+from ..kernels.fp8 import FP8_DTYPE
 from ..kernels.reference import rope_cos_sin_cache
 from .parallel import SINGLE, TensorParallel, shard_config, vocab_parallel_embedding
 
@@ -129,9 +130,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = _param(cfg.hidden_size, **p)
         self.gate_up_proj = _param(2 * cfg.intermediate_size, cfg.hidden_size, **p)
         self.down_proj = _param(cfg.hidden_size, cfg.intermediate_size, **p)
+        # The FP8 KV cache's scales, one per (this layer, KV head): a cached value is
+        # round_e4m3(x / scale). 1 unless the checkpoint gives them (`loader`); unused by a
+        # cache in the model dtype.
+        for name in ("k_scale", "v_scale"):
+            self.register_buffer(name, torch.ones(hkv, dtype=torch.float32, device=device))
 
-    @staticmethod
-    def _decode_attention(q, meta: AttnMetadata, k_cache, v_cache, scale: float):
+    def _kv_scales(self, k_cache) -> tuple:
+        """(k_scale, v_scale) for an FP8 cache, (None, None) for one in the model dtype."""
+        return (self.k_scale, self.v_scale) if k_cache.dtype == FP8_DTYPE else (None, None)
+
+    def _decode_attention(self, q, meta: AttnMetadata, k_cache, v_cache, scale: float):
         return kernels.paged_decode_attention(
             q,
             k_cache,
@@ -140,10 +149,10 @@ class DecoderLayer(nn.Module):
             meta.decode_context_lens,
             scale,
             meta.max_context_len,
+            *self._kv_scales(k_cache),
         )
 
-    @staticmethod
-    def _prefill_attention(q, meta: AttnMetadata, k_cache, v_cache, scale: float):
+    def _prefill_attention(self, q, meta: AttnMetadata, k_cache, v_cache, scale: float):
         return kernels.paged_prefill_attention(
             q,
             k_cache,
@@ -153,6 +162,7 @@ class DecoderLayer(nn.Module):
             meta.prefill_context_lens,
             meta.max_seqlen_q,
             scale,
+            *self._kv_scales(k_cache),
         )
 
     def forward(self, x, residual, meta: AttnMetadata, cos_sin, k_cache, v_cache):
@@ -162,7 +172,14 @@ class DecoderLayer(nn.Module):
         # the norm kernel, cuBLAS and the RoPE kernel.
         hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         rope = kernels.RopeWrite(
-            hq, hkv, meta.positions, cos_sin, k_cache, v_cache, meta.slot_mapping
+            hq,
+            hkv,
+            meta.positions,
+            cos_sin,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+            *self._kv_scales(k_cache),
         )
         qkv, residual = kernels.norm_linear(
             x, residual, self.input_layernorm, self.qkv_proj, eps, rope=rope

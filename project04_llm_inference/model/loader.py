@@ -4,7 +4,10 @@ Safetensors are read one tensor at a time (`safe_open`), each copied into its sl
 on-device weights and dropped, so host memory never holds more than one tensor of the model. Under tensor parallelism each
 rank reads every tensor and keeps its shard (`_shard`): rows of the column-parallel and
 vocabulary-parallel weights, columns of the row-parallel ones. `quantization="fp8"` quantizes
-the layers' projections to FP8 once loaded (`quant.py`).
+the layers' projections to FP8 once loaded (`quant.py`). A folder whose safetensors already hold
+FP8 weights (`fp8_checkpoint.py`: compressed-tensors, fbgemm_fp8) is read into FP8 projections
+as stored, with its weight scales, and its KV-cache scales (`k_scale`, `v_scale`) when it has
+them; FP8 is then implied whatever `quantization` says.
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.fp8 import FP8_DTYPE, Fp8Weight, quantize_rows
+from .fp8_checkpoint import (
+    IGNORED_SUFFIXES,
+    KV_SCALE_NAMES,
+    checkpoint_quantization,
+    kv_scale_heads,
+    weight_scale_rows,
+)
 from .llama import LlamaConfig, LlamaForCausalLM
 from .parallel import SINGLE, TensorParallel
 
@@ -61,20 +72,37 @@ def _row_slice(layer, part: str | None) -> slice:
     }[part]
 
 
-def _target(model: LlamaForCausalLM, name: str) -> tuple[torch.Tensor, slice] | None:
+def _target(model: LlamaForCausalLM, name: str):
+    """Where a Hugging Face tensor goes: (kind, destination, row slice) or None (not used).
+
+    kind: "param" (a 16/32-bit weight), "fp8" (an `Fp8Weight`'s q rows), "scale" (its scale
+    rows), "kv_scale" (a layer's KV-cache scales)."""
     if name == "model.embed_tokens.weight":
-        return model.embed_tokens, slice(None)
+        return "param", model.embed_tokens, slice(None)
     if name == "model.norm.weight":
-        return model.norm, slice(None)
+        return "param", model.norm, slice(None)
     if name == "lm_head.weight":
         # a tied model may still ship lm_head: it equals the embedding, which is loaded anyway
-        return None if model.cfg.tie_word_embeddings else (model.lm_head, slice(None))
+        tied = model.cfg.tie_word_embeddings
+        return None if tied else ("param", model.lm_head, slice(None))
     m = _LAYER.fullmatch(name)
-    if m and m.group(2) in _LAYER_MAP:
-        layer = model.layers[int(m.group(1))]
-        attr, part = _LAYER_MAP[m.group(2)]
-        return getattr(layer, attr), _row_slice(layer, part)
-    if name.endswith(_IGNORED):
+    if m:
+        layer, rest = model.layers[int(m.group(1))], m.group(2)
+        weight = rest.removesuffix("_scale")
+        if rest in _LAYER_MAP or (rest.endswith(".weight_scale") and weight in _LAYER_MAP):
+            attr, part = _LAYER_MAP[weight]
+            w, rows = getattr(layer, attr), _row_slice(layer, part)
+            if isinstance(w, Fp8Weight):
+                return ("fp8" if rest == weight else "scale"), w, rows
+            if rest == weight:
+                return "param", w, rows
+            raise ValueError(
+                f"unexpected tensor {name!r}: a weight scale, but config.json declares no FP8 "
+                "quantization_config"
+            )
+        if rest in KV_SCALE_NAMES:
+            return "kv_scale", getattr(layer, KV_SCALE_NAMES[rest]), slice(None)
+    if name.endswith(_IGNORED) or name.endswith(IGNORED_SUFFIXES):
         return None
     raise ValueError(f"unexpected tensor {name!r}: not a Llama weight")
 
@@ -90,6 +118,72 @@ def _shard(name: str, src: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     return src[tp.span(src.shape[0])]
 
 
+def _shard_scale(name: str, src: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    """This rank's weight scales: per-channel scales follow their weight's rows (whole for the
+    row-parallel o_proj and down_proj, whose output rows are not split); a per-tensor scale is
+    the same on every rank."""
+    weight = name.removesuffix("_scale")
+    if tp.size == 1 or src.numel() == 1 or weight.endswith(_ROW_PARALLEL_INPUT):
+        return src
+    flat = src.reshape(src.shape[0], -1)[:, 0] if src.dim() else src
+    return flat[tp.span(flat.shape[0])]
+
+
+def _copy(kind: str, name: str, dst_obj, rows: slice, src: torch.Tensor, tp) -> list:
+    """Write one checkpoint tensor into the model; returns the tensors it filled, with counts."""
+    if kind == "param":
+        if src.dtype == FP8_DTYPE:
+            raise ValueError(
+                f"{name} is float8_e4m3fn but config.json declares no FP8 quantization_config"
+            )
+        src = _shard(name, src, tp)
+        dst = dst_obj.data[rows]
+        _check_shape(name, src, dst)
+        dst.copy_(src)  # host -> device and to the model dtype, one tensor at a time
+        return [(dst_obj, src.numel())]
+    if kind == "fp8":
+        src = _shard(name, src, tp)
+        dst = dst_obj.qweight[rows]
+        _check_shape(name, src, dst)
+        if src.dtype == FP8_DTYPE:
+            dst.copy_(src)  # as stored: no re-quantization
+            return [(dst_obj.qweight, src.numel())]
+        # a projection the checkpoint kept in 16 bits (its ignore list): quantized per row here
+        q, s = quantize_rows(src)
+        dst.copy_(q)
+        dst_obj.scale[rows].copy_(s)
+        return [(dst_obj.qweight, src.numel()), (dst_obj.scale, s.numel())]
+    if kind == "scale":
+        dst = dst_obj.scale[rows]
+        src = weight_scale_rows(_shard_scale(name, src, tp), dst.shape[0], name)
+        dst.copy_(src)
+        return [(dst_obj.scale, dst.numel())]
+    heads = dst_obj.shape[0]  # kv_scale: this rank's KV heads
+    flat = src.reshape(-1)
+    if tp.size > 1 and flat.numel() == heads * tp.size:
+        flat = flat[tp.span(flat.numel())]
+    dst_obj.copy_(kv_scale_heads(flat, heads, name))
+    return []
+
+
+def _check_shape(name: str, src: torch.Tensor, dst: torch.Tensor) -> None:
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(
+            f"{name} has shape {tuple(src.shape)} (this rank's part), the config implies "
+            f"{tuple(dst.shape)}"
+        )
+
+
+def _slots(model: LlamaForCausalLM) -> dict[int, tuple[str, torch.Tensor]]:
+    """Every tensor the checkpoint must fill: parameters and the FP8 projections' buffers."""
+    out = {id(p): (n, p) for n, p in model.named_parameters()}
+    for n, mod in model.named_modules():
+        if isinstance(mod, Fp8Weight):
+            for b in ("qweight", "scale"):
+                out[id(getattr(mod, b))] = (f"{n}.{b}", getattr(mod, b))
+    return out
+
+
 @torch.no_grad()
 def load_safetensors(model: LlamaForCausalLM, model_dir: str | Path) -> None:
     from safetensors import safe_open
@@ -97,25 +191,21 @@ def load_safetensors(model: LlamaForCausalLM, model_dir: str | Path) -> None:
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
-    filled: dict[int, int] = {}  # id(param) -> elements written
+    filled: dict[int, int] = {}  # id(tensor) -> elements written
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as st:
             for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 target = _target(model, name)
                 if target is None:
                     continue
-                param, rows = target
-                dst = param.data[rows]
-                src = _shard(name, st.get_tensor(name), model.tp)
-                if tuple(src.shape) != tuple(dst.shape):
-                    raise ValueError(
-                        f"{f.name}: {name} has shape {tuple(src.shape)} (this rank's part), "
-                        f"the config implies "
-                        f"{tuple(dst.shape)}"
-                    )
-                dst.copy_(src)  # host -> device and to the model dtype, one tensor at a time
-                filled[id(param)] = filled.get(id(param), 0) + src.numel()
-    missing = [n for n, p in model.named_parameters() if filled.get(id(p), 0) != p.numel()]
+                kind, dst, rows = target
+                try:
+                    done = _copy(kind, name, dst, rows, st.get_tensor(name), model.tp)
+                except ValueError as e:
+                    raise ValueError(f"{f.name}: {e}") from None
+                for t, n in done:
+                    filled[id(t)] = filled.get(id(t), 0) + n
+    missing = [n for i, (n, t) in _slots(model).items() if filled.get(i, 0) != t.numel()]
     if missing:
         raise ValueError(f"{model_dir}: weights missing or incomplete for {missing[:5]}")
 
@@ -150,11 +240,20 @@ def build_model(
     """The model (rank `tp.rank`'s shard) with its weights: from `model_dir`'s safetensors, or
     dummy when it is None; its projections quantized to FP8 with quantization="fp8"."""
     cfg = LlamaConfig.from_hf(hf_config)
+    if quantization not in ("none", "fp8"):
+        raise ValueError(f"quantization: expected 'none' or 'fp8', got {quantization!r}")
+    stored_fp8 = model_dir is not None and checkpoint_quantization(hf_config) is not None
+    if stored_fp8:
+        quantization = "fp8"  # the weights are FP8 already: implied, and accepted when asked
     if quantization == "fp8":
         from .quant import check_fp8_device
 
         check_fp8_device(device)  # before loading: a GPU without FP8 is refused at once
     model = LlamaForCausalLM(cfg, dtype=dtype, device=device, max_positions=max_positions, tp=tp)
+    if stored_fp8:
+        from .quant import fp8_slots
+
+        fp8_slots(model)  # FP8 projections the checkpoint's weights and scales are read into
     if model_dir is None:
         init_dummy(model, seed)
     else:
@@ -162,7 +261,5 @@ def build_model(
     if quantization == "fp8":
         from .quant import quantize_model_fp8
 
-        quantize_model_fp8(model)
-    elif quantization != "none":
-        raise ValueError(f"quantization: expected 'none' or 'fp8', got {quantization!r}")
+        quantize_model_fp8(model)  # the projections not stored in FP8 (all, from 16 bits)
     return model.eval()

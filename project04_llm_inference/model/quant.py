@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.fp8 import MIN_FP8_CAPABILITY, Fp8Weight
+from ..kernels.fp8 import FP8_DTYPE, MIN_FP8_CAPABILITY, Fp8Weight
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -44,3 +44,17 @@ def quantize_model_fp8(model) -> None:
             q = Fp8Weight.from_float(w.data)
             delattr(layer, name)  # the Parameter goes, its memory with it
             setattr(layer, name, q)
+
+
+@torch.no_grad()
+def fp8_slots(model) -> None:
+    """Replace every decoder layer's projection weights by an empty `Fp8Weight` of their shape,
+    for a checkpoint that stores them in FP8 to be read into (`loader.load_safetensors`)."""
+    for layer in model.layers:
+        for name in PROJECTIONS:
+            w = getattr(layer, name)
+            n, k = w.shape
+            q = torch.empty((n, k), dtype=FP8_DTYPE, device=w.device)
+            scale = torch.empty((n,), dtype=torch.float32, device=w.device)
+            delattr(layer, name)
+            setattr(layer, name, Fp8Weight(q, scale))

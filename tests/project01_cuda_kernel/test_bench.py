@@ -163,3 +163,19 @@ def test_hopper_backward_table_and_ratios():
     (r,) = bench_attention.ratios(rows, "cudnn", "ours_hbwd")
     assert r["ratio"] == pytest.approx(0.9)
     assert bench_attention.hbwd_table([r for r in rows if r["provider"] != "ours_hbwd"]) == []
+
+
+def test_gemm_config_fp8_sizes_follow_the_kernel_choice():
+    """The FP8 step runs at --fp8-sizes (4096 and 8192 by default, 512 with --quick) unless
+    --kernels leaves it out; sizes must be multiples of 16, its K rule."""
+    cfg = bench_gemm.GemmBenchConfig
+    assert bench_gemm.fp8_sizes_of(cfg()) == [4096, 8192]
+    assert bench_gemm.fp8_sizes_of(cfg(quick=True)) == [512]
+    assert bench_gemm.fp8_sizes_of(cfg(kernels=("hgemm_09_wgmma_tma",))) == []
+    only = cfg(kernels=("fp8gemm_10_wgmma_tma",), fp8_sizes=(1024,))
+    assert bench_gemm.fp8_sizes_of(only) == [1024]
+    assert bench_gemm.fp8_sizes_of(cfg(fp8_sizes=())) == []
+    for bad in (1000, 0):
+        with pytest.raises(ValueError, match="--fp8-sizes: expected multiples of 16"):
+            cfg(fp8_sizes=(bad,))
+    assert bench_gemm.err_floor("float8_e4m3fn", 4096) == 2.0**-10

@@ -107,3 +107,39 @@ def test_attention_bench_grouped_query_against_sdpa_enable_gqa(tmp_path):
     assert {r["heads"] for r in res["rows"]} == {4}
     assert all(c["max_abs_diff_vs_flash"] <= 0.05 for c in res["checks"])
     assert len(res["ratios_vs_flash"]) == 2 * len(bench_attention.MODES)
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_capability() != (9, 0),
+    reason="the FP8 step needs a Hopper GPU (compute capability 9.0)",
+)
+def test_gemm_bench_measures_the_fp8_step_beside_scaled_mm(tmp_path):
+    """The FP8 step in the same run as the bfloat16 ladder: its own group against
+    torch._scaled_mm, checked, timed alternating, and charted (an FP8 roofline)."""
+    from project01_cuda_kernel.report.gemm import render_charts
+
+    cfg = bench_gemm.GemmBenchConfig(
+        sizes=(256,),
+        shapes=(),
+        kernels=("hgemm_09_wgmma_tma", "fp8gemm_10_wgmma_tma"),
+        fp8_sizes=(512,),
+        warmup_ms=2.0,
+        rep_ms=5.0,
+        repeats=2,
+        reports_dir=str(tmp_path),
+        charts=False,
+    )
+    path = bench_gemm.run(cfg)
+    record = load_result(path)
+    res = record["results"]
+    assert record["config"]["fp8_sizes"] == [512]
+    fp8 = [r for r in res["rows"] if r["dtype"] == "float8_e4m3fn"]
+    assert [(r["kernel"], r["shape"]) for r in fp8] == [("fp8gemm_10_wgmma_tma", "512x512x512")]
+    assert fp8[0]["correct"], fp8[0]
+    for key in ("median_ms", "tflops", "pct_of_cublas"):
+        assert_repeated(fp8[0], key, 2)
+    assert fp8[0]["min_bytes"] == 2 * 512 * 512 + 2 * 512 * 512  # 1-byte A, B; 2-byte C
+    base = [r for r in res["baseline"] if r["dtype"] == "float8_e4m3fn"]
+    assert len(base) == 1 and base[0]["shape"] == "512x512x512"
+    assert {r["dtype"] for r in res["baseline"]} == {"float32", "bfloat16", "float8_e4m3fn"}
+    assert "gemm_roofline_fp8.png" in {p.name for p in render_charts(path)}

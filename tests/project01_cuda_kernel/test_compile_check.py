@@ -48,7 +48,12 @@ def test_spills_fail_only_in_files_marked_no_spill():
 
 
 def test_top_ladder_kernels_carry_the_no_spill_marker():
-    for name in ("sgemm_06_vectorized", "sgemm_07_warptiling", *gemm.TENSOR_CORE_KERNELS):
+    for name in (
+        "sgemm_06_vectorized",
+        "sgemm_07_warptiling",
+        *gemm.TENSOR_CORE_KERNELS,
+        "fp8gemm_10_wgmma_tma",
+    ):
         text = (cc.CSRC / "gemm" / f"{name}.cu").read_text()
         assert cc.NO_SPILL_MARKER in text, name
 
@@ -112,3 +117,22 @@ def test_hopper_backward_compiles_for_sm80():
     """The extension still builds for an A100: the kernel body is guarded (sm_90a only)."""
     for r in cc.run(HOPPER_BWD_SOURCES, arch="80", jobs=2):
         assert r.ok, (r.file, r.errors)
+
+
+FP8_SOURCE = cc.CSRC / "gemm" / "fp8gemm_10_wgmma_tma.cu"
+
+
+@NEEDS_NVCC
+def test_fp8_gemm_compiles_for_sm90a_without_spills_and_for_sm80():
+    """The FP8 step (a few seconds on 2 cores): no spill, no stack, no wgmma serialisation, at
+    most 168 registers (65536 / 384 threads, rounded to 8; setmaxnreg then gives the consumers
+    232 for their 3 x 64 accumulators). On sm_80 its body is guarded and it still builds."""
+    (r,) = cc.run([FP8_SOURCE], jobs=1)
+    assert r.ok and r.no_spill and not r.failures, (r.errors, r.failures)
+    assert len(r.kernels) == 2  # two k-tiles in flight (default), one (P01_FP8_PROMOTE=serial)
+    for k in r.kernels:
+        assert "fp8gemm_wgmma_kernel" in k.kernel
+        assert not k.spills and k.stack_frame_bytes == 0 and 0 < k.registers <= 168, k
+    assert not [w for w in r.warnings if "wgmma" in w.lower()], r.warnings
+    (r80,) = cc.run([FP8_SOURCE], arch="80", jobs=1)
+    assert r80.ok, r80.errors

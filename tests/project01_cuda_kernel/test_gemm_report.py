@@ -232,3 +232,42 @@ def test_a_repeated_record_shows_each_figure_as_median_and_range():
     assert "repetitions" not in report_gemm.render_ladder(single) + report_gemm.render_targets(
         single
     )
+
+
+def test_the_fp8_step_renders_beside_the_ladder_against_scaled_mm(tmp_path):
+    """FP8 rows (dtype float8_e4m3fn, baseline torch._scaled_mm): minimum bytes with 1-byte
+    inputs and a 2-byte output, the FP8 peak as roof, a row and a baseline line in the ladder
+    table, an FP8 roofline chart; the bfloat16 targets do not count them."""
+    spec, fp8 = get_gpu("h200-sxm"), torch.float8_e4m3fn
+    base, rows = [], []
+    for size, cublas_tf, ours_tf in ((4096, 1200.0, 1080.0), (8192, 1300.0, 1235.0)):
+        shape = (size, size, size)
+        b = bench_gemm._row(
+            "cublas", "cublas", "float8_e4m3fn", shape, [_Timing(_ms(size, cublas_tf))], 2e-3,
+            2e-3, spec, fp8,
+        )  # fmt: skip
+        r = bench_gemm._row(
+            "ladder", "fp8gemm_10_wgmma_tma", "float8_e4m3fn", shape,
+            [_Timing(_ms(size, ours_tf))], 2e-3, 2e-3, spec, fp8,
+        )  # fmt: skip
+        r["pct_of_cublas"] = 100 * ours_tf / cublas_tf
+        base.append(b)
+        rows.append(r)
+    assert rows[0]["min_bytes"] == 2 * 4096 * 4096 * 1 + 4096 * 4096 * 2
+    assert rows[0]["correct"]  # 2e-3 <= 2 x 2e-3 + floor
+    assert rows[0]["attainable_tflops"] == pytest.approx(spec.peak_flops(fp8) / 1e12)
+    gemm = {"environment": {"gpu": "NVIDIA H200"}, "config": {}}
+    gemm["results"] = {"rows": rows, "baseline": base}
+    ladder = report_gemm.render_ladder(gemm)
+    assert "| 10 | `fp8gemm_10_wgmma_tma` |" in ladder and "| 90 |" in ladder and "| 95 |" in ladder
+    assert "| cuBLASLt float8_e4m3fn (torch._scaled_mm) | baseline, same run |" in ladder
+    assert "torch._scaled_mm on the same inputs" in ladder
+    assert "`fp8gemm_10_wgmma_tma`" in report_gemm.render_shapes(gemm)
+    assert report_gemm.best_row(gemm, "bfloat16", 4096) is None
+    gemm["results"]["gpu_spec"] = {
+        "key": "h200-sxm",
+        "peak_tflops": {"fp32": 67, "bf16": 989.4, "fp8": 1978.9},
+        "bandwidth_gbs": 4800,
+    }
+    paths = report_gemm.make_charts(gemm["results"], tmp_path, "recorded test data")
+    assert {p.name for p in paths} >= {"gemm_ladder.png", "gemm_sizes.png", "gemm_roofline_fp8.png"}

@@ -105,6 +105,7 @@ def test_the_operators_and_their_schemas():
         "-> (Tensor, Tensor, Tensor)",
         "project01::matmul(Tensor a, Tensor b, str kernel) -> Tensor",
         "project01::matmul_out(Tensor a, Tensor b, str kernel, Tensor(a3!) out) -> ()",
+        "project01::scaled_matmul(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b) -> Tensor",
     }
 
 

@@ -270,7 +270,7 @@ def gemm_operands(base: int = 0, **model) -> list[Operand]:
         b_base = st + kABytes
         da = make_desc(a_base + kk * 32, 16, 1024)
         db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024)
-        # wgmma_ss_m64n256k16: imm-trans-a = 0, imm-trans-b = 1
+        # wgmma_ss_m64nNk16_kn<T, 256>: imm-trans-a = 0, imm-trans-b = 1
         ops.append(
             Operand(
                 f"gemm A cw{cw} kk{kk}",
@@ -320,7 +320,7 @@ def fwd_operands(d: int, base: int = 0, **model) -> list[Operand]:
             ch, off = kk // 4, (kk % 4) * 32
             da = make_desc(q_base + ch * kBM * 128 + off, 16, 1024)
             db = make_desc(k + ch * kBN * 128 + off, 16, 1024)
-            # wgmma_ss_m64n128k16: imm-trans-a = imm-trans-b = 0
+            # wgmma_ss_m64nNk16_kk<T, 128>: imm-trans-a = imm-trans-b = 0
             ops.append(
                 Operand(
                     f"fwd{d} S=QK^T A=Q cw{cw} kk{kk}",
@@ -627,15 +627,24 @@ MIRRORED = {
         "d |= 1ull << 62;",
     ],
     "common/wgmma.cuh": [
-        '", %128, %129, p, 1, 1, 0, 1;\\n}\\n"',  # ss m64n256k16: trans-a 0, trans-b 1
-        '", %64, %65, p, 1, 1, 0, 0;\\n}\\n"',  # ss m64n128k16: 0, 0
-        '", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\\n}\\n"',  # rs n64: trans-b 1
-        '", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\\n}\\n"',  # rs n128: trans-b 1
+        # the transpose immediates (imm-trans-a, imm-trans-b) of each form and N
+        '", %" #DA ", %" #DB ", p, 1, 1, " TRANS ";\\n}\\n"',
+        '", {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DB ", p, 1, 1, 1;\\n}\\n"',  # rs: 1
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_kk, T, PTX, 64, P01_WGMMA_REGS_32, "
+        'P01_WGMMA_OUT32(d, 0), 32, 33, 34, "0, 0")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_kk, T, PTX, 128, P01_WGMMA_REGS_64, "
+        'P01_WGMMA_OUT64(d, 0), 64, 65, 66, "0, 0")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_kn, T, PTX, 256, P01_WGMMA_REGS_128, "
+        'P01_WGMMA_OUT128(d), 128, 129, 130, "0, 1")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_mn, T, PTX, 32, P01_WGMMA_REGS_16, "
+        'P01_WGMMA_OUT16(d), 16, 17, 18, "1, 1")',
+        "P01_WGMMA_SS(wgmma_ss_m64nNk16_mn, T, PTX, 64, P01_WGMMA_REGS_32, "
+        'P01_WGMMA_OUT32(d, 0), 32, 33, 34, "1, 1")',
     ],
     "gemm/hgemm_09_wgmma_tma.cu": [
         "constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;",
-        "tma_load_2d(smem_u32(st), &tma_a, kt * kBK, tm * kBM, bar);",
-        "tma_load_2d(smem_u32(st + kABytes + j * kBBoxBytes), &tma_b, tn * kBN + j * 64,",
+        "tma_load_2d(smem_u32(st), tma_a, kt * kBK, tm * kBM, bar);",
+        "tma_load_2d(smem_u32(st + kABytes + j * kBBoxBytes), tma_b, tn * kBN + j * 64, kt * kBK,",
         "const uint32_t a_base = smem_u32(tiles + s * kStageBytes + cw * 64 * 128);",
         "const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);",
         "const uint64_t db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024);",
@@ -654,9 +663,6 @@ MIRRORED = {
         "pa[kk][i] = TypeTraits<T>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);",
     ],
     "attention/flash_bwd_hopper.cuh": [
-        '", %32, %33, p, 1, 1, 0, 0;\\n}\\n"',  # ss m64n64k16 kk: trans 0/0
-        '", %32, %33, p, 1, 1, 1, 1;\\n}\\n"',  # ss m64n64k16 mn: trans 1/1
-        '", %16, %17, p, 1, 1, 1, 1;\\n}\\n"',  # ss m64n32k16 mn: trans 1/1
         "static constexpr int kBN = 64 * kConsumers;",
         "static constexpr int kBM = 64;",
         "v = k + C::kKVBytes;",
@@ -674,14 +680,15 @@ MIRRORED = {
         "make_desc(v_wg + c * kBN * 128 + off, 16, 1024),",
         "make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);",
         "pa[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);",
-        "make_desc(do_base + kk * 16 * 128, kBM * 128, 1024), 1);",
+        "make_desc(b_base + kk * 16 * 128, kBM * 128, 1024), 1);",  # dV: b_base = do_base
+        "issue_rs_product<T, D>(dv, pa, do_base);",
         "da[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);",
-        "make_desc(q_base + kk * 16 * 128, kBM * 128, 1024), 1);",
+        "issue_rs_product<T, D>(dk, da, q_base);",
         "const int row = cw * 64 + warp * 16 + g;",
-        "const int chunk = (j ^ (row & 7)) * 16 + 4 * t;",
-        "*reinterpret_cast<uint32_t*>(ds_tile + row * 128 + chunk) = da[j / 2][(j & 1) * 2];",
-        "*reinterpret_cast<uint32_t*>(ds_tile + (row + 8) * 128 + chunk) =",
-        "da[j / 2][(j & 1) * 2 + 1];",
+        "store_dst(ds_tile + row * 128, ds_tile + (row + 8) * 128, row & 7, t, da);",
+        "const int chunk = (j ^ swz) * 16 + 4 * t;",
+        "*reinterpret_cast<uint32_t*>(row_g + chunk) = da[j / 2][(j & 1) * 2];",
+        "*reinterpret_cast<uint32_t*>(row_g8 + chunk) = da[j / 2][(j & 1) * 2 + 1];",
         "unsigned char* ds_tile = sm.ds + (it & 1) * C::kDsBytes;",
         "wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),",
         "make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);",
@@ -693,13 +700,21 @@ def test_backward_stores_ds_before_the_rs_product_that_takes_it():
     """PTX ISA (wgmma.wait_group): accessing the A-fragment registers of a wgmma.mma_async before
     a wait_group that covers it is undefined behaviour, reads included. The dS^T stores read da,
     the A operand of dK += dS^T Q, so they come before that product is issued (as in
-    FlashAttention-3); the wait after dQ covers dK before da is touched again."""
+    FlashAttention-3); the wait after dQ (issue_dq_wait_all) covers dK before da is touched
+    again."""
     text = (CSRC / "attention" / "flash_bwd_hopper.cuh").read_text()
-    store = text.index("*reinterpret_cast<uint32_t*>(ds_tile + row * 128 + chunk) = da[")
-    dk = text.index("wgmma_rs_m64nNk16<T, D>(dk, da[kk],")
-    wait = text.index("wgmma_wait<0>();", dk)
-    assert text.index("da[kk][i] = TypeTraits<T>::pack(") < store < dk < wait
-    assert "da[" not in text[dk + 40 : wait]
+    consumer = text[text.index("__device__ __forceinline__ void consumer(") :]
+    pack = consumer.index("compute_dst<T>(dpt, dpre2, st, da);")  # writes da
+    store = consumer.index("store_dst(ds_tile + row * 128,")  # reads da
+    dk = consumer.index("issue_rs_product<T, D>(dk, da, q_base);")  # dK's A operand is da
+    wait = consumer.index("issue_dq_wait_all<T, D>(", dk)
+    assert pack < store < dk < wait
+    assert "da" not in consumer[dk + 40 : wait].replace("da[4][4]", "")
+    wait_fn = text[text.index("void issue_dq_wait_all(") :]
+    wait_fn = wait_fn[: wait_fn.index("\n}\n")]
+    assert wait_fn.index("wgmma_wait<0>();") < wait_fn.index("fence_regs(da);")
+    store_fn = text[text.index("void store_dst(") :]
+    assert "wgmma" not in store_fn[: store_fn.index("\n}\n")]  # plain stores, no product
 
 
 def test_sources_still_match_the_model():

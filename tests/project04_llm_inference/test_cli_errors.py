@@ -34,6 +34,7 @@ DUMMY = ["--engine.load-format", "dummy", "--engine.dummy-shape", "tiny"]
         (["serve", *DUMMY, "--port", "99999"], "port"),
         (["serve", *DUMMY, "--tensor-parallel-size", "0"], "tensor_parallel_size"),
         (["serve", *DUMMY, "--quantization", "int4"], "int4"),
+        (["serve", *DUMMY, "--kv-cache-dtype", "fp8_e5m2"], "fp8_e5m2"),
         (
             ["generate", *DUMMY, "--engine.tensor-parallel-size", "4", "--prompt-ids", "1"],
             "larger than the model's 2 KV heads",

@@ -1,6 +1,6 @@
 """The FP8 accuracy benchmark's pieces on the CPU: its one-window prefill scores every position
 as transformers does, the comparison reads zero for a model against itself and a real error
-for FP8 weights, and bad settings are refused. (The full run trains the code model: the
+for FP8 weights, an FP8 KV cache and both, and bad settings are refused. (The full run trains the code model: the
 `fp8-accuracy` command.)"""
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ def test_compare_reads_zero_against_itself_and_an_error_for_fp8(models):
     fp8 = compare(models[0], models[1], windows)
     assert 0.0 < fp8["logits_mean_abs_err"] <= fp8["logits_max_abs_err"]
     assert 0.0 <= fp8["greedy_agreement"] <= 1.0
+    # the FP8 KV cache variants: the same model over an e4m3 cache, and both together
+    kv = compare(models[0], models[0], windows, kv_dtype=torch.float8_e4m3fn)
+    assert 0.0 < kv["logits_mean_abs_err"] <= kv["logits_max_abs_err"]
+    both = compare(models[0], models[1], windows, kv_dtype=torch.float8_e4m3fn)
+    assert both["logits_max_abs_err"] != fp8["logits_max_abs_err"]  # the cache's error adds
 
 
 @pytest.mark.parametrize(

@@ -70,12 +70,14 @@ def test_tp2_over_gloo_gives_the_greedy_tokens_of_tp1(hf_model_dir):
         dict(async_scheduling=True),
         dict(num_scheduler_steps=4),
         dict(enable_chunked_prefill=True, max_num_batched_tokens=8),
+        dict(kv_cache_dtype="fp8"),
     ],
-    ids=["async", "multi-step", "chunked-prefill"],
+    ids=["async", "multi-step", "chunked-prefill", "fp8-kv-cache"],
 )
 def test_tp2_runs_every_eager_runner_path(hf_model_dir, engine):
     """Asynchronous scheduling (inputs gathered on the device), multi-step decoding and
-    chunked prefill reach the model through the same call: TP=2 gives TP=1's tokens."""
+    chunked prefill reach the model through the same call: TP=2 gives TP=1's tokens. So does
+    an FP8 KV cache: each rank's heads are quantized with their own scales, as at TP=1."""
     tokens1, _, _ = _generate(hf_model_dir, 1, **engine)
     tokens2, _, _ = _generate(hf_model_dir, 2, **engine)
     assert tokens2 == tokens1

@@ -44,6 +44,8 @@ def test_vllm_flags_set_the_engine_and_the_server(table):
             "float32",
             "--seed",
             "7",
+            "--kv-cache-dtype",
+            "fp8",
             "--api-key",
             "secret",
             "--host",
@@ -55,7 +57,7 @@ def test_vllm_flags_set_the_engine_and_the_server(table):
     assert isinstance(cfg, ServeConfig)
     e = cfg.engine
     assert (e.model, e.max_model_len, e.gpu_memory_utilization) == ("some/model-dir", 512, 0.5)
-    assert (e.max_num_seqs, e.dtype, e.seed) == (8, "float32", 7)
+    assert (e.max_num_seqs, e.dtype, e.seed, e.kv_cache_dtype) == (8, "float32", 7, "fp8")
     assert (cfg.served_model_name, cfg.api_key, cfg.host, cfg.port) == (
         "code",
         "secret",

@@ -38,6 +38,15 @@
 // lse = +inf in shared memory (P = 0 there, no row mask needed); keys past Sk are masked in the
 // last key block only (the TMA zero-fills them, but exp(0 - lse) can overflow).
 //
+// Structure, as in the forward (flash_fwd_hopper.cuh): `Smem` (the shared-memory layout and its
+// barriers), `producer` (the TMA loads, lse/D staging and the dQ writer), the consumer's steps of
+// one query block (issue_st_dpt, softmax_pt, issue_rs_product for dV and dK, compute_dst,
+// store_dst, issue_dq_wait_all), its dQ accumulation (store_dq_tile, or dq_atomic_add) and
+// `epilogue` (dK and dV), called in order from `consumer`. Splitting the former single consumer
+// body into these left the machine code byte for byte the same (sass-diff, sm_90a, both head
+// dims, dtypes and dQ forms); forms of the split that did not (the thread's indices in a struct,
+// a helper owning the whole dS^T store or dQ tile write) were not taken.
+//
 // Registers (setmaxnreg): producer 24, consumers 240. A consumer thread holds dV and dK (D / 2
 // floats each), S^T and dP^T (32 floats each), P^T as A fragments (16), dS^T as A fragments (16),
 // and dQ's accumulator (D / 4 floats) once S^T and dP^T are dead.
@@ -62,62 +71,11 @@
 #include "common/sm90.cuh"
 #include "common/wgmma.cuh"
 
-// ---- the wgmma forms this kernel adds (both input types) -------------------------------------
-// "{%0, ..., %15}": a 16-float accumulator (m64n32).
-#define P01_WGMMA_REGS_16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-#define P01_WGMMA_OUT16(d) P01_WGMMA_OUT8(d, 0), P01_WGMMA_OUT8(d, 8)
-
-namespace p01::sm90 {
-
-// ss m64n64k16, A and B K-major (S^T = K Q^T, dP^T = V dO^T): imm-trans-a = imm-trans-b = 0.
-template <typename T>
-__device__ __forceinline__ void wgmma_ss_m64n64k16_kk(float (&d)[32], uint64_t desc_a,
-                                                      uint64_t desc_b, int scale_d);
-// ss m64nNk16, A M-major and B N-major (dQ = dS K with dS read from the dS^T tile):
-// imm-trans-a = imm-trans-b = 1. N = 64 (32 floats) or 32 (16 floats).
-template <typename T, int N>
-__device__ __forceinline__ void wgmma_ss_m64nNk16_mn(float (&d)[N / 2], uint64_t desc_a,
-                                                     uint64_t desc_b, int scale_d);
-
-#define P01_WGMMA_BWD_FORMS(T, PTX)                                                              \
-  template <>                                                                                    \
-  __device__ __forceinline__ void wgmma_ss_m64n64k16_kk<T>(float (&d)[32], uint64_t desc_a,      \
-                                                           uint64_t desc_b, int scale_d) {       \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " P01_WGMMA_REGS_32 \
-                 ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                               \
-                 : P01_WGMMA_OUT32(d, 0)                                                         \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
-  }                                                                                              \
-  template <>                                                                                    \
-  __device__ __forceinline__ void wgmma_ss_m64nNk16_mn<T, 64>(float (&d)[32], uint64_t desc_a,   \
-                                                              uint64_t desc_b, int scale_d) {    \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX "." PTX " " P01_WGMMA_REGS_32 \
-                 ", %32, %33, p, 1, 1, 1, 1;\n}\n"                                               \
-                 : P01_WGMMA_OUT32(d, 0)                                                         \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
-  }                                                                                              \
-  template <>                                                                                    \
-  __device__ __forceinline__ void wgmma_ss_m64nNk16_mn<T, 32>(float (&d)[16], uint64_t desc_a,   \
-                                                              uint64_t desc_b, int scale_d) {    \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                    \
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTX "." PTX " " P01_WGMMA_REGS_16 \
-                 ", %16, %17, p, 1, 1, 1, 1;\n}\n"                                               \
-                 : P01_WGMMA_OUT16(d)                                                            \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                      \
-  }
-
-P01_WGMMA_BWD_FORMS(__nv_bfloat16, "bf16")
-P01_WGMMA_BWD_FORMS(__half, "f16")
-
-#undef P01_WGMMA_BWD_FORMS
-
-}  // namespace p01::sm90
-
 namespace flash::hopper_bwd {
 
-using namespace p01::sm90;  // mbarrier, TMA and wgmma wrappers (common/sm90.cuh, wgmma.cuh)
+// mbarrier, TMA, setmaxnreg, proxy-fence and wgmma wrappers; ld_shared_f32x2 and
+// named_barrier_sync (common/sm80.cuh, re-exported by sm90.cuh). No PTX is written here.
+using namespace p01::sm90;
 
 template <int D>
 struct Config {
@@ -203,24 +161,9 @@ struct Smem {
     }
     mbar_init(dq_full(), C::kConsumers * 128);
     mbar_init(dq_empty(), 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
 };
-
-// Two floats from shared memory (8-byte aligned), ordered after the mbarrier waits before it.
-__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// Generic-proxy shared-memory writes (the dS^T tile) made visible to the async proxy (wgmma).
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
 
 // The query blocks a CTA of keys n0 .. n0 + kBN - 1 walks: [m_begin, m_blocks).
 template <int D>
@@ -305,10 +248,227 @@ __device__ __forceinline__ void producer(const Smem<D>& sm, const BwdParams& p, 
   }
 }
 
+// ---- consumer: the steps of one query block -----------------------------------------------------
+// S^T = K_cw Q^T and dP^T = V_cw dO^T, both 64 keys x 64 query rows, k over D: issued (two
+// commit groups), not waited for. k_wg / v_wg: this warpgroup's 64 K / V rows; q_base / do_base:
+// stage s of the Q / dO ring.
+template <typename T, int D>
+__device__ __forceinline__ void issue_st_dpt(const Smem<D>& sm, int s, uint32_t phase,
+                                             uint32_t k_wg, uint32_t v_wg, uint32_t q_base,
+                                             uint32_t do_base, float (&st)[32], float (&dpt)[32]) {
+  constexpr int kBM = Config<D>::kBM, kBN = Config<D>::kBN;
+  mbar_wait(sm.q_full(s), phase);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
+    wgmma_ss_m64nNk16_kk<T, 64>(st, make_desc(k_wg + c * kBN * 128 + off, 16, 1024),
+                                make_desc(q_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+  mbar_wait(sm.do_full(s), phase);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int c = kk / 4, off = (kk % 4) * 32;
+    wgmma_ss_m64nNk16_kk<T, 64>(dpt, make_desc(v_wg + c * kBN * 128 + off, 16, 1024),
+                                make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+}
+
+// The 16 floats of this thread's query columns (pairs 8j + 2t, + 1, j = 0..7) of a kBM-float
+// row vector in shared memory (lse or D of one stage): ld.shared, so that the loads are issued
+// where they are written, ahead of the wgmma waits (generic loads the compiler made of sm.lse[]
+// waited on the long scoreboard right before each use).
+__device__ __forceinline__ void ld_query_pairs(const float* vec, int t, float2 (&out)[8]) {
+  const uint32_t at = smem_u32(vec) + 2 * t * 4;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) out[j] = ld_shared_f32x2(at + 8 * j * 4);
+}
+
+// P^T = exp2(S^T * scale log2 e - lse log2 e) in place of S^T in st, 0 where the key is past Sk
+// or (causal) after the query row (need_mask: the block has such keys); rows past Sq have
+// lse = +inf, hence P = 0. lse2: lse * log2(e) of this thread's query columns. Packed into pa:
+// the A operand of dV += P^T dO, k16 step kk = query rows 16kk .. 16kk + 15, the n8 chunks 2kk
+// and 2kk + 1 of the accumulator.
+template <typename T>
+__device__ __forceinline__ void softmax_pt(const BwdParams& p, int m0, int t, int key0,
+                                           float scale_log2, bool need_mask,
+                                           const float2 (&lse2)[8], float (&st)[32],
+                                           uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * j + 2 * t + (e & 1);  // query row m0 + col
+      float pv = exp2f(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? lse2[j].y : lse2[j].x)));
+      if (need_mask) {
+        const int key = key0 + (e >> 1) * 8;
+        if (key >= p.seqlen_k || (p.causal && key > m0 + col + p.causal_offset)) pv = 0.f;
+      }
+      st[4 * j + e] = pv;
+    }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      pa[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+}
+
+// acc += A B over the kBM / 16 k16 steps of one query block, A from registers (one k16 step per
+// a[kk]), B N-major in shared memory at b_base (128-byte rows, a 64-column box every kBM rows):
+// dV += P^T dO and dK += dS^T Q. Issued as one commit group, not waited for.
+template <typename T, int D>
+__device__ __forceinline__ void issue_rs_product(float (&acc)[D / 2], const uint32_t (&a)[4][4],
+                                                 uint32_t b_base) {
+  constexpr int kBM = Config<D>::kBM;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBM / 16; ++kk)
+    wgmma_rs_m64nNk16<T, D>(acc, a[kk], make_desc(b_base + kk * 16 * 128, kBM * 128, 1024), 1);
+  wgmma_commit();
+}
+
+// dS^T = P^T (dP^T - D), in place of P^T in st, and packed into da: the A fragments of
+// dK += dS^T Q and the contents of the dS^T tile. dpre2: D of this thread's query columns.
+template <typename T>
+__device__ __forceinline__ void compute_dst(const float (&dpt)[32], const float2 (&dpre2)[8],
+                                            float (&st)[32], uint32_t (&da)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      st[4 * j + e] *= dpt[4 * j + e] - ((e & 1) ? dpre2[j].y : dpre2[j].x);
+    }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      da[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
+}
+
+// dS^T to shared memory, rows g and g + 8 of this warp (keys cw * 64 + 16 warp + g, + 8 of the
+// block; row_g and row_g8 point at their first bytes): 128 bytes of 64 query columns per row,
+// 16-byte chunk j at j ^ (row % 8) (the TMA's 128-byte swizzle; both rows have row % 8 = swz).
+__device__ __forceinline__ void store_dst(unsigned char* row_g, unsigned char* row_g8, int swz,
+                                          int t, const uint32_t (&da)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int chunk = (j ^ swz) * 16 + 4 * t;
+    // da[kk][0..3] = rows (g, g + 8) x chunks 2kk, 2kk + 1: chunk j is da[j / 2][(j & 1) * 2
+    // + 0] for row g and [.. + 1] for row g + 8.
+    *reinterpret_cast<uint32_t*>(row_g + chunk) = da[j / 2][(j & 1) * 2];
+    *reinterpret_cast<uint32_t*>(row_g8 + chunk) = da[j / 2][(j & 1) * 2 + 1];
+  }
+}
+
+// dQ[:, cw * kDqCols ..] = dS K over the block's 128 keys: A = dS, M-major (the dS^T tile),
+// B = K, N-major; k16 step kk = keys 16kk .. 16kk + 15 (rows of both tiles). dS's M = 64 is
+// one swizzle row, so its LBO is unused by the documented MN-major layout; it is given the
+// SBO's value (1024) so that an A operand reading the two the other way round (no kernel of
+// ours has run imm-trans-a = 1 on a GPU yet) would read the same elements. Then waits for every
+// product of the block: dV, dK and dQ are complete, pa and da free.
+template <typename T, int D>
+__device__ __forceinline__ void issue_dq_wait_all(uint32_t ds_base, uint32_t k_dq,
+                                                  float (&dq)[Config<D>::kDqCols / 2],
+                                                  float (&dv)[D / 2], float (&dk)[D / 2],
+                                                  uint32_t (&pa)[4][4], uint32_t (&da)[4][4]) {
+  constexpr int kBN = Config<D>::kBN, kDqCols = Config<D>::kDqCols;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk)
+    wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),
+                                     make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_regs(dv);
+  fence_regs(dk);
+  fence_regs(dq);
+  fence_regs(pa);
+  fence_regs(da);
+}
+
+// ---- consumer: the dQ accumulation --------------------------------------------------------------
+// kDqTma: scale * dQ into this thread's places of the float32 dQ tile, row 16 warp + g (and + 8)
+// of warpgroup cw's boxes; y is the chunk swizzle and odd whether g is odd (the layout and the
+// store order: the consumer's dQ step).
+template <int D>
+__device__ __forceinline__ void store_dq_tile(const BwdParams& p, unsigned char* tile, int cw,
+                                              int row, int t, int y, bool odd,
+                                              const float (&dq)[Config<D>::kDqCols / 2]) {
+  using C = Config<D>;
+  constexpr int kDqCols = C::kDqCols;
+  unsigned char* base = tile + cw * (kDqCols / C::kDqBoxCols) * C::kDqBoxBytes + row * 128 +
+                        8 * (t & 1);
+#pragma unroll
+  for (int j = 0; j < kDqCols / 8; ++j) {
+    const int jo = j ^ 2;  // the step's value on lanes of odd g (same box: j / 4 unchanged)
+    unsigned char* at = base + (j / 4) * C::kDqBoxBytes + (((2 * (j % 4)) ^ y) * 16);
+    const float a0 = odd ? dq[4 * jo] : dq[4 * j], a1 = odd ? dq[4 * jo + 1] : dq[4 * j + 1];
+    const float b0 = odd ? dq[4 * jo + 2] : dq[4 * j + 2];
+    const float b1 = odd ? dq[4 * jo + 3] : dq[4 * j + 3];
+    *reinterpret_cast<float2*>(at) = make_float2(a0 * p.softmax_scale, a1 * p.softmax_scale);
+    *reinterpret_cast<float2*>(at + 8 * 128) =
+        make_float2(b0 * p.softmax_scale, b1 * p.softmax_scale);
+  }
+}
+
+// kDqTma = false (the A/B form): dq_accum += scale * dQ with float32 atomics straight from
+// registers, rows m0 + 16 warp + g (+ 8). dq_accum: this (batch, head)'s (Sq, D) rows.
+template <int D>
+__device__ __forceinline__ void dq_atomic_add(const BwdParams& p, int cw, int warp, int g, int t,
+                                              int m0, float* dq_accum,
+                                              const float (&dq)[Config<D>::kDqCols / 2]) {
+  constexpr int kDqCols = Config<D>::kDqCols;
+  const int qrow = m0 + warp * 16 + g;
+#pragma unroll
+  for (int j = 0; j < kDqCols / 8; ++j) {
+    const int col = cw * kDqCols + 8 * j + 2 * t;
+    if (qrow < p.seqlen_q)
+      atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow) * D + col,
+                       dq[4 * j] * p.softmax_scale, dq[4 * j + 1] * p.softmax_scale);
+    if (qrow + 8 < p.seqlen_q)
+      atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow + 8) * D + col,
+                       dq[4 * j + 2] * p.softmax_scale, dq[4 * j + 3] * p.softmax_scale);
+  }
+}
+
+// ---- consumer: the epilogue ---------------------------------------------------------------------
+// dK (times scale) and dV of this thread's keys, straight from registers into query head `head`
+// of dk/dv (the binding sums them per group under grouped-query attention).
+template <typename T, int D>
+__device__ __forceinline__ void epilogue(const BwdParams& p, int key0, int t, int head,
+                                         int batch, const float (&dk)[D / 2],
+                                         const float (&dv)[D / 2]) {
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + 8 * r;
+    if (key < p.seqlen_k) {
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const int col = 8 * j + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+            TypeTraits<T>::pack(dk[4 * j + 2 * r] * p.softmax_scale,
+                                dk[4 * j + 2 * r + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+            TypeTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+}
+
 // ---- consumer -----------------------------------------------------------------------------------
 // Accumulator layout of m64nNk16 (per warp w of the warpgroup, g = lane / 4, t = lane % 4):
 // d[4j + 0..1] = row 16w + g, columns 8j + 2t + 0..1; d[4j + 2..3] = row 16w + g + 8, same
 // columns. For S^T, dP^T, dV and dK the rows are this warpgroup's keys; for dQ the query rows.
+// A consumer thread's place, fixed for the whole kernel: warpgroup cw (0 or 1) owns keys key_lo ..
+// key_lo + 63 of the block, warp `warp` of it rows 16 warp .. 16 warp + 15 of the accumulators,
+// lane (g, t) keys key0 = key_lo + 16 warp + g and key0 + 8. The functions above take these as
+// scalars: handing them over in a struct, even by value, changed the registers ptxas assigned
+// (sass-diff), and splitting the consumer is meant to leave its machine code as it was.
 template <typename T, int D, bool kDqTma>
 __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, int n_block,
                                          int head, int batch, int m_begin, int m_blocks, int cw) {
@@ -344,136 +504,42 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
     const uint32_t q_base = smem_u32(sm.q + s * C::kQBytes);
     const uint32_t do_base = smem_u32(sm.dO + s * C::kQBytes);
 
-    // S^T = K_cw Q^T and dP^T = V_cw dO^T, both 64 keys x 64 query rows, k over D.
-    float st[32], dpt[32];
-    mbar_wait(sm.q_full(s), phase);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
-      wgmma_ss_m64n64k16_kk<T>(st, make_desc(k_wg + c * kBN * 128 + off, 16, 1024),
-                               make_desc(q_base + c * kBM * 128 + off, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
-    mbar_wait(sm.do_full(s), phase);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const int c = kk / 4, off = (kk % 4) * 32;
-      wgmma_ss_m64n64k16_kk<T>(dpt, make_desc(v_wg + c * kBN * 128 + off, 16, 1024),
-                               make_desc(do_base + c * kBM * 128 + off, 16, 1024), kk > 0);
-    }
-    wgmma_commit();
+    float st[32], dpt[32];  // S^T (then P^T, then dS^T) and dP^T
+    issue_st_dpt<T, D>(sm, s, phase, k_wg, v_wg, q_base, do_base, st, dpt);
 
-    // P^T = exp2(S^T * scale log2 e - lse log2 e), 0 where the key is past Sk or (causal) after
-    // the query row; rows past Sq have lse = +inf, hence P = 0.
-    // lse of this thread's 16 query columns (pairs 8j + 2t, + 1), read from shared memory while
-    // S^T is in flight: ld.shared (the generic loads the compiler made of sm.lse[] waited on the
-    // long scoreboard right before each use).
+    // P^T, with lse read while S^T is in flight; then dV += P^T dO, with D read while dP^T is.
     float2 lse2[8];
-    {
-      const uint32_t lse_at = smem_u32(sm.lse + s * kBM) + 2 * t * 4;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) lse2[j] = ld_shared_f32x2(lse_at + 8 * j * 4);
-    }
-    wgmma_wait<1>();
+    ld_query_pairs(sm.lse + s * kBM, t, lse2);
+    wgmma_wait<1>();  // S^T is done
     fence_regs(st);
     const bool need_mask = key_mask || (p.causal && key_lo + 63 > m0 + p.causal_offset);
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * j + 2 * t + (e & 1);  // query row m0 + col
-        float pv = exp2f(fmaf(st[4 * j + e], scale_log2, -((e & 1) ? lse2[j].y : lse2[j].x)));
-        if (need_mask) {
-          const int key = key0 + (e >> 1) * 8;
-          if (key >= p.seqlen_k || (p.causal && key > m0 + col + p.causal_offset)) pv = 0.f;
-        }
-        st[4 * j + e] = pv;
-      }
-    // P^T as the A operand of dV += P^T dO: k16 step kk = query rows 16kk .. 16kk + 15, the n8
-    // chunks 2kk and 2kk + 1 of the accumulator.
-    uint32_t pa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        pa[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
-    float2 dpre2[8];  // D of the same columns, also read ahead of the wait
-    {
-      const uint32_t dpre_at = smem_u32(sm.dpre + s * kBM) + 2 * t * 4;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) dpre2[j] = ld_shared_f32x2(dpre_at + 8 * j * 4);
-    }
-    wgmma_wait<0>();
+    uint32_t pa[4][4];  // P^T as A fragments, one k16 step each
+    softmax_pt<T>(p, m0, t, key0, scale_log2, need_mask, lse2, st, pa);
+    float2 dpre2[8];  // D of the same columns
+    ld_query_pairs(sm.dpre + s * kBM, t, dpre2);
+    wgmma_wait<0>();  // dP^T is done
     fence_regs(dpt);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs_m64nNk16<T, D>(dv, pa[kk], make_desc(do_base + kk * 16 * 128, kBM * 128, 1024), 1);
-    wgmma_commit();
+    issue_rs_product<T, D>(dv, pa, do_base);  // dV += P^T dO
 
-    // dS^T = P^T (dP^T - D), into the A fragments of dK += dS^T Q and the dS^T tile.
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        st[4 * j + e] *= dpt[4 * j + e] - ((e & 1) ? dpre2[j].y : dpre2[j].x);
-      }
-    uint32_t da[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        da[kk][i] = TypeTraits<T>::pack(st[8 * kk + 2 * i], st[8 * kk + 2 * i + 1]);
-
-    // dS^T to shared memory: row = key within the block (cw * 64 + 16 warp + g, + 8), 128 bytes
-    // of 64 query columns, 16-byte chunk j at j ^ (row % 8) (the TMA's 128-byte swizzle).
-    // Double-buffered: the tile written here was last read by the dQ product two blocks ago,
-    // which both warpgroups finished before the barrier of the previous block.
+    // dS^T, into the dS^T tile (the A operand of dQ) and, from registers, dK += dS^T Q.
+    uint32_t da[4][4];  // dS^T as A fragments
+    compute_dst<T>(dpt, dpre2, st, da);
+    // The dS^T tile is double-buffered: the one written here was last read by the dQ product two
+    // blocks ago, which both warpgroups finished before the barrier of the previous block.
     // Stored BEFORE the dK product is issued: da is that product's A operand, and PTX makes any
     // access to the A registers of a wgmma in flight (before the wait_group that covers it)
     // undefined behaviour, reads included (FlashAttention-3 also stores dS before its rs dK).
     unsigned char* ds_tile = sm.ds + (it & 1) * C::kDsBytes;
     {
       const int row = cw * 64 + warp * 16 + g;  // and row + 8 (same row % 8)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int chunk = (j ^ (row & 7)) * 16 + 4 * t;
-        // da[kk][0..3] = rows (g, g + 8) x chunks 2kk, 2kk + 1: chunk j is da[j / 2][(j & 1) * 2
-        // + 0] for row g and [.. + 1] for row g + 8.
-        *reinterpret_cast<uint32_t*>(ds_tile + row * 128 + chunk) = da[j / 2][(j & 1) * 2];
-        *reinterpret_cast<uint32_t*>(ds_tile + (row + 8) * 128 + chunk) =
-            da[j / 2][(j & 1) * 2 + 1];
-      }
+      store_dst(ds_tile + row * 128, ds_tile + (row + 8) * 128, row & 7, t, da);
     }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk)
-      wgmma_rs_m64nNk16<T, D>(dk, da[kk], make_desc(q_base + kk * 16 * 128, kBM * 128, 1024), 1);
-    wgmma_commit();
+    issue_rs_product<T, D>(dk, da, q_base);  // dK += dS^T Q
     fence_proxy_async_smem();
     named_barrier_sync(1, C::kConsumers * 128);  // both warpgroups' dS^T rows are written
 
-    // dQ[:, cw * kDqCols ..] = dS K over the block's 128 keys: A = dS, M-major (the dS^T tile),
-    // B = K, N-major; k16 step kk = keys 16kk .. 16kk + 15 (rows of both tiles). dS's M = 64 is
-    // one swizzle row, so its LBO is unused by the documented MN-major layout; it is given the
-    // SBO's value (1024) so that an A operand reading the two the other way round (no kernel of
-    // ours has run imm-trans-a = 1 on a GPU yet) would read the same elements.
-    float dq[kDqCols / 2];
-    const uint32_t ds_base = smem_u32(ds_tile);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk)
-      wgmma_ss_m64nNk16_mn<T, kDqCols>(dq, make_desc(ds_base + kk * 16 * 128, 1024, 1024),
-                                      make_desc(k_dq + kk * 16 * 128, kBN * 128, 1024), kk > 0);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dv);
-    fence_regs(dk);
-    fence_regs(dq);
-    fence_regs(pa);
-    fence_regs(da);
+    float dq[kDqCols / 2];  // dQ of this block's 64 query rows, kDqCols columns
+    issue_dq_wait_all<T, D>(smem_u32(ds_tile), k_dq, dq, dv, dk, pa, da);
     mbar_arrive(sm.q_empty(s));  // Q, dO, lse and D of this stage are read
 
     if constexpr (kDqTma) {
@@ -484,7 +550,7 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
       // Bank conflicts: a float2 store is served per half-warp (g = 0..3 or 4..7, t = 0..3), 16
       // lanes x 8 bytes, which is conflict-free only if its 8 lane pairs hit 8 different chunks.
       // With every lane storing the same j, lanes g and g ^ 1 with the other t / 2 land on the
-      // same chunk (2-way conflicts: ncu counted 37 M on one backward). So lanes of odd g store
+      // same chunk (2-way conflicts, as ncu reported). So lanes of odd g store
       // their j % 4 steps in the order 2, 3, 0, 1 (j ^ 2): the chunk of step j is then
       // 2 (j % 4) ^ y, y = x ^ 4 (g % 2), and (g % 2, g / 2 % 2, t / 2) -> chunk is one-to-one.
       // The writer reduces the tile once all 256 threads have arrived; the wait below passes
@@ -492,56 +558,16 @@ __device__ __forceinline__ void consumer(const Smem<D>& sm, const BwdParams& p, 
       const int row = warp * 16 + g;
       const bool odd = g & 1;
       const int y = (t >> 1) ^ (row & 7) ^ (odd ? 4 : 0);
-      unsigned char* base = sm.dq + cw * (kDqCols / C::kDqBoxCols) * C::kDqBoxBytes + row * 128 +
-                            8 * (t & 1);
       mbar_wait(sm.dq_empty(), (it & 1) ^ 1);  // the first block passes at once
-#pragma unroll
-      for (int j = 0; j < kDqCols / 8; ++j) {
-        const int jo = j ^ 2;  // the step's value on lanes of odd g (same box: j / 4 unchanged)
-        unsigned char* at = base + (j / 4) * C::kDqBoxBytes + (((2 * (j % 4)) ^ y) * 16);
-        const float a0 = odd ? dq[4 * jo] : dq[4 * j], a1 = odd ? dq[4 * jo + 1] : dq[4 * j + 1];
-        const float b0 = odd ? dq[4 * jo + 2] : dq[4 * j + 2];
-        const float b1 = odd ? dq[4 * jo + 3] : dq[4 * j + 3];
-        *reinterpret_cast<float2*>(at) = make_float2(a0 * p.softmax_scale, a1 * p.softmax_scale);
-        *reinterpret_cast<float2*>(at + 8 * 128) =
-            make_float2(b0 * p.softmax_scale, b1 * p.softmax_scale);
-      }
+      store_dq_tile<D>(p, sm.dq, cw, row, t, y, odd, dq);
       fence_proxy_async_smem();  // visible to the TMA (async proxy) that reads the tile
       mbar_arrive(sm.dq_full());
-      continue;
-    }
-    // dq_accum += scale * dQ (float32 atomics), rows m0 + 16 warp + g (+ 8).
-    const int qrow = m0 + warp * 16 + g;
-#pragma unroll
-    for (int j = 0; j < kDqCols / 8; ++j) {
-      const int col = cw * kDqCols + 8 * j + 2 * t;
-      if (qrow < p.seqlen_q)
-        atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow) * D + col,
-                         dq[4 * j] * p.softmax_scale, dq[4 * j + 1] * p.softmax_scale);
-      if (qrow + 8 < p.seqlen_q)
-        atomic_add_f32x2(dq_accum + static_cast<int64_t>(qrow + 8) * D + col,
-                         dq[4 * j + 2] * p.softmax_scale, dq[4 * j + 3] * p.softmax_scale);
+    } else {
+      dq_atomic_add<D>(p, cw, warp, g, t, m0, dq_accum, dq);  // the A/B form
     }
   }
 
-  // dK (times scale) and dV of this thread's keys, query head `head` of dk/dv.
-  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_batch_stride + head * p.dk_head_stride;
-  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_batch_stride + head * p.dv_head_stride;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = key0 + 8 * r;
-    if (key < p.seqlen_k) {
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        const int col = 8 * j + 2 * t;
-        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
-            TypeTraits<T>::pack(dk[4 * j + 2 * r] * p.softmax_scale,
-                                dk[4 * j + 2 * r + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
-            TypeTraits<T>::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-      }
-    }
-  }
+  epilogue<T, D>(p, key0, t, head, batch, dk, dv);
 }
 
 // ---- the kernel ---------------------------------------------------------------------------------
@@ -563,11 +589,11 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   const int m_begin = first_query_block<D>(p, n_block * C::kBN);
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    setmaxnreg_dec<C::kProducerRegs>();
     producer<D, kDqTma>(sm, p, n_block, head, batch, m_begin, m_blocks, &tma_q, &tma_k, &tma_v,
                         &tma_do, &tma_dq);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    setmaxnreg_inc<C::kConsumerRegs>();
     consumer<T, D, kDqTma>(sm, p, n_block, head, batch, m_begin, m_blocks, wg - 1);
   }
 #else

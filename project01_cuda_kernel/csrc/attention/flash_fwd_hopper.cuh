@@ -138,7 +138,7 @@ struct Smem {
       mbar_init(k_empty(s), C::kConsumers * 128);
       mbar_init(v_empty(s), C::kConsumers * 128);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
 };
 
@@ -261,7 +261,7 @@ __device__ __forceinline__ void consumer_mainloop(const Smem<D>& sm, const FwdPa
       const int c = kk / 4, off = (kk % 4) * 32;  // +32 bytes per k16 in a swizzled row
       const uint64_t da = make_desc(q_base + c * kBM * 128 + off, 16, 1024);
       const uint64_t db = make_desc(k_base + c * kBN * 128 + off, 16, 1024);
-      wgmma_ss_m64n128k16<T>(s, da, db, kk > 0 ? 1 : 0);
+      wgmma_ss_m64nNk16_kk<T, kBN>(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
   };
@@ -421,18 +421,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, 1)
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
-    if constexpr (C::kProducerRegs == 24) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    } else {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
-    }
+    setmaxnreg_dec<C::kProducerRegs>();
     if (threadIdx.x == 0) producer<D>(sm, sched, &tma_q, &tma_k, &tma_v);
   } else {
-    if constexpr (C::kConsumerRegs == 240) {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 160;\n");
-    }
+    setmaxnreg_inc<C::kConsumerRegs>();
     const int tid = threadIdx.x % 128;
     const ConsumerThread th{wg - 1, tid / 32, tid % 32, p.softmax_scale * kLog2e};
     float o[D / 2];             // O accumulator, 64 x D over the warpgroup

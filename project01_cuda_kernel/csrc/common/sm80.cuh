@@ -4,9 +4,10 @@
 //   - cp.async: 16-byte (.cg, L2 only) and 4-byte (.ca) global -> shared copies with zero fill,
 //     commit_group, wait_group;
 //   - ldmatrix: four 8x8 b16 matrices shared -> registers (x4), plain and .trans;
-//   - mma.sync m16n8k16 with float32 accumulators, for __half and __nv_bfloat16.
+//   - mma.sync m16n8k16 with float32 accumulators, for __half and __nv_bfloat16;
+//   - ld.shared of two floats, and bar.sync on a named barrier over some of the CTA's warps.
 // The instructions exist on sm_80 and every later architecture (sm_90a included); the Hopper
-// wrappers in sm90.cuh build on smem_u32 from here.
+// wrappers in sm90.cuh build on smem_u32 from here and re-export the last two.
 //
 // Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -91,6 +92,22 @@ __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const ui
       "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- shared-memory loads and named barriers -----------------------------------------------------
+// Two floats from shared memory (8-byte aligned). Volatile: the load stays after the barrier or
+// mbarrier wait before it (a plain C++ load of the same address may be hoisted or deferred to the
+// point of use, where it then waits on the long scoreboard).
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads') over `threads` threads, a multiple of 32: a subset of
+// the CTA's warps (a few warpgroups) synchronises without the rest.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace p01::sm80

@@ -1,11 +1,16 @@
 // Hopper (sm_90a) building blocks shared by the wgmma/TMA kernels (GEMM step 9, the Hopper
-// FlashAttention forward): each a thin wrapper over one PTX instruction.
-//   - mbarriers: init, arrive (plain and with an expected transaction byte count), parity wait;
+// FlashAttention forward and backward): each a thin wrapper over one PTX instruction. With
+// sm80.cuh and wgmma.cuh, the only place in csrc/ where PTX is written (a CPU test checks it).
+//   - mbarriers: init and the fence that publishes it, arrive (plain and with an expected
+//     transaction byte count), parity wait;
+//   - setmaxnreg: a warpgroup's register budget lowered (producers) or raised (consumers);
+//   - fence.proxy.async: generic-proxy shared-memory writes made visible to wgmma and TMA;
 //   - TMA: 2-D and 4-D tiled bulk copies global -> shared, completing on an mbarrier;
 //   - wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and an
 //     empty asm that pins registers so the compiler keeps accesses out of asynchronous regions;
 //   - host: the driver's cuTensorMapEncodeTiled, fetched through the runtime (no libcuda link).
-// smem_u32 (shared-memory addresses as PTX takes them) is sm80.cuh's, re-exported here.
+// smem_u32 (shared-memory addresses as PTX takes them), ld_shared_f32x2 and named_barrier_sync
+// are sm80.cuh's, re-exported here.
 // The device functions compile for any architecture, but only sm_90a has the instructions: the
 // kernels that use them guard their bodies with __CUDA_ARCH_FEAT_SM90_ALL.
 #pragma once
@@ -20,10 +25,17 @@
 namespace p01::sm90 {
 
 using p01::sm80::smem_u32;  // shared-memory addresses as PTX takes them (common/sm80.cuh)
+using p01::sm80::ld_shared_f32x2;
+using p01::sm80::named_barrier_sync;
 
 // ---- mbarriers ----------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// After the initialising thread's mbar_init calls, before the CTA barrier that publishes them:
+// makes the initialised barriers visible to the other threads and to the async proxy (TMA).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // Arrive and announce `bytes` of TMA transactions that complete the phase.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
@@ -45,6 +57,28 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+}
+
+// ---- warpgroup register budgets -----------------------------------------------------------------
+// setmaxnreg, executed by every thread of a warpgroup: lower (dec) or raise (inc) its per-thread
+// register budget to N (a multiple of 8, 24..256). Producers give registers away so that
+// consumers can take them; the kernel's launch bound fixes the pool they share.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---- proxies ------------------------------------------------------------------------------------
+// Shared-memory writes by ordinary stores (the generic proxy) made visible to the async proxy
+// (wgmma operands, TMA stores and reduce-adds) that reads them next.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // ---- TMA ----------------------------------------------------------------------------------------

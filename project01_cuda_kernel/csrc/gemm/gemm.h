@@ -36,3 +36,14 @@ cudaError_t hgemm_08_mma_sync(const void* a, const void* b, void* c, int m, int 
 // pads otherwise.
 cudaError_t hgemm_09_wgmma_tma(const void* a, const void* b, void* c, int m, int n, int k,
                                int dtype, cudaStream_t stream);
+
+// FP8 on tensor cores, Hopper only (sm_90a), step 10: C (M, N) bfloat16 =
+// (scale_a[0] A) (scale_b[0] B)^T for A (M, K) and B (N, K) row-major float8 e4m3 (both K-major,
+// as FP8 wgmma reads them) and float32 scales in device memory, float32 accumulation; the
+// contract of torch._scaled_mm(a, b.t(), scale_a, scale_b, out_dtype=torch.bfloat16). Returns
+// cudaErrorNotSupported off compute capability 9.0 or when built for another architecture, and
+// cudaErrorInvalidValue unless K % 16 == 0 (TMA's stride rule), A and B are 16-byte aligned and
+// C is 4-byte aligned. Any M, N >= 1.
+cudaError_t fp8gemm_10_wgmma_tma(const void* a, const void* b, const float* scale_a,
+                                 const float* scale_b, void* c, int m, int n, int k,
+                                 cudaStream_t stream);

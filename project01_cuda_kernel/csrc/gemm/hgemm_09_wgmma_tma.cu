@@ -10,6 +10,9 @@
 // - Persistent tile scheduling: one CTA per SM walks the tiles (grouped raster order) with the
 //   pipeline running across tile boundaries, so the next tile's loads overlap this one's
 //   epilogue, and there is no tail of launches.
+// Structure: `producer` (the TMA loads), `consumer_mainloop` (one tile's k-tiles into the
+// accumulators) and `epilogue` (the tile's stores), called from a kernel body that only
+// specialises the warpgroups; the split left the machine code the same (sass-diff, sm_90a).
 // Requirements (TMA's): 16-byte aligned base pointers and row strides, i.e. K % 8 == 0 and
 // N % 8 == 0; the Python wrapper pads other shapes. M, N, K edges are zero-filled by TMA and
 // masked in the epilogue.
@@ -51,6 +54,90 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// ---- producer -----------------------------------------------------------------------------------
+// One thread of warpgroup 0 walks the CTA's tiles and issues every copy: for each k-tile, once its
+// stage is free, A (128 x 64) and B (64 x 256, four 64-column boxes) into the stage, completing
+// on the stage's full barrier.
+__device__ __forceinline__ void producer(unsigned char* tiles, uint64_t* full, uint64_t* empty,
+                                         const CUtensorMap* tma_a, const CUtensorMap* tma_b,
+                                         int tiles_m, int tiles_n, int num_tiles, int k_tiles) {
+  int it = 0;
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    int tm, tn;
+    p01::grouped_tile(tile, tiles_m, tiles_n, kGroupM, tm, tn);
+    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+      const int s = it % kStages;
+      const uint32_t phase = (it / kStages) & 1;
+      mbar_wait(smem_u32(&empty[s]), phase ^ 1);  // first round passes at once
+      const uint32_t bar = smem_u32(&full[s]);
+      mbar_expect_tx(bar, kStageBytes);
+      unsigned char* st = tiles + s * kStageBytes;
+      tma_load_2d(smem_u32(st), tma_a, kt * kBK, tm * kBM, bar);
+#pragma unroll
+      for (int j = 0; j < kBN / 64; ++j)
+        tma_load_2d(smem_u32(st + kABytes + j * kBBoxBytes), tma_b, tn * kBN + j * 64, kt * kBK,
+                    bar);
+    }
+  }
+}
+
+// ---- consumer: the main loop --------------------------------------------------------------------
+// One tile's k-tiles into acc (rows cw*64 .. cw*64+63 of the tile, 64 x 256 float32 over the
+// warpgroup): each stage's wgmmas are issued, then the previous stage is released once its
+// wgmmas are done reading it; `it` counts stages across tiles (the ring runs across them).
+template <typename T>
+__device__ __forceinline__ void consumer_mainloop(unsigned char* tiles, uint64_t* full,
+                                                  uint64_t* empty, int cw, int k_tiles, int& it,
+                                                  float (&acc)[128]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  fence_regs(acc);
+  for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+    const int s = it % kStages;
+    mbar_wait(smem_u32(&full[s]), (it / kStages) & 1);
+    const uint32_t a_base = smem_u32(tiles + s * kStageBytes + cw * 64 * 128);
+    const uint32_t b_base = smem_u32(tiles + s * kStageBytes + kABytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      // A: +32 bytes per k16 inside the swizzled 128-byte rows; B: +16 k-rows of 128 bytes.
+      const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);
+      const uint64_t db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024);
+      wgmma_ss_m64nNk16_kn<T, kBN>(acc, da, db, 1);
+    }
+    wgmma_commit();
+    fence_regs(acc);
+    if (kt > 0) {
+      wgmma_wait<1>();  // the previous k-tile's MMAs are done reading their stage
+      mbar_arrive(smem_u32(&empty[(it - 1) % kStages]));
+    }
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  mbar_arrive(smem_u32(&empty[(it - 1) % kStages]));
+}
+
+// ---- consumer: the epilogue ---------------------------------------------------------------------
+// Straight from registers: warp w holds rows 16w + lane/4 (+8); accumulator 4j..4j+3 covers
+// columns 8j + 2*(lane%4) (+1). N % 8 == 0, so a pair never straddles the edge.
+template <typename T>
+__device__ __forceinline__ void epilogue(T* __restrict__ c, int m, int n, int tm, int tn, int cw,
+                                         int warp, int lane, const float (&acc)[128]) {
+  const int row0 = tm * kBM + cw * 64 + warp * 16 + lane / 4;
+  const int col0 = tn * kBN + (lane % 4) * 2;
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+    const int col = col0 + j * 8;
+    if (col >= n) break;
+    if (row0 < m)
+      *reinterpret_cast<uint32_t*>(c + row0 * n + col) = pack2<T>(acc[4 * j], acc[4 * j + 1]);
+    if (row0 + 8 < m)
+      *reinterpret_cast<uint32_t*>(c + (row0 + 8) * n + col) =
+          pack2<T>(acc[4 * j + 2], acc[4 * j + 3]);
+  }
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     hgemm_wgmma_kernel(const __grid_constant__ CUtensorMap tma_a,
@@ -69,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(smem_u32(&full[s]), 1);                   // the producer's expect_tx arrive
       mbar_init(smem_u32(&empty[s]), kConsumers * 128);  // every consumer thread
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -80,29 +167,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // Producer warpgroup: 40 registers are plenty for one thread issuing copies.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0) {
-      int it = 0;
-      for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-        int tm, tn;
-        p01::grouped_tile(tile, tiles_m, tiles_n, kGroupM, tm, tn);
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-          const int s = it % kStages;
-          const uint32_t phase = (it / kStages) & 1;
-          mbar_wait(smem_u32(&empty[s]), phase ^ 1);  // first round passes at once
-          const uint32_t bar = smem_u32(&full[s]);
-          mbar_expect_tx(bar, kStageBytes);
-          unsigned char* st = tiles + s * kStageBytes;
-          tma_load_2d(smem_u32(st), &tma_a, kt * kBK, tm * kBM, bar);
-#pragma unroll
-          for (int j = 0; j < kBN / 64; ++j)
-            tma_load_2d(smem_u32(st + kABytes + j * kBBoxBytes), &tma_b, tn * kBN + j * 64,
-                        kt * kBK, bar);
-        }
-      }
-    }
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0)
+      producer(tiles, full, empty, &tma_a, &tma_b, tiles_m, tiles_n, num_tiles, k_tiles);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    setmaxnreg_inc<232>();
     const int cw = wg - 1;  // rows cw*64 .. cw*64+63 of each tile
     const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     float acc[128];
@@ -110,47 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       int tm, tn;
       p01::grouped_tile(tile, tiles_m, tiles_n, kGroupM, tm, tn);
-#pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-      fence_regs(acc);
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kStages;
-        mbar_wait(smem_u32(&full[s]), (it / kStages) & 1);
-        const uint32_t a_base = smem_u32(tiles + s * kStageBytes + cw * 64 * 128);
-        const uint32_t b_base = smem_u32(tiles + s * kStageBytes + kABytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          // A: +32 bytes per k16 inside the swizzled 128-byte rows; B: +16 k-rows of 128 bytes.
-          const uint64_t da = make_desc(a_base + kk * 32, 16, 1024);
-          const uint64_t db = make_desc(b_base + kk * 16 * 128, kBBoxBytes, 1024);
-          wgmma_ss_m64n256k16<T>(acc, da, db, 1);
-        }
-        wgmma_commit();
-        fence_regs(acc);
-        if (kt > 0) {
-          wgmma_wait<1>();  // the previous k-tile's MMAs are done reading their stage
-          mbar_arrive(smem_u32(&empty[(it - 1) % kStages]));
-        }
-      }
-      wgmma_wait<0>();
-      fence_regs(acc);
-      mbar_arrive(smem_u32(&empty[(it - 1) % kStages]));
-
-      // Epilogue: warp w holds rows 16w + lane/4 (+8); accumulator 4j..4j+3 covers columns
-      // 8j + 2*(lane%4) (+1). N % 8 == 0, so a pair never straddles the edge.
-      const int row0 = tm * kBM + cw * 64 + warp * 16 + lane / 4;
-      const int col0 = tn * kBN + (lane % 4) * 2;
-#pragma unroll
-      for (int j = 0; j < kBN / 8; ++j) {
-        const int col = col0 + j * 8;
-        if (col >= n) break;
-        if (row0 < m)
-          *reinterpret_cast<uint32_t*>(c + row0 * n + col) = pack2<T>(acc[4 * j], acc[4 * j + 1]);
-        if (row0 + 8 < m)
-          *reinterpret_cast<uint32_t*>(c + (row0 + 8) * n + col) =
-              pack2<T>(acc[4 * j + 2], acc[4 * j + 3]);
-      }
+      consumer_mainloop<T>(tiles, full, empty, cw, k_tiles, it, acc);
+      epilogue<T>(c, m, n, tm, tn, cw, warp, lane, acc);
     }
   }
 #else
