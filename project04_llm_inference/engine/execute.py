@@ -32,6 +32,8 @@ class Launched:
     running_now: int = 0  # running sequences when queued (the peak counter)
     # it sampled for a request with structured output: read before the next step is queued
     constrained: bool = False
+    # when its step began (before scheduling): a step read before the next one is queued
+    # spans t0 to its commit, its host work included, not only the wait for the device
     t0: float = field(default_factory=time.perf_counter)
 
 

@@ -231,6 +231,7 @@ class LLMEngine:
     # --- one step: schedule -> execute -> update ---------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        t_start = time.perf_counter()  # the step's host work counts from here (step_log)
         proposed = []
         if self.speculator is not None:
             proposed = self.speculator.propose(self.scheduler, self.generator)
@@ -239,6 +240,8 @@ class LLMEngine:
             if self.speculator is not None:
                 self.speculator.release(seq)
         launched = self._execute(batch) if batch else None
+        if launched is not None:
+            launched.t0 = t_start
         for seq in proposed:  # drafts are verified (or were not scheduled) by now
             seq.spec_token_ids.clear()
         prev, self._inflight = self._inflight, None
@@ -352,8 +355,8 @@ class LLMEngine:
         t = time.perf_counter()
         if launched is not None:
             c.peak_running_seqs = max(c.peak_running_seqs, launched.running_now)
-        # host wall time this step added: from its launch, or from the last commit when it was
-        # queued before that (overlapped steps: the step period)
+        # host wall time this step added: from its step's start (schedule, launch, wait, commit),
+        # or from the last commit when it was queued before that (overlapped steps: the period)
         t0 = launched.t0 if launched is not None else t
         duration = t - max(t0, self._last_commit)
         self._last_commit = t

@@ -291,3 +291,29 @@ def test_random_add_step_abort_stress_leaks_no_block(seed):
         eng.step()
     bm.check_no_leaks([])
     assert bm.num_free_blocks == start and eng._inflight is None
+
+
+@pytest.mark.parametrize("asyn", [False, True])
+def test_step_log_counts_the_host_work_of_a_step(asyn, monkeypatch):
+    """A decode step's logged duration covers its host work (input building, launch), not only
+    the wait for the device: with the runner made 20 ms slower per call, every pure decode
+    step logs at least 20 ms, read before the next is queued (sync) or as the step period
+    (async: the time between two commits, which holds the next step's launch; the last step,
+    read with nothing queued behind it, logs only its commit and is left out). The bound is
+    the sleep itself: wall time cannot run backwards."""
+    import time as _time
+
+    llm = _tiny(async_scheduling=asyn)
+    run = llm.engine.runner.run
+
+    def slow_run(*a, **kw):
+        _time.sleep(0.02)
+        return run(*a, **kw)
+
+    monkeypatch.setattr(llm.engine.runner, "run", slow_run)
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    decode = [s for s in llm.engine.step_log if s.prefill_tokens == 0 and s.decode_seqs == 1]
+    if asyn:
+        decode = decode[:-1]
+    assert len(decode) >= 4
+    assert min(s.duration_s for s in decode) >= 0.02
