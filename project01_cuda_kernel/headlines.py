@@ -9,6 +9,7 @@ from __future__ import annotations
 from shared.front_page import Claim, spread_of
 
 GEMM = "gemm.json"
+GEMM_FP8 = "gemm_fp8.json"  # the FP8 step beside step 9 and their baselines, one run
 ATTENTION = "attention.json"
 
 
@@ -82,6 +83,14 @@ def _worst_spread(role: str, mode: str, base: str, min_seq: int):
 
 
 CLAIMS = [
+    Claim(
+        "FP8 step 10 (e4m3, bf16 out), 8192³",
+        GEMM_FP8,
+        _best_pct("float8_e4m3fn", 8192),
+        "% of torch._scaled_mm",
+        90.0,
+        spread=_best_pct_spread("float8_e4m3fn", 8192),
+    ),
     Claim(
         "best float32 matmul, 4096³",
         GEMM,

@@ -10,24 +10,35 @@ from __future__ import annotations
 from shared.front_page import Claim, spread_of
 
 
-def _decode_ms(batch: int, context: int):
-    def measure(rec: dict) -> float | None:
-        from project04_llm_inference.report.render import _best, _latency_row
+def _decode_key(row: dict | None, default: bool) -> str:
+    """The latency row's field of the engine's default settings (one step per host round trip,
+    `engine_ms`) or of its faster configuration (default or multi-step)."""
+    from project04_llm_inference.report.render import _best
 
-        ms, _, _ = _best(_latency_row({"decode_latency": rec}, batch, context))
-        return ms
+    if default:
+        return "engine_ms" if row and row.get("engine_ms") is not None else ""
+    return _best(row)[2]
+
+
+def _decode_ms(batch: int, context: int, default: bool = False):
+    def measure(rec: dict) -> float | None:
+        from project04_llm_inference.report.render import _latency_row
+
+        row = _latency_row({"decode_latency": rec}, batch, context)
+        key = _decode_key(row, default)
+        return row[key] if key else None
 
     return measure
 
 
-def _decode_span(batch: int, context: int, per_second: bool = False):
-    """The repetitions' range of the faster configuration's step time (or its tokens/s)."""
+def _decode_span(batch: int, context: int, per_second: bool = False, default: bool = False):
+    """The repetitions' range of the configuration's step time (or its tokens/s)."""
 
     def spread(rec: dict) -> tuple[float, float] | None:
-        from project04_llm_inference.report.render import _best, _latency_row, _span
+        from project04_llm_inference.report.render import _latency_row, _span
 
         row = _latency_row({"decode_latency": rec}, batch, context)
-        _, _, key = _best(row)
+        key = _decode_key(row, default)
         if not key:
             return None
         return _span(row, key, (lambda v: batch / v * 1e3) if per_second else (lambda v: v))
@@ -35,8 +46,8 @@ def _decode_span(batch: int, context: int, per_second: bool = False):
     return spread
 
 
-def _decode_tok_s(batch: int, context: int):
-    ms = _decode_ms(batch, context)
+def _decode_tok_s(batch: int, context: int, default: bool = False):
+    ms = _decode_ms(batch, context, default)
 
     def measure(rec: dict) -> float | None:
         v = ms(rec)
@@ -100,24 +111,59 @@ def _serving_rate(rec: dict) -> float | None:
     return None if rate in (None, "inf") else float(rate)
 
 
+def _structured_overhead(batch: int):
+    def measure(rec: dict) -> float | None:
+        row = next((r for r in rec["results"].get("rows", []) if r.get("batch") == batch), None)
+        return None if row is None else row["overhead"] * 100
+
+    return measure
+
+
+def _engine_variant_ms(variant: str, batch: int):
+    def measure(rec: dict) -> float | None:
+        row = next(
+            (
+                r
+                for r in rec["results"].get("rows", [])
+                if r.get("variant") == variant and r.get("batch") == batch
+            ),
+            None,
+        )
+        return None if row is None else row.get("decode_ms_per_step")
+
+    return measure
+
+
+# Targets by card: the H200's are the design targets; decode_latency_h100.json (measured where
+# only an H100 80GB was lent) is judged against the same study's H100 figures.
 CLAIMS = [
     Claim(
-        "batch-1 decode, context 1,024",
+        "batch-1 decode, context 1,024, default settings",
+        "decode_latency.json",
+        _decode_ms(1, 1024, default=True),
+        "ms/token",
+        0.85,
+        higher_is_better=False,
+        fmt=".3g",
+        spread=_decode_span(1, 1024, default=True),
+    ),
+    Claim(
+        "batch-1 decode, context 1,024, best path",
         "decode_latency.json",
         _decode_ms(1, 1024),
         "ms/token",
-        0.80,
+        0.76,
         higher_is_better=False,
         fmt=".3g",
         root=True,
         spread=_decode_span(1, 1024),
     ),
     Claim(
-        "batch-1 decode, context 8,192",
+        "batch-1 decode, context 8,192, best path",
         "decode_latency.json",
         _decode_ms(1, 8192),
         "ms/token",
-        0.80,
+        0.85,
         higher_is_better=False,
         fmt=".3g",
         spread=_decode_span(1, 8192),
@@ -136,9 +182,61 @@ CLAIMS = [
         "decode_latency.json",
         _decode_tok_s(256, 1024),
         "tok/s",
-        65_000,
+        70_000,
         fmt=",.0f",
         spread=_decode_span(256, 1024, per_second=True),
+    ),
+    Claim(
+        "H100: batch-1 decode, context 1,024, default settings",
+        "decode_latency_h100.json",
+        _decode_ms(1, 1024, default=True),
+        "ms/token",
+        1.05,
+        higher_is_better=False,
+        fmt=".3g",
+        spread=_decode_span(1, 1024, default=True),
+    ),
+    Claim(
+        "H100: batch-1 decode, context 1,024, best path",
+        "decode_latency_h100.json",
+        _decode_ms(1, 1024),
+        "ms/token",
+        0.97,
+        higher_is_better=False,
+        fmt=".3g",
+        spread=_decode_span(1, 1024),
+    ),
+    Claim(
+        "H100: decode throughput, batch 64, context 1,024",
+        "decode_latency_h100.json",
+        _decode_tok_s(64, 1024),
+        "tok/s",
+        30_000,
+        fmt=",.0f",
+        spread=_decode_span(64, 1024, per_second=True),
+    ),
+    Claim(
+        "FP8 weights, batch-1 decode, context 1,024 (the H200's target: <= 0.50)",
+        "engine_variants.json",
+        _engine_variant_ms("fp8", 1),
+        "ms/token",
+        fmt=".3g",
+    ),
+    Claim(
+        "bf16 weights, batch-1 decode, context 1,024, the same run",
+        "engine_variants.json",
+        _engine_variant_ms("bf16", 1),
+        "ms/token",
+        fmt=".3g",
+    ),
+    Claim(
+        "structured output's cost per token, batch 64",
+        "structured_cost.json",
+        _structured_overhead(64),
+        "% over free decoding",
+        5.0,
+        higher_is_better=False,
+        fmt=".3g",
     ),
     Claim(
         "offline throughput (2,000 requests)",
