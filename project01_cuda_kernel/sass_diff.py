@@ -405,11 +405,11 @@ def main(cfg: SassDiffConfig) -> int:
     from shared.cuda_build import find_nvcc
     from shared.results import markdown_table, output_root, save_result
 
+    reports_dir = output_root(cfg.reports_dir)
+    if cfg.write:  # checked first: it needs no git history (a fork's fresh copy has none)
+        writable_dir("--reports-dir", reports_dir / PROJECT)
     base_commit = resolve(cfg.base)
     head_commit = resolve(cfg.head) if cfg.head is not None else None
-    reports_dir = output_root(cfg.reports_dir)
-    if cfg.write:
-        writable_dir("--reports-dir", reports_dir / PROJECT)
     nvcc = find_nvcc()
     if nvcc is None:
         print("sass-diff skipped: nvcc was not found (install the CUDA toolkit).")

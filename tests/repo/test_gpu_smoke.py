@@ -108,7 +108,7 @@ def test_the_smoke_selection_covers_each_kernel_attention_fsdp_checkpoints_and_g
         p04 + "test_prefill_gpu.py::test_q_view_of_fused_qkv",
     ):
         assert any(t.startswith(needed) for t in tests), needed
-    assert len(tests) <= 41  # a subset of the GPU tier
+    assert len(tests) <= 48  # a small subset of the GPU tier: each kernel and path once
 
 
 @pytest.mark.slow
