@@ -718,6 +718,9 @@ def run_latency(cfg: LatencyConfig) -> dict | None:
         if reps.errors:
             row["engine_errors"] = reps.errors
         rows.append(row)
+    # the timed closures hold the engine (their default argument): drop them with it, or its KV
+    # pool stays allocated beside the baselines (at batch 256 they then ran out of memory)
+    engine_run = fns = reps = None  # noqa: F841
     del llm
     free_cuda()
     for row in rows:

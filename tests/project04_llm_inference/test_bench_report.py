@@ -360,6 +360,42 @@ def test_latency_memory_prefix_records_with_a_fake_engine(fake_engine, tmp_path)
     assert "not measured: no record" in paths[0].read_text()  # the throughput record is absent
 
 
+def test_latency_frees_the_engine_before_its_baselines(fake_engine, tmp_path, monkeypatch):
+    """The static-graph baseline sizes itself from free memory: when it runs, no engine may be
+    alive (the timed closures once kept it, and its KV pool, allocated)."""
+    import gc
+    import weakref
+
+    made, alive = [], []
+
+    class Tracked(_FakeLLM):
+        def __init__(self, args):
+            super().__init__(args)
+            made.append(weakref.ref(self))
+
+    def static_times(c, b, ctx, n):
+        gc.collect()
+        alive.append(sum(r() is not None for r in made))
+        return [0.5 * b] * n
+
+    from project04_llm_inference.config import EngineArgs, SamplingParams
+
+    monkeypatch.setattr(offline, "_engine", lambda: (Tracked, EngineArgs, SamplingParams))
+    monkeypatch.setattr(baselines, "decode_step_times", static_times)
+    offline.run_latency(
+        offline.LatencyConfig(
+            shape="tiny",
+            reports_dir=str(tmp_path),
+            batches=(1, 4),
+            contexts=(32,),
+            decode_steps=4,
+            max_num_batched_tokens=64,
+            sync_single_step=True,
+        )
+    )
+    assert made and alive == [0, 0]
+
+
 def test_throughput_record_with_fakes(fake_engine, tmp_path, monkeypatch):
     monkeypatch.setattr(
         baselines,
