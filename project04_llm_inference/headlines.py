@@ -134,8 +134,8 @@ def _engine_variant_ms(variant: str, batch: int):
     return measure
 
 
-# Targets by card: the H200's are the design targets; decode_latency_h100.json (measured where
-# only an H100 80GB was lent) is judged against the same study's H100 figures.
+# Targets by card: the H200's are the design targets; decode_latency_h100.json, the H100 80GB
+# record, is judged against the same study's H100 figures.
 CLAIMS = [
     Claim(
         "batch-1 decode, context 1,024, default settings",
