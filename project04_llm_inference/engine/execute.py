@@ -15,6 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
+from .inputs import device_tensor
 from .model_runner import DeviceTokens, ModelRunner
 from .outputs import Chunk, SeqResult, StepOutput
 from .sampler import sample
@@ -61,7 +64,10 @@ def launch_single_step(
         row += rows
     tokens = lps = None
     if plain:
-        tokens, lps = sample(logits[plain_rows], plain, generator)
+        # a copy of those rows (masks may be applied in place), the index queued without a
+        # wait: indexing by a Python list would copy it from pageable memory and sync the stream
+        rows = device_tensor(plain_rows, logits.device, torch.int64)
+        tokens, lps = sample(logits.index_select(0, rows), plain, generator)
         host_tok = runner.to_host("tok", tokens)
         host_lps = runner.to_host("lps", lps) if lps is not None else None
     verified = speculator.verify(logits, groups, generator) if groups else []

@@ -29,6 +29,7 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from .paged import kv_slots
 
@@ -134,3 +135,15 @@ def build_rows(
         offsets=offsets,
         sample_rows=np.flatnonzero(sample & real),
     )
+
+
+def device_tensor(values: list, device: torch.device, dtype: torch.dtype | None = None):
+    """A small per-row parameter tensor on `device`, copied without waiting for the device: a
+    plain `torch.tensor(values, device=cuda)` copies from pageable memory, which synchronizes
+    the stream, so the host would wait for the queued forward before it could go on (the
+    overlap asynchronous scheduling relies on would be lost). From pinned memory the copy is
+    queued behind the forward like any kernel."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -30,7 +30,7 @@ from ..config import EngineArgs
 from ..kernels.fp8 import FP8_DTYPE
 from ..model.llama import AttnMetadata, LlamaForCausalLM
 from .decode_runs import DecodeRuns, MultiRun
-from .inputs import build_rows, fill_tables, input_tokens
+from .inputs import build_rows, device_tensor, fill_tables, input_tokens
 from .multi_token import MultiTokenSteps
 from .paged import capture_cuda_graphs, graph_batch_sizes, kv_slots
 from .sequence import Sequence
@@ -256,10 +256,14 @@ class ModelRunner(DecodeRuns, MultiTokenSteps):
             logits = self._replay(items, prev)
             rows = [i for i, (s, n) in enumerate(items) if s.num_uncomputed == n]
             # a one-token prefill chunk that does not reach the prompt's end has no row
-            return logits if len(rows) == b else logits[rows]
+            if len(rows) == b:
+                return logits
+            return logits.index_select(0, device_tensor(rows, logits.device, torch.int64))
         ids, meta, rows = self.prepare(items, prev)
         hidden = self.model(ids, meta, self.kv_caches)
-        return self.model.compute_logits(hidden[rows])
+        # rows indexed on the device without a wait (a Python list index would sync the stream)
+        rows_t = device_tensor(rows, hidden.device, torch.int64)
+        return self.model.compute_logits(hidden.index_select(0, rows_t))
 
     # --- CUDA graphs -------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..config import MIN_TEMPERATURE, SamplingParams
+from .inputs import device_tensor
 from .sequence import Sequence
 
 
@@ -47,15 +48,15 @@ def request_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     # SamplingParams makes temperatures below MIN_TEMPERATURE greedy; the floor here keeps a
     # hand-built params object from dividing by a float32 zero
     temps = [max(p.temperature, MIN_TEMPERATURE) if p.temperature > 0 else 1.0 for p in params]
-    scaled = logits / torch.tensor(temps, device=dev)[:, None]
+    scaled = logits / device_tensor(temps, dev)[:, None]
     if any(p.top_k or p.top_p < 1 or p.min_p > 0 for p in params):
         v = logits.shape[-1]
         scaled = _filter(
             scaled,
             # any k past the vocabulary keeps everything (and stays within int64)
-            torch.tensor([min(p.top_k, v) for p in params], device=dev),
-            torch.tensor([p.top_p for p in params], device=dev),
-            torch.tensor([p.min_p for p in params], device=dev),
+            device_tensor([min(p.top_k, v) for p in params], dev),
+            device_tensor([p.top_p for p in params], dev),
+            device_tensor([p.min_p for p in params], dev),
         )
     return scaled.softmax(-1)
 
@@ -111,9 +112,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generato
         if any(p.logprobs for p in params):
             logits = logits.clone()  # logprobs stay those of the model's distribution
         apply_grammar_masks(logits, [s.grammar for s in seqs])
-    greedy = torch.tensor([p.greedy for p in params], device=dev)
     tokens = argmax_rows(logits)
     if not all(p.greedy for p in params):
+        greedy = device_tensor([p.greedy for p in params], dev)
         probs = request_probs(logits, params)
         gens = [None if p.greedy else s.generator for s, p in zip(seqs, params)]
         drawn = race(probs, exponential_noise(probs.shape, gens, generator, dev))

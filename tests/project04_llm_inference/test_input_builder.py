@@ -175,3 +175,35 @@ def test_fused_host_inputs_match_the_device_rounds():
         if name == "t_ids":  # the drafts' columns are written on the device by each round
             want, got = want.reshape(4, k + 1)[:, 0], got.reshape(4, k + 1)[:, 0]
         np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_device_tensor_values_and_an_all_greedy_batch_copies_nothing(monkeypatch):
+    """`device_tensor` gives the values in the dtype asked (torch.tensor's default otherwise);
+    sampling a batch that is all greedy builds no per-row parameter tensor at all, so nothing
+    is copied to the device between the forward and the argmax (on a GPU such a copy from
+    pageable memory would sync the stream and undo the overlap of asynchronous scheduling)."""
+    import torch
+
+    from project04_llm_inference import SamplingParams
+    from project04_llm_inference.engine import sampler
+    from project04_llm_inference.engine.inputs import device_tensor
+
+    cpu = torch.device("cpu")
+    assert device_tensor([1, 2], cpu, torch.int64).tolist() == [1, 2]
+    assert device_tensor([0.5, 1.0], cpu).dtype == torch.float32
+    assert device_tensor([True, False], cpu).dtype == torch.bool
+    calls = []
+    real = sampler.device_tensor
+    monkeypatch.setattr(sampler, "device_tensor", lambda *a, **k: calls.append(a) or real(*a, **k))
+
+    class Seq:
+        grammar = None
+
+        def __init__(self, p):
+            self.params, self.generator = p, None
+
+    logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0))
+    tokens, _ = sampler.sample(logits, [Seq(SamplingParams(temperature=0.0)) for _ in range(3)])
+    assert tokens.tolist() == logits.argmax(-1).tolist() and calls == []
+    sampler.sample(logits, [Seq(SamplingParams(temperature=1.0, seed=1)) for _ in range(3)])
+    assert calls  # a sampled batch does need its temperatures on the device
