@@ -43,6 +43,14 @@ _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
 
 
+def check_arch_and_jobs(arch: str, jobs: int | None) -> None:
+    """The --arch and --jobs checks every nvcc-driving command shares (one-line errors)."""
+    if not re.fullmatch(r"[0-9]+[a-z]?", arch):
+        raise ValueError(f"--arch: expected an SM architecture like 90a or 80, got {arch!r}")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"--jobs: expected an integer >= 1, got {jobs}")
+
+
 @dataclass
 class KernelResources:
     kernel: str  # demangled when c++filt is available
@@ -243,12 +251,7 @@ class CompileCheckConfig:
     """write compile.json (--no-write: print the table only)"""
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[0-9]+[a-z]?", self.arch):
-            raise ValueError(
-                f"--arch: expected an SM architecture like 90a or 80, got {self.arch!r}"
-            )
-        if self.jobs is not None and self.jobs < 1:
-            raise ValueError(f"--jobs: expected an integer >= 1, got {self.jobs}")
+        check_arch_and_jobs(self.arch, self.jobs)
         if self.reports_dir is not None and not str(self.reports_dir).strip():
             raise ValueError("--reports-dir: expected a folder, got an empty path")
 

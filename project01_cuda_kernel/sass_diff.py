@@ -42,6 +42,7 @@ from project01_cuda_kernel.compile_check import (
     CSRC,
     DEFAULT_ARCH,
     KernelResources,
+    check_arch_and_jobs,
     nvcc_version,
     parse_ptxas,
 )
@@ -383,12 +384,7 @@ class SassDiffConfig:
     """write sass_diff.json (--no-write: print the table only)"""
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[0-9]+[a-z]?", self.arch):
-            raise ValueError(
-                f"--arch: expected an SM architecture like 90a or 80, got {self.arch!r}"
-            )
-        if self.jobs is not None and self.jobs < 1:
-            raise ValueError(f"--jobs: expected an integer >= 1, got {self.jobs}")
+        check_arch_and_jobs(self.arch, self.jobs)
         for name, rev in (("--base", self.base), ("--head", self.head)):
             if rev is not None and (not rev.strip() or rev.startswith("-")):
                 raise ValueError(f"{name}: expected a git revision, got {rev!r}")

@@ -90,8 +90,6 @@ class GemvBenchConfig:
 
 
 def run_shape(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig) -> dict:
-    from triton.testing import do_bench
-
     from project04_llm_inference.kernels import gemv
     from project04_llm_inference.kernels.norm_act import fused_add_rms_norm, silu_and_mul
 
@@ -144,22 +142,28 @@ def run_shape(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig
     )
     row["max_abs_diff_vs_cublas"] = (ours().float() - cublas().float()).abs().max().item()
 
+    return _time_against(row, ours, "cublas", cublas_timed, cfg)
+
+
+def _time_against(row: dict, ours, name: str, baseline, cfg) -> dict:
+    """Time ours and the baseline interleaved (`cfg.repeats` medians each): row gains each one's
+    us and GB/s (over row["bytes"]) with their spreads, and ours' speed-up over `name`."""
+    from triton.testing import do_bench
+
     def timed(fn):
         return lambda: do_bench(fn, warmup=10, rep=40, return_mode="median")
 
-    reps = interleave({"ours": timed(ours), "cublas": timed(cublas_timed)}, cfg.repeats)
-    for key in ("ours", "cublas"):
+    reps = interleave({"ours": timed(ours), name: timed(baseline)}, cfg.repeats)
+    for key in ("ours", name):
         ms = reps.spread(key)
         row.update(flat(f"{key}_us", ms.map(lambda v: v * 1e3)))
         row.update(flat(f"{key}_gbps", ms.map(lambda v: row["bytes"] / (v * 1e-3) / 1e9)))
-    row.update(flat("speedup_vs_cublas", reps.ratio("cublas", "ours")))
+    row.update(flat(f"speedup_vs_{name}", reps.ratio(name, "ours")))
     return row
 
 
 def run_shape_fp8(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchConfig) -> dict:
     """One projection with e4m3 weights: the engine's dispatch against the `_scaled_mm` path."""
-    from triton.testing import do_bench
-
     from project04_llm_inference.kernels import gemv
     from project04_llm_inference.kernels.fp8 import Fp8Weight, fp8_linear
     from project04_llm_inference.kernels.norm_act import fused_add_rms_norm, silu_and_mul
@@ -213,16 +217,7 @@ def run_shape_fp8(name: str, n: int, k: int, fold: str, t: int, cfg: GemvBenchCo
     want = scaled_mm_fresh().float()
     row["max_abs_diff_vs_scaled_mm"] = (ours().float() - want).abs().max().item()
 
-    def timed(fn):
-        return lambda: do_bench(fn, warmup=10, rep=40, return_mode="median")
-
-    reps = interleave({"ours": timed(ours), "scaled_mm": timed(scaled_mm)}, cfg.repeats)
-    for key in ("ours", "scaled_mm"):
-        ms = reps.spread(key)
-        row.update(flat(f"{key}_us", ms.map(lambda v: v * 1e3)))
-        row.update(flat(f"{key}_gbps", ms.map(lambda v: row["bytes"] / (v * 1e-3) / 1e9)))
-    row.update(flat("speedup_vs_scaled_mm", reps.ratio("scaled_mm", "ours")))
-    return row
+    return _time_against(row, ours, "scaled_mm", scaled_mm, cfg)
 
 
 def _chain_weights(layers: int, dtype: torch.dtype) -> list[dict]:
